@@ -1,0 +1,347 @@
+"""Board descriptions as data: YAML files -> one frozen, validated :class:`BoardConfig`.
+
+A board file is a flat mapping of parameters plus two optional sections (``fpga:`` for open FPGA boards,
+``aie:`` for Versal AI Engine facts). ``extends: NAME`` merges the named file underneath (sections merge
+key by key), so ``base.yaml`` holds the shared defaults and each board states only what differs. Files
+with ``abstract: true`` are bases, not boards.
+
+Every value is checked against :data:`SCHEMA`; a bad file raises :class:`BoardError` naming the file, the
+key, the value and what was expected. The same check applies to command-line overrides
+(``somatile build --set lanes=16``), so a parameter is never accepted on one path and rejected on another.
+
+Parameters flow one way (STYLE rule 4): the RTL takes :meth:`BoardConfig.tile_kwargs` /
+:meth:`BoardConfig.hccs_kwargs`, the firmware header and the host ``info()`` read the same object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import yaml
+
+BOARDS_DIR = Path(__file__).resolve().parent
+DEFAULT_BOARD = "sim"
+KINDS = ("sim", "fpga", "versal")
+
+
+class BoardError(ValueError):
+    """A board file, a key in it, or an override is wrong; the message names which and what was expected."""
+
+
+def _power_of_two(lo: int, hi: int) -> Callable[[Any], str | None]:
+    def check(v):
+        if not (lo <= v <= hi and v & (v - 1) == 0):
+            return f"a power of two from {lo} to {hi}"
+        return None
+    return check
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], str | None]:
+    def check(v):
+        return None if lo <= v <= hi else f"an integer from {lo} to {hi}"
+    return check
+
+
+def _one_of(*choices) -> Callable[[Any], str | None]:
+    def check(v):
+        return None if v in choices else "one of " + ", ".join(map(str, choices))
+    return check
+
+
+def _positive(v) -> str | None:
+    return None if v > 0 and math.isfinite(v) else "a positive finite number"
+
+
+def _non_empty(v) -> str | None:
+    return None if v.strip() else "a non-empty string"
+
+
+def _platform_ref(v) -> str | None:
+    module, _, cls = v.partition(":")
+    return None if module and cls and " " not in v else "'module:Class', e.g. 'amaranth_boards.ulx3s:ULX3S_85F_Platform'"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One board parameter: its type, its check and what it means (the docs table is generated from this)."""
+    type: type
+    check: Callable[[Any], str | None] | None
+    doc: str
+
+
+# Top-level parameters. Every board has all of them (base.yaml gives defaults).
+SCHEMA: dict[str, Param] = {
+    "description": Param(str, _non_empty, "one line about the board"),
+    "kind": Param(str, _one_of(*KINDS), "sim: simulation only; fpga: open toolchain P&R; versal: Vivado project"),
+    "clock_mhz": Param(float, _positive, "clock target of the tile logic (MHz)"),
+    "lanes": Param(int, _power_of_two(1, 256), "int8 multiply-accumulates per cycle in the tile"),
+    "hccs_lanes": Param(int, _one_of(1, 4, 8, 16, 32), "int8 lanes per beat of the HCCS normaliser"),
+    "hccs_out": Param(str, _one_of("uint8", "int16"), "HCCS output element type"),
+    "stream_width": Param(int, _one_of(32, 64, 128), "AXI4-Stream data width of a tile port (bits)"),
+    "local_memory_bytes": Param(int, _power_of_two(1024, 1 << 20), "data memory per tile (bytes)"),
+    "n_tiles": Param(int, _int_range(1, 512), "tiles in the array"),
+    "heads_per_tile": Param(int, _int_range(1, 64), "attention heads mapped to one tile"),
+    "head_dim": Param(int, _power_of_two(8, 256), "elements per head vector"),
+    "n_max": Param(int, _int_range(1, 65536), "longest HCCS row held on chip (elements)"),
+    "ring": Param(int, _int_range(1, 4096), "ring KV buffer entries per head"),
+    "sinks": Param(int, _int_range(0, 64), "attention-sink entries per head kept beside the ring"),
+}
+
+# Section for boards of kind "fpga": how the open toolchain reaches the part.
+FPGA_SCHEMA: dict[str, Param] = {
+    "platform": Param(str, _platform_ref, "amaranth-boards platform class as 'module:Class'"),
+    "family": Param(str, _one_of("ecp5", "ice40"), "FPGA family (selects nextpnr-ecp5 or nextpnr-ice40)"),
+    "device": Param(str, _non_empty, "part name as the vendor writes it"),
+    "speed_grade": Param(str, _non_empty, "speed grade used by nextpnr"),
+    "osc_mhz": Param(float, _positive, "board oscillator feeding the PLL (MHz)"),
+}
+
+# Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
+AIE_SCHEMA: dict[str, Param] = {
+    "part": Param(str, _non_empty, "Versal part number for the Vivado project"),
+    "generation": Param(str, _one_of("AIE", "AIE-ML"), "AI Engine generation"),
+    "int8_macs_per_cycle": Param(int, _positive, "int8 MACs per AI Engine tile per cycle"),
+    "data_memory_bytes": Param(int, _positive, "data memory per AI Engine tile (bytes)"),
+    "program_memory_bytes": Param(int, _positive, "program memory per AI Engine tile (bytes)"),
+    "stream_ports_in": Param(int, _positive, "core stream input ports"),
+    "stream_ports_out": Param(int, _positive, "core stream output ports"),
+    "stream_port_bits": Param(int, _positive, "width of one core stream port (bits)"),
+    "cascade_bits": Param(int, _positive, "cascade interface width (bits)"),
+    "tiles": Param(int, _positive, "AI Engine tiles on the device"),
+    "array_columns": Param(int, _positive, "AI Engine array columns"),
+    "array_rows": Param(int, _positive, "AI Engine array rows"),
+    "clock_mhz": Param(float, _positive, "AI Engine clock (MHz)"),
+    "memory_tile_bytes": Param(int, _int_range(0, 1 << 30), "memory tile size (bytes; 0 where there are none)"),
+}
+
+_SECTIONS: dict[str, tuple[str, dict[str, Param]]] = {"fpga": ("fpga", FPGA_SCHEMA), "versal": ("aie", AIE_SCHEMA)}
+_META_KEYS = ("extends", "abstract")
+
+
+def _coerce(where: str, key: str, value: Any, param: Param) -> Any:
+    """Check one value against its parameter; return it in the parameter's type."""
+    expected = {int: "an integer", float: "a number", str: "a string"}[param.type]
+    ok_type = (isinstance(value, param.type) and not isinstance(value, bool)) or (
+        param.type is float and isinstance(value, int) and not isinstance(value, bool))
+    if not ok_type:
+        raise BoardError(f"{where}: key '{key}': got {value!r} ({type(value).__name__}), expected {expected}")
+    value = param.type(value)
+    problem = param.check(value) if param.check else None
+    if problem:
+        raise BoardError(f"{where}: key '{key}': got {value!r}, expected {problem}")
+    return value
+
+
+@dataclass(frozen=True)
+class BoardConfig:
+    """A validated board: every field of :data:`SCHEMA` plus the kind's section.
+
+    Frozen; derive variants with :meth:`with_overrides`, which validates like the YAML does.
+    ``source`` is the board file, ``chain`` the files merged into it (base first).
+    """
+    name: str
+    source: Path
+    chain: tuple[Path, ...]
+    description: str
+    kind: str
+    clock_mhz: float
+    lanes: int
+    hccs_lanes: int
+    hccs_out: str
+    stream_width: int
+    local_memory_bytes: int
+    n_tiles: int
+    heads_per_tile: int
+    head_dim: int
+    n_max: int
+    ring: int
+    sinks: int
+    fpga: Mapping[str, Any] | None = None
+    aie: Mapping[str, Any] | None = None
+    overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def heads(self) -> int:
+        """Heads over the whole array."""
+        return self.n_tiles * self.heads_per_tile
+
+    def tile_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of one compute tile (``hw/tile.py``)."""
+        return {"lanes": self.lanes, "stream_width": self.stream_width,
+                "local_memory_bytes": self.local_memory_bytes, "heads": self.heads_per_tile,
+                "ring": self.ring, "sinks": self.sinks, "head_dim": self.head_dim, "n_max": self.n_max,
+                "hccs_lanes": self.hccs_lanes, "hccs_out": self.hccs_out}
+
+    def array_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the tile array (``hw/array.py``): the tile's plus the tile count."""
+        return {**self.tile_kwargs(), "n_tiles": self.n_tiles}
+
+    def hccs_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the standalone HCCS unit (``hw/hccs.py``)."""
+        return {"lanes": self.hccs_lanes, "n_max": self.n_max, "heads": self.heads_per_tile,
+                "out_type": self.hccs_out}
+
+    def parameters(self) -> dict[str, Any]:
+        """Every parameter as plain data (for manifests, the firmware header and the host ``info()``)."""
+        out = {k: getattr(self, k) for k in SCHEMA}
+        out["name"] = self.name
+        if self.fpga is not None:
+            out["fpga"] = dict(self.fpga)
+        if self.aie is not None:
+            out["aie"] = dict(self.aie)
+        return out
+
+    def with_overrides(self, overrides: Mapping[str, Any], origin: str = "--set") -> "BoardConfig":
+        """A copy with top-level parameters replaced, each validated; ``origin`` names the source in errors."""
+        changes = {}
+        for key, value in overrides.items():
+            if key not in SCHEMA or key in ("kind",):
+                allowed = ", ".join(k for k in SCHEMA if k != "kind")
+                raise BoardError(f"{origin} {key}={value!r}: unknown or fixed parameter '{key}'; "
+                                 f"expected one of: {allowed}")
+            changes[key] = _coerce(f"{origin} {key}={value!r} (board {self.name})", key, value, SCHEMA[key])
+        new = dataclasses.replace(self, **changes, overrides=MappingProxyType({**self.overrides, **changes}))
+        _check_consistency(new, f"{origin} on board {self.name}")
+        return new
+
+
+def parse_assignments(items: list[str] | None) -> dict[str, Any]:
+    """``["lanes=16", "clock_mhz=48"]`` -> ``{"lanes": 16, "clock_mhz": 48}`` (values read as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise BoardError(f"--set {item!r}: expected KEY=VALUE, e.g. lanes=16")
+        try:
+            out[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise BoardError(f"--set {item!r}: value is not a YAML scalar ({exc})") from exc
+    return out
+
+
+def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
+    text = str(name_or_path)
+    candidates = []
+    if text.endswith((".yaml", ".yml")) or "/" in text:
+        p = Path(text)
+        candidates.append(p if p.is_absolute() or relative_to is None else relative_to / p)
+        candidates.append(p)
+    else:
+        if relative_to is not None:
+            candidates.append(relative_to / f"{text}.yaml")
+        candidates.append(BOARDS_DIR / f"{text}.yaml")
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise BoardError(f"board '{text}': no such board file (looked for {', '.join(map(str, candidates))}); "
+                     f"known boards: {', '.join(names())}")
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise BoardError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BoardError(f"{path}: expected a mapping of parameters at the top level, got {type(data).__name__}")
+    return data
+
+
+def _merged(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, tuple[Path, ...]]:
+    """The file's mapping with its ``extends`` chain merged underneath; returns (mapping, chain base-first)."""
+    if path in seen:
+        loop = " -> ".join(str(p.name) for p in (*seen, path))
+        raise BoardError(f"{path}: key 'extends': cycle {loop}")
+    data = _read(path)
+    parent = data.get("extends")
+    if parent is None:
+        return data, (path,)
+    if not isinstance(parent, str):
+        raise BoardError(f"{path}: key 'extends': got {parent!r}, expected the name of another board file")
+    base, chain = _merged(_resolve(parent, path.parent), (*seen, path))
+    merged = dict(base)
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = {**base[key], **value}
+        else:
+            merged[key] = value
+    merged.pop("abstract", None)
+    if "abstract" in data:
+        merged["abstract"] = data["abstract"]
+    return merged, (*chain, path)
+
+
+def _check_section(where: str, section: str, raw: Any, schema: dict[str, Param]) -> MappingProxyType:
+    if not isinstance(raw, dict):
+        raise BoardError(f"{where}: key '{section}': expected a mapping with keys {', '.join(schema)}")
+    unknown = set(raw) - set(schema)
+    if unknown:
+        raise BoardError(f"{where}: key '{section}.{sorted(unknown)[0]}': unknown; expected one of "
+                         f"{', '.join(schema)}")
+    missing = [k for k in schema if k not in raw]
+    if missing:
+        raise BoardError(f"{where}: key '{section}.{missing[0]}': missing ({schema[missing[0]].doc})")
+    return MappingProxyType({k: _coerce(where, f"{section}.{k}", raw[k], p) for k, p in schema.items()})
+
+
+def _check_consistency(cfg: BoardConfig, where: str) -> None:
+    """Relations between parameters that no single key can check."""
+    if cfg.aie is not None:
+        if cfg.aie["data_memory_bytes"] != cfg.local_memory_bytes:
+            raise BoardError(f"{where}: key 'local_memory_bytes': got {cfg.local_memory_bytes}, expected the AI "
+                             f"Engine tile's data memory aie.data_memory_bytes = {cfg.aie['data_memory_bytes']}")
+        if cfg.n_tiles > cfg.aie["tiles"]:
+            raise BoardError(f"{where}: key 'n_tiles': got {cfg.n_tiles}, expected at most aie.tiles = "
+                             f"{cfg.aie['tiles']}")
+
+
+def load(name_or_path: str | Path = DEFAULT_BOARD, overrides: Mapping[str, Any] | None = None) -> BoardConfig:
+    """Load a board by name (``boards/NAME.yaml``) or path; apply ``overrides`` like ``--set``.
+
+    Raises :class:`BoardError` naming the file, key, value and what was expected.
+    """
+    path = _resolve(name_or_path)
+    data, chain = _merged(path)
+    where = str(path)
+    if data.get("abstract"):
+        raise BoardError(f"{where}: is an abstract base (abstract: true), not a board; known boards: "
+                         f"{', '.join(names())}")
+    allowed = set(SCHEMA) | set(_META_KEYS) | {s for s, _ in _SECTIONS.values()}
+    for key in data:
+        if key not in allowed:
+            raise BoardError(f"{where}: key '{key}': unknown; expected one of {', '.join(sorted(allowed))}")
+    missing = [k for k in SCHEMA if k not in data]
+    if missing:
+        raise BoardError(f"{where}: key '{missing[0]}': missing ({SCHEMA[missing[0]].doc}); "
+                         f"set it in the board or in its base")
+    values = {k: _coerce(where, k, data[k], p) for k, p in SCHEMA.items()}
+    sections: dict[str, Any] = {}
+    for kind, (section, schema) in _SECTIONS.items():
+        if values["kind"] == kind:
+            sections[section] = _check_section(where, section, data.get(section), schema)
+        elif section in data:
+            raise BoardError(f"{where}: key '{section}': only boards of kind '{kind}' have this section "
+                             f"(this board is kind '{values['kind']}')")
+    cfg = BoardConfig(name=path.stem, source=path, chain=chain, **values, **sections)
+    _check_consistency(cfg, where)
+    if overrides:
+        cfg = cfg.with_overrides(overrides)
+    return cfg
+
+
+def names() -> list[str]:
+    """Names of the boards in ``boards/`` (abstract bases left out), sorted, the default first."""
+    found = []
+    for p in sorted(BOARDS_DIR.glob("*.yaml")):
+        try:
+            abstract = bool(_read(p).get("abstract"))
+        except BoardError:
+            abstract = False  # a broken file is still a board the user meant; load() reports what is wrong
+        if not abstract:
+            found.append(p.stem)
+    return sorted(found, key=lambda n: (n != DEFAULT_BOARD, n))

@@ -1,0 +1,124 @@
+"""Board YAMLs load into a validated config; bad files and overrides are rejected with a precise message."""
+
+import dataclasses
+import textwrap
+
+import pytest
+
+import somatile.boards as boards
+from somatile.boards import BoardError
+
+
+def test_every_board_loads_and_default_comes_first():
+    found = boards.names()
+    assert found[0] == boards.DEFAULT_BOARD == "sim"
+    assert {"sim", "ulx3s_85f", "icebreaker", "vck190", "vek280"} <= set(found)
+    assert "base" not in found and "versal_base" not in found
+    for name in found:
+        cfg = boards.load(name)
+        assert cfg.name == name and cfg.chain[0].name == "base.yaml" and cfg.chain[-1] == cfg.source
+
+
+def test_config_is_frozen():
+    cfg = boards.load("sim")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lanes = 16
+
+
+def test_fpga_boards_state_the_part():
+    ulx3s = boards.load("ulx3s_85f")
+    assert (ulx3s.fpga["family"], ulx3s.fpga["device"], ulx3s.fpga["speed_grade"]) == ("ecp5", "LFE5U-85F", "6")
+    assert boards.load("icebreaker").fpga["device"] == "iCE40UP5K"
+    assert boards.load("sim").fpga is None
+
+
+@pytest.mark.parametrize("name, macs, memory, tiles, ports, clock", [
+    ("vck190", 128, 32 * 1024, 400, 2, 1250.0),
+    ("vek280", 256, 64 * 1024, 304, 1, 1000.0),
+])
+def test_versal_boards_carry_the_ai_engine_tile_facts(name, macs, memory, tiles, ports, clock):
+    cfg = boards.load(name)
+    aie = cfg.aie
+    assert (aie["int8_macs_per_cycle"], aie["data_memory_bytes"], aie["tiles"]) == (macs, memory, tiles)
+    assert (aie["stream_ports_in"], aie["stream_port_bits"], aie["clock_mhz"]) == (ports, 32, clock)
+    assert aie["array_columns"] * aie["array_rows"] == tiles
+    # The PL tile mirrors the AI Engine tile it imitates.
+    assert (cfg.lanes, cfg.local_memory_bytes, cfg.stream_width) == (macs, memory, 32)
+
+
+def test_kwargs_come_from_the_config():
+    cfg = boards.load("ulx3s_85f")
+    assert cfg.hccs_kwargs() == {"lanes": cfg.hccs_lanes, "n_max": cfg.n_max, "heads": cfg.heads_per_tile,
+                                 "out_type": cfg.hccs_out}
+    assert cfg.array_kwargs()["n_tiles"] == cfg.n_tiles
+    assert cfg.heads == cfg.n_tiles * cfg.heads_per_tile
+
+
+def test_override_is_validated_and_recorded():
+    cfg = boards.load("ulx3s_85f", boards.parse_assignments(["lanes=16", "clock_mhz=125.5"]))
+    assert (cfg.lanes, cfg.clock_mhz) == (16, 125.5)
+    assert dict(cfg.overrides) == {"lanes": 16, "clock_mhz": 125.5}
+    assert boards.load("ulx3s_85f").lanes == 8
+
+
+@pytest.mark.parametrize("item, message", [
+    ("lanes=12", "key 'lanes': got 12, expected a power of two"),
+    ("lanes=eight", "key 'lanes': got 'eight' (str), expected an integer"),
+    ("lanes=true", "expected an integer"),
+    ("hccs_out=int8", "key 'hccs_out': got 'int8', expected one of uint8, int16"),
+    ("clock_mhz=-5", "key 'clock_mhz': got -5.0, expected a positive finite number"),
+    ("bogus=1", "unknown or fixed parameter 'bogus'"),
+    ("kind=fpga", "unknown or fixed parameter 'kind'"),
+    ("lanes", "expected KEY=VALUE"),
+])
+def test_bad_override_names_key_value_and_expectation(item, message):
+    with pytest.raises(BoardError, match="--set") as exc:
+        boards.load("sim", boards.parse_assignments([item]))
+    assert message in str(exc.value)
+
+
+def test_versal_memory_must_match_the_ai_engine_tile():
+    with pytest.raises(BoardError, match="local_memory_bytes.*aie.data_memory_bytes = 32768"):
+        boards.load("vck190", {"local_memory_bytes": 65536})
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize("body, message", [
+    ("extends: base\nlanes: 3\n", "key 'lanes': got 3, expected a power of two from 1 to 256"),
+    ("extends: base\nstream_width: 48\n", "key 'stream_width': got 48, expected one of 32, 64, 128"),
+    ("extends: base\nlaness: 8\n", "key 'laness': unknown"),
+    ("extends: base\nkind: fpga\n", "key 'fpga': expected a mapping"),
+    ("extends: base\nfpga: {platform: x}\n", "key 'fpga': only boards of kind 'fpga'"),
+    ("extends: nowhere\n", "board 'nowhere': no such board file"),
+    ("lanes: 8\n", "key 'description': missing"),
+    ("- 1\n- 2\n", "expected a mapping of parameters at the top level"),
+    ("lanes: [8\n", "not valid YAML"),
+    ("extends: base\nkind: fpga\nfpga: {platform: 'a:B', family: xilinx, device: d, speed_grade: '1', "
+     "osc_mhz: 10}\n", "key 'fpga.family': got 'xilinx', expected one of ecp5, ice40"),
+    ("extends: base\nkind: fpga\nfpga: {platform: 'a:B', family: ecp5, device: d, speed_grade: '1'}\n",
+     "key 'fpga.osc_mhz': missing"),
+])
+def test_bad_board_file_names_file_key_and_expectation(tmp_path, body, message):
+    path = _write(tmp_path, "myboard", body)
+    with pytest.raises(BoardError) as exc:
+        boards.load(path)
+    assert str(path) in str(exc.value) or "nowhere" in str(exc.value)
+    assert message in str(exc.value)
+
+
+def test_user_board_file_extends_a_shipped_board(tmp_path):
+    path = _write(tmp_path, "mine", "extends: ulx3s_85f\ndescription: my ULX3S\nlanes: 4\nfpga: {osc_mhz: 25.0}\n")
+    cfg = boards.load(path)
+    assert (cfg.name, cfg.lanes, cfg.kind, cfg.fpga["family"]) == ("mine", 4, "fpga", "ecp5")
+
+
+def test_extends_cycle_is_reported(tmp_path):
+    _write(tmp_path, "a", "extends: b\n")
+    b = _write(tmp_path, "b", "extends: a\n")
+    with pytest.raises(BoardError, match="cycle"):
+        boards.load(b)
