@@ -9,7 +9,7 @@ Every value is checked against :data:`SCHEMA`; a bad file raises :class:`BoardEr
 key, the value and what was expected. The same check applies to command-line overrides
 (``somatile build --set lanes=16``), so a parameter is never accepted on one path and rejected on another.
 
-Parameters flow one way (STYLE rule 4): the RTL takes :meth:`BoardConfig.tile_kwargs` /
+Parameters flow one way (STYLE rule 4): the RTL takes :meth:`BoardConfig.array_kwargs` /
 :meth:`BoardConfig.hccs_kwargs`, the firmware header and the host ``info()`` read the same object.
 """
 
@@ -85,8 +85,8 @@ SCHEMA: dict[str, Param] = {
     "stream_width": Param(int, _one_of(32, 64, 128), "AXI4-Stream data width of a tile port (bits)"),
     "local_memory_bytes": Param(int, _power_of_two(1024, 1 << 20), "data memory per tile (bytes)"),
     "n_tiles": Param(int, _int_range(1, 512), "tiles in the array"),
-    "heads_per_tile": Param(int, _int_range(1, 64), "attention heads mapped to one tile"),
-    "head_dim": Param(int, _power_of_two(8, 256), "elements per head vector"),
+    "heads": Param(int, _int_range(1, 64), "attention heads mapped to one tile"),
+    "head_dim": Param(int, _int_range(1, 1024), "elements per head vector"),
     "n_max": Param(int, _int_range(1, 65536), "longest HCCS row held on chip (elements)"),
     "ring": Param(int, _int_range(1, 4096), "ring KV buffer entries per head"),
     "sinks": Param(int, _int_range(0, 64), "attention-sink entries per head kept beside the ring"),
@@ -118,6 +118,10 @@ AIE_SCHEMA: dict[str, Param] = {
     "clock_mhz": Param(float, _positive, "AI Engine clock (MHz)"),
     "memory_tile_bytes": Param(int, _int_range(0, 1 << 30), "memory tile size (bytes; 0 where there are none)"),
 }
+
+# The parameters of one tile, named as the RTL names them (somatile.hw.regmap.TileParams).
+TILE_KEYS = ("lanes", "stream_width", "local_memory_bytes", "heads", "ring", "sinks", "head_dim", "n_max",
+             "hccs_lanes", "hccs_out", "n_tiles")
 
 _SECTIONS: dict[str, tuple[str, dict[str, Param]]] = {"fpga": ("fpga", FPGA_SCHEMA), "versal": ("aie", AIE_SCHEMA)}
 _META_KEYS = ("extends", "abstract")
@@ -156,7 +160,7 @@ class BoardConfig:
     stream_width: int
     local_memory_bytes: int
     n_tiles: int
-    heads_per_tile: int
+    heads: int
     head_dim: int
     n_max: int
     ring: int
@@ -166,25 +170,17 @@ class BoardConfig:
     overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
-    def heads(self) -> int:
+    def total_heads(self) -> int:
         """Heads over the whole array."""
-        return self.n_tiles * self.heads_per_tile
-
-    def tile_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of one compute tile (``hw/tile.py``)."""
-        return {"lanes": self.lanes, "stream_width": self.stream_width,
-                "local_memory_bytes": self.local_memory_bytes, "heads": self.heads_per_tile,
-                "ring": self.ring, "sinks": self.sinks, "head_dim": self.head_dim, "n_max": self.n_max,
-                "hccs_lanes": self.hccs_lanes, "hccs_out": self.hccs_out}
+        return self.n_tiles * self.heads
 
     def array_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the tile array (``hw/array.py``): the tile's plus the tile count."""
-        return {**self.tile_kwargs(), "n_tiles": self.n_tiles}
+        """Keyword arguments of the tile array and of one tile (``somatile.hw.regmap.TileParams``)."""
+        return {k: getattr(self, k) for k in TILE_KEYS}
 
     def hccs_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the standalone HCCS unit (``hw/hccs.py``)."""
-        return {"lanes": self.hccs_lanes, "n_max": self.n_max, "heads": self.heads_per_tile,
-                "out_type": self.hccs_out}
+        return {"lanes": self.hccs_lanes, "n_max": self.n_max, "heads": self.heads, "out_type": self.hccs_out}
 
     def parameters(self) -> dict[str, Any]:
         """Every parameter as plain data (for manifests, the firmware header and the host ``info()``)."""
@@ -290,7 +286,19 @@ def _check_section(where: str, section: str, raw: Any, schema: dict[str, Param])
 
 
 def _check_consistency(cfg: BoardConfig, where: str) -> None:
-    """Relations between parameters that no single key can check."""
+    """Relations between parameters that no single key can check.
+
+    The tile's own rules (head_dim a multiple of lanes, n_max covering ring + sinks + 1, ...) live in
+    ``TileParams`` beside the RTL; they are applied here so a bad board fails at load time, not mid-build.
+    """
+    from somatile.hw.regmap import TileParams
+
+    try:
+        TileParams(**cfg.array_kwargs())
+    except ValueError as exc:
+        key = str(exc).partition("TileParams.")[2].partition(" ")[0] or "tile"
+        raise BoardError(f"{where}: key '{key}': {str(exc).partition(': ')[2] or exc} "
+                         f"(rule of the tile RTL, somatile.hw.regmap.TileParams)") from exc
     if cfg.aie is not None:
         if cfg.aie["data_memory_bytes"] != cfg.local_memory_bytes:
             raise BoardError(f"{where}: key 'local_memory_bytes': got {cfg.local_memory_bytes}, expected the AI "

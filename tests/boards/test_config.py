@@ -43,15 +43,17 @@ def test_versal_boards_carry_the_ai_engine_tile_facts(name, macs, memory, tiles,
     assert (aie["stream_ports_in"], aie["stream_port_bits"], aie["clock_mhz"]) == (ports, 32, clock)
     assert aie["array_columns"] * aie["array_rows"] == tiles
     # The PL tile mirrors the AI Engine tile it imitates.
-    assert (cfg.lanes, cfg.local_memory_bytes, cfg.stream_width) == (macs, memory, 32)
+    assert (cfg.lanes, cfg.local_memory_bytes, cfg.stream_width) == (macs, memory, aie["stream_port_bits"])
 
 
 def test_kwargs_come_from_the_config():
     cfg = boards.load("ulx3s_85f")
-    assert cfg.hccs_kwargs() == {"lanes": cfg.hccs_lanes, "n_max": cfg.n_max, "heads": cfg.heads_per_tile,
+    assert cfg.hccs_kwargs() == {"lanes": cfg.hccs_lanes, "n_max": cfg.n_max, "heads": cfg.heads,
                                  "out_type": cfg.hccs_out}
     assert cfg.array_kwargs()["n_tiles"] == cfg.n_tiles
-    assert cfg.heads == cfg.n_tiles * cfg.heads_per_tile
+    assert cfg.total_heads == cfg.n_tiles * cfg.heads
+    from somatile.hw.regmap import TileParams
+    assert TileParams.from_board(cfg) == TileParams(**cfg.array_kwargs())
 
 
 def test_override_is_validated_and_recorded():
@@ -70,6 +72,8 @@ def test_override_is_validated_and_recorded():
     ("bogus=1", "unknown or fixed parameter 'bogus'"),
     ("kind=fpga", "unknown or fixed parameter 'kind'"),
     ("lanes", "expected KEY=VALUE"),
+    ("n_max=8", "key 'n_max'"),
+    ("head_dim=24", "key 'head_dim'"),
 ])
 def test_bad_override_names_key_value_and_expectation(item, message):
     with pytest.raises(BoardError, match="--set") as exc:
