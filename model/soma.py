@@ -1,0 +1,567 @@
+"""Soma streaming attention: a ring of recent keys/values (plus optional sink tokens) and an EMA "field".
+
+One decode step costs O((sinks + ring) * head_dim) per head whatever the sequence position, and the state
+has a fixed size. Every choice on which the public variants of seed 000 disagree is an explicit field of
+:class:`SomaConfig`; ``SomaConfig.preset("seed")`` reproduces the seed's literal definition.
+
+Per query head h (KV head ``h // (n_heads // n_kv_heads)``) at token t:
+
+- visible set: the filled sink slots and ring slots; with ``include_self`` the current token is written
+  first (so it attends to itself), otherwise the ring is read before the write (the seed: t = 0 sees
+  nothing and outputs zeros);
+- near field: ``normalise(q.k / sqrt(head_dim) - recency * distance) @ V`` over the visible set (the
+  recency bias applies to ring entries only; sinks keep bias 0 because they are kept as attention sinks);
+- far field: ``alpha * F`` with F the EMA ``F <- gamma F + (1 - gamma) x`` of the keys or values of tokens
+  before t (``field_source``), or with ``gating="query"`` ``alpha * g(q . F_k / sqrt(head_dim)) * F_v``,
+  ``g(z) = clip(0.5 + z / 4, 0, 1)`` (hard sigmoid: one shift and a clamp in hardware);
+- output = near + far; then the field is updated with token t.
+
+Float arrays (T, H, D) / (H, D) for q and (T, Hkv, D) / (Hkv, D) for k, v go through the float reference
+here; with ``cfg.integer=True`` int8 arrays go through the bit-exact integer path (``soma_int`` numpy
+spec, ``soma_nb`` numba fast path; docs/numerics.md, Soma section). The state object is updated in place
+and returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+NORMALISERS = ("softmax", "hccs", "hccs_int", "exp_int")
+FIELD_SOURCES = ("keys", "values")
+GATINGS = ("none", "query")
+HCCS_MODES = ("div", "clb")
+
+INT_MULT_MAX = (1 << 15) - 1
+INT_SHIFT_MAX = 47
+GAMMA_Q15_ONE = 1 << 15
+FIELD_FRAC_BITS = 7
+GATE_ONE = 128
+COUNTER_MAX = (1 << 31) - 1
+MAX_INT_HEAD_DIM = 256
+
+_PER_HEAD_INT_FIELDS = ("score_mult", "score_shift", "out_mult", "out_shift", "alpha_mult", "alpha_shift",
+                        "gate_mult", "gate_shift", "recency_int", "hccs_B", "hccs_S", "hccs_dmax", "exp_mult")
+_PER_HEAD_FLOAT_FIELDS = ("hccs_c", "logit_scale")
+
+
+@dataclass(frozen=True)
+class SomaConfig:
+    """Configuration of one Soma attention layer (frozen, validated).
+
+    Geometry: ``n_heads`` query heads, ``n_kv_heads`` KV heads (grouped-query attention: n_heads must be a
+    multiple), ``head_dim``; ``ring`` recent tokens and ``sinks`` first tokens kept per KV head
+    (``0 <= sinks <= ring``; the first ``sinks`` tokens of the sequence go only to the sink slots).
+
+    Far field: ``gamma`` in [0, 1), ``alpha`` its weight, ``field_source`` "keys" (the seed) or "values",
+    ``gating`` "none" (far = alpha * F) or "query" (far = alpha * g(q . F_k / sqrt(D)) * F_v with the hard
+    sigmoid g(z) = clip(0.5 + z/4, 0, 1); needs ``field_source="values"``; the state then keeps a second
+    field of keys). ``include_self``: whether token t attends to itself. ``recency``: lambda >= 0 of the
+    seed's temporal decay exp(-lambda * dt), applied as the additive logit bias -lambda * distance to ring
+    entries.
+
+    Near-field ``normaliser``: "softmax"; "hccs" (float HCCS of seed 003 with per-head clip ``hccs_c`` in
+    logit units); "hccs_int" / "exp_int" (the integer kernels; in the float path the logits are quantised
+    to int8 with per-head ``logit_scale`` and the uint8 probabilities read as p / 255).
+
+    Integer path (``integer=True``, int8 q/k/v): per-query-head ``score_mult``/``score_shift`` (int32 score
+    -> normaliser int8 input), ``recency_int`` (int8 logit units per token of distance), ``hccs_B``,
+    ``hccs_S``, ``hccs_dmax``, ``hccs_mode`` (normaliser "hccs_int"; left at None they are derived from
+    ``hccs_c`` and ``logit_scale`` for rows of ``sinks + ring`` slots), ``exp_mult`` (integer input scale M
+    of somatile.model.intexp, normaliser "exp_int"; None derives it from ``logit_scale``), ``out_mult``/``out_shift`` (int32 P.V -> int8 output),
+    ``alpha_mult``/``alpha_shift`` (field, 7 fraction bits -> int8 output units), ``gate_mult``/
+    ``gate_shift`` (gate logit -> Q7 gate); ``gamma_q15`` (defaults to round(gamma * 2^15)). Multipliers
+    are in [0, 2^15 - 1], shifts in [0, 47]. Per-head fields accept a scalar (broadcast) or one value per
+    query head and are stored as tuples. :func:`integer_config` derives them from float scales.
+    """
+
+    n_heads: int = 1
+    n_kv_heads: int | None = None
+    head_dim: int = 64
+    ring: int = 256
+    sinks: int = 0
+    gamma: float = 0.98
+    alpha: float = 0.0
+    field_source: str = "values"
+    gating: str = "none"
+    include_self: bool = True
+    recency: float = 0.0
+    normaliser: str = "softmax"
+    hccs_c: float | Sequence[float] = 4.0
+    hccs_mode: str = "div"
+    logit_scale: float | Sequence[float] = 0.125
+    integer: bool = False
+    score_mult: int | Sequence[int] = 1
+    score_shift: int | Sequence[int] = 0
+    recency_int: int | Sequence[int] = 0
+    hccs_B: int | Sequence[int] | None = None
+    hccs_S: int | Sequence[int] | None = None
+    hccs_dmax: int | Sequence[int] | None = None
+    exp_mult: int | Sequence[int] | None = None
+    out_mult: int | Sequence[int] = 1
+    out_shift: int | Sequence[int] = 8
+    alpha_mult: int | Sequence[int] = 0
+    alpha_shift: int | Sequence[int] = 0
+    gate_mult: int | Sequence[int] = 0
+    gate_shift: int | Sequence[int] = 0
+    gamma_q15: int | None = None
+
+    def __post_init__(self):
+        def bad(name, expected, value):
+            raise ValueError(f"SomaConfig.{name}: expected {expected}, got {value!r}")
+
+        for name in ("n_heads", "head_dim", "ring"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                bad(name, "an integer >= 1", value)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if not isinstance(self.n_kv_heads, (int, np.integer)) or self.n_kv_heads < 1:
+            bad("n_kv_heads", "an integer >= 1", self.n_kv_heads)
+        if self.n_heads % self.n_kv_heads:
+            bad("n_kv_heads", f"a divisor of n_heads={self.n_heads} (grouped-query attention)", self.n_kv_heads)
+        if not isinstance(self.sinks, (int, np.integer)) or not 0 <= self.sinks <= self.ring:
+            bad("sinks", f"an integer in [0, ring={self.ring}]", self.sinks)
+        if not (isinstance(self.gamma, (int, float)) and 0.0 <= self.gamma < 1.0):
+            bad("gamma", "a number in [0, 1)", self.gamma)
+        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)):
+            bad("alpha", "a finite number", self.alpha)
+        if not (isinstance(self.recency, (int, float)) and math.isfinite(self.recency) and self.recency >= 0):
+            bad("recency", "a finite number >= 0", self.recency)
+        for name, allowed in (("field_source", FIELD_SOURCES), ("gating", GATINGS),
+                              ("normaliser", NORMALISERS), ("hccs_mode", HCCS_MODES)):
+            if getattr(self, name) not in allowed:
+                bad(name, f"one of {allowed}", getattr(self, name))
+        if self.gating == "query" and self.field_source != "values":
+            bad("field_source", "'values' when gating='query' (the gate reads a separate key field)",
+                self.field_source)
+        if self.integer and self.normaliser not in ("hccs_int", "exp_int"):
+            bad("normaliser", "'hccs_int' or 'exp_int' when integer=True", self.normaliser)
+
+        for name in _PER_HEAD_FLOAT_FIELDS:
+            values = self._per_head(name, float)
+            if not all(math.isfinite(x) and x > 0 for x in values):
+                bad(name, "positive finite numbers", getattr(self, name))
+            object.__setattr__(self, name, values)
+        self._derive_normaliser_params(bad)
+        for name in _PER_HEAD_INT_FIELDS:
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, self._per_head(name, int))
+        if self.gamma_q15 is None:
+            object.__setattr__(self, "gamma_q15", int(round(self.gamma * GAMMA_Q15_ONE)))
+        if not isinstance(self.gamma_q15, (int, np.integer)) or not 0 <= self.gamma_q15 < GAMMA_Q15_ONE:
+            bad("gamma_q15", f"an integer in [0, {GAMMA_Q15_ONE})", self.gamma_q15)
+        if self.integer:
+            self._check_integer_ranges(bad)
+
+    def _per_head(self, name, kind):
+        value = getattr(self, name)
+        if isinstance(value, (int, float, np.integer, np.floating)):
+            return (kind(value),) * self.n_heads
+        values = tuple(value)
+        if len(values) != self.n_heads:
+            raise ValueError(f"SomaConfig.{name}: expected a scalar or {self.n_heads} values (one per query "
+                             f"head), got {len(values)}")
+        if kind is int and not all(float(x).is_integer() for x in values):
+            raise ValueError(f"SomaConfig.{name}: expected integers, got {values!r}")
+        return tuple(kind(x) for x in values)
+
+    def _derive_normaliser_params(self, bad):
+        """Fill the integer normaliser's parameters left at None from hccs_c and logit_scale."""
+        from somatile.model import soma_int
+        given = [getattr(self, n) is not None for n in ("hccs_B", "hccs_S", "hccs_dmax")]
+        if any(given) and not all(given):
+            bad("hccs_B/hccs_S/hccs_dmax", "all three or none (derived from hccs_c and logit_scale)",
+                (self.hccs_B, self.hccs_S, self.hccs_dmax))
+        if self.normaliser == "hccs_int":
+            if not any(given):
+                for name, values in zip(("hccs_B", "hccs_S", "hccs_dmax"), soma_int.default_hccs_params(self)):
+                    object.__setattr__(self, name, values)
+            soma_int.check_hccs_params(self)
+        if self.normaliser == "exp_int" and self.exp_mult is None:
+            object.__setattr__(self, "exp_mult", soma_int.default_exp_mult(self))
+
+    def _check_integer_ranges(self, bad):
+        if self.head_dim > MAX_INT_HEAD_DIM:
+            bad("head_dim", f"at most {MAX_INT_HEAD_DIM} when integer=True (keeps q.k and q.F in int32)",
+                self.head_dim)
+        for name in ("score_mult", "out_mult", "alpha_mult", "gate_mult"):
+            if not all(0 <= x <= INT_MULT_MAX for x in getattr(self, name)):
+                bad(name, f"integers in [0, {INT_MULT_MAX}]", getattr(self, name))
+        for name in ("score_shift", "out_shift", "alpha_shift", "gate_shift"):
+            if not all(0 <= x <= INT_SHIFT_MAX for x in getattr(self, name)):
+                bad(name, f"integers in [0, {INT_SHIFT_MAX}]", getattr(self, name))
+        if not all(0 <= x <= 127 for x in self.recency_int):
+            bad("recency_int", "integers in [0, 127]", self.recency_int)
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def slots(self) -> int:
+        """Key/value slots per KV head: sinks first, then the ring (the order of a normaliser row)."""
+        return self.sinks + self.ring
+
+    @property
+    def gated(self) -> bool:
+        return self.gating == "query"
+
+    def replace(self, **changes) -> "SomaConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "SomaConfig":
+        """A named configuration; keyword overrides (e.g. n_heads, head_dim, integer) are applied on top.
+
+        - ``seed``: seed 000 literally: ring 16 (its "248x" is 2n/(2k+1) at n=4096, so k=16), no sinks,
+          ring read before write (t=0 outputs zeros), field of keys, ungated, alpha 0.1, gamma 0.98, softmax.
+        - ``default``: what StreamingLLM shows works on real models: 4 sinks + 252 recent tokens (a 256-entry
+          normaliser row), the token attends to itself, softmax, far field off (alpha 0) until the
+          real-model evaluation shows that a field helps; the field is then a one-field change.
+        - ``gated_field``: ``default`` plus a query-gated value field, alpha 0.1.
+
+        With ``integer=True`` the integer parameters come from :func:`integer_config` at unit-free default
+        scales unless given explicitly.
+        """
+        presets = {
+            "seed": dict(ring=16, sinks=0, include_self=False, field_source="keys", gating="none",
+                         alpha=0.1, gamma=0.98, normaliser="softmax"),
+            "default": dict(ring=252, sinks=4, include_self=True, field_source="values", gating="none",
+                            alpha=0.0, gamma=0.98, normaliser="softmax"),
+            "gated_field": dict(ring=252, sinks=4, include_self=True, field_source="values", gating="query",
+                                alpha=0.1, gamma=0.98, normaliser="softmax"),
+        }
+        if name not in presets:
+            raise ValueError(f"SomaConfig.preset: unknown preset {name!r}; expected one of {sorted(presets)}")
+        params = {**presets[name], **overrides}
+        integer = params.pop("integer", False)
+        if integer:
+            if params.get("normaliser", "softmax") not in ("hccs_int", "exp_int"):
+                params["normaliser"] = "hccs_int"
+            base = cls(**params)
+            explicit = {k: v for k, v in overrides.items() if k in _PER_HEAD_INT_FIELDS or k == "gamma_q15"}
+            from somatile.model.soma_int import integer_config
+            return integer_config(base, **DEFAULT_INT_SCALES).replace(**explicit)
+        return cls(**params)
+
+
+def __getattr__(name):
+    """Integer helpers live in soma_int (loaded on first use): integer_config, quantize, scales_for."""
+    if name in ("integer_config", "quantize", "scales_for"):
+        from somatile.model import soma_int
+        return getattr(soma_int, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+DEFAULT_INT_SCALES = dict(q_scale=1 / 32, k_scale=1 / 32, v_scale=1 / 32, out_scale=1 / 32)
+
+
+@dataclass
+class SomaState:
+    """Fixed-size state of one Soma layer; the same class holds the float and the integer state.
+
+    Arrays (Hkv = n_kv_heads, D = head_dim):
+
+    - ``ring_k``, ``ring_v``: (Hkv, ring, D), int8 (integer) or the float dtype;
+    - ``sink_k``, ``sink_v``: (Hkv, sinks, D), same dtype;
+    - ``field``: (Hkv, D), EMA of ``field_source`` (integer: int16 with 7 fraction bits);
+    - ``gate_field``: (Hkv, D) EMA of keys when ``gating="query"``, else (Hkv, 0);
+    - counters ``write_pos`` (next ring slot), ``fill`` (valid ring slots), ``step`` (tokens seen,
+      saturating at 2^31 - 1; the sink slots filled are min(step, sinks)), int32 in ``to_arrays``.
+    """
+
+    ring_k: np.ndarray
+    ring_v: np.ndarray
+    sink_k: np.ndarray
+    sink_v: np.ndarray
+    field: np.ndarray
+    gate_field: np.ndarray
+    write_pos: int = 0
+    fill: int = 0
+    step: int = 0
+
+    ARRAYS = ("ring_k", "ring_v", "sink_k", "sink_v", "field", "gate_field")
+    COUNTERS = ("write_pos", "fill", "step")
+
+    @classmethod
+    def empty(cls, cfg: SomaConfig, dtype=np.float32) -> "SomaState":
+        """A fresh state (everything zero) for ``cfg``; ``dtype`` is ignored for integer configs."""
+        kv_dtype, field_dtype = state_dtypes(cfg, dtype)
+        hk, d = cfg.n_kv_heads, cfg.head_dim
+        return cls(ring_k=np.zeros((hk, cfg.ring, d), kv_dtype), ring_v=np.zeros((hk, cfg.ring, d), kv_dtype),
+                   sink_k=np.zeros((hk, cfg.sinks, d), kv_dtype), sink_v=np.zeros((hk, cfg.sinks, d), kv_dtype),
+                   field=np.zeros((hk, d), field_dtype),
+                   gate_field=np.zeros((hk, d if cfg.gated else 0), field_dtype))
+
+    @property
+    def sink_fill(self) -> int:
+        return min(self.step, self.sink_k.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the state as stored: the arrays plus three int32 counters."""
+        return sum(getattr(self, a).nbytes for a in self.ARRAYS) + 4 * len(self.COUNTERS)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The state as named arrays (copies), in the layout order of docs/numerics.md."""
+        out = {a: getattr(self, a).copy() for a in self.ARRAYS}
+        out.update({c: np.array(getattr(self, c), np.int32) for c in self.COUNTERS})
+        return out
+
+    @classmethod
+    def from_arrays(cls, cfg: SomaConfig, arrays: dict, dtype=np.float32) -> "SomaState":
+        """Rebuild a state from ``to_arrays()`` output, checking every name, shape, dtype and counter range."""
+        template = cls.empty(cfg, dtype)
+        missing = [n for n in cls.ARRAYS + cls.COUNTERS if n not in arrays]
+        if missing:
+            raise ValueError(f"SomaState.from_arrays: missing arrays {missing}")
+        kwargs = {}
+        for name in cls.ARRAYS:
+            want, got = getattr(template, name), np.asarray(arrays[name])
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise ValueError(f"SomaState.from_arrays: {name!r} expected {want.dtype} {want.shape}, "
+                                 f"got {got.dtype} {got.shape}")
+            kwargs[name] = got.copy()
+        limits = {"write_pos": cfg.ring - 1, "fill": cfg.ring, "step": COUNTER_MAX}
+        for name in cls.COUNTERS:
+            value = np.asarray(arrays[name])
+            if value.shape != () or not np.issubdtype(value.dtype, np.integer) or not 0 <= value <= limits[name]:
+                raise ValueError(f"SomaState.from_arrays: {name!r} expected an integer scalar in "
+                                 f"[0, {limits[name]}], got {value!r}")
+            kwargs[name] = int(value)
+        return cls(**kwargs)
+
+    def copy(self) -> "SomaState":
+        return dataclasses.replace(self, **{a: getattr(self, a).copy() for a in self.ARRAYS})
+
+
+def state_dtypes(cfg: SomaConfig, float_dtype=np.float32) -> tuple[np.dtype, np.dtype]:
+    """(key/value dtype, field dtype) of the state as stored."""
+    if cfg.integer:
+        return np.dtype(np.int8), np.dtype(np.int16)
+    return np.dtype(float_dtype), np.dtype(float_dtype)
+
+
+def _check_inputs(cfg: SomaConfig, q, k, v, seq: bool):
+    lead = "(T, " if seq else "("
+    shapes = {"q": (cfg.n_heads, cfg.head_dim), "k": (cfg.n_kv_heads, cfg.head_dim),
+              "v": (cfg.n_kv_heads, cfg.head_dim)}
+    arrays = {"q": np.asarray(q), "k": np.asarray(k), "v": np.asarray(v)}
+    length = None
+    for name, a in arrays.items():
+        want = shapes[name]
+        expected = f"{lead}{want[0]}, {want[1]})"
+        if a.ndim != len(want) + seq or a.shape[seq:] != want:
+            raise ValueError(f"Soma input {name!r}: expected shape {expected}, got {a.shape}")
+        if seq:
+            if length is not None and a.shape[0] != length:
+                raise ValueError(f"Soma input {name!r}: expected T={length} tokens like q, got {a.shape[0]}")
+            length = a.shape[0]
+        if cfg.integer:
+            if a.dtype != np.int8:
+                raise ValueError(f"Soma input {name!r}: expected int8 (cfg.integer=True), got {a.dtype}")
+        else:
+            if not np.issubdtype(a.dtype, np.floating):
+                raise ValueError(f"Soma input {name!r}: expected a float array (cfg.integer=False), got {a.dtype}"
+                                 " (set integer=True for int8 inputs)")
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"Soma input {name!r}: contains NaN or infinity")
+    if seq and length == 0:
+        raise ValueError("Soma input 'q': expected at least one token, got T=0")
+    return arrays["q"], arrays["k"], arrays["v"]
+
+
+def _float_dtype(*arrays) -> np.dtype:
+    return np.result_type(np.float32, *[a.dtype for a in arrays])
+
+
+def _check_state(cfg: SomaConfig, state: SomaState, dtype):
+    kv_dtype, _ = state_dtypes(cfg, dtype)
+    want = (cfg.n_kv_heads, cfg.ring, cfg.head_dim)
+    if not isinstance(state, SomaState):
+        raise TypeError(f"Soma state: expected a SomaState, got {type(state).__name__}")
+    if state.ring_k.shape != want or state.ring_k.dtype != kv_dtype or state.sink_k.shape[1] != cfg.sinks:
+        raise ValueError(f"Soma state: ring_k {state.ring_k.dtype} {state.ring_k.shape} / {state.sink_k.shape[1]} "
+                         f"sinks does not match the config ({kv_dtype} {want}, sinks={cfg.sinks})")
+    if cfg.gated and state.gate_field.shape[1] != cfg.head_dim:
+        raise ValueError("Soma state: gate_field is empty but cfg.gating='query'")
+
+
+def prefill(cfg: SomaConfig, q, k, v, *, state: SomaState | None = None, impl: str = "numba"):
+    """Run a sequence through Soma attention from a fresh state (or continue ``state``).
+
+    q: (T, n_heads, head_dim), k and v: (T, n_kv_heads, head_dim); float, or int8 when ``cfg.integer``.
+    Returns (out (T, n_heads, head_dim) in q's float dtype or int8, state). The result equals T calls of
+    :func:`decode_step`. The float path from a fresh state is evaluated in blocks of queries (vectorised);
+    ``impl`` ("numba" default or "numpy") selects the integer implementation; both are bit-identical.
+    """
+    q, k, v = _check_inputs(cfg, q, k, v, seq=True)
+    if cfg.integer:
+        from somatile.model import soma_int
+        state = SomaState.empty(cfg) if state is None else state
+        _check_state(cfg, state, None)
+        return soma_int.run(cfg, state, q, k, v, impl=impl), state
+    dtype = _float_dtype(q, k, v)
+    q, k, v = q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
+    if state is not None:
+        _check_state(cfg, state, dtype)
+        out = np.empty(q.shape, dtype)
+        for t in range(q.shape[0]):
+            out[t] = _float_step(cfg, state, q[t], k[t], v[t])
+        return out, state
+    return _float_prefill(cfg, q, k, v)
+
+
+def decode_step(cfg: SomaConfig, state: SomaState, q, k, v, *, impl: str = "numba"):
+    """One token: q (n_heads, head_dim), k, v (n_kv_heads, head_dim). Returns (out (n_heads, head_dim), state).
+
+    Cost and memory do not depend on the sequence position. ``state`` (from :func:`prefill`,
+    :meth:`SomaState.empty` or :meth:`SomaState.from_arrays`) is updated in place and returned.
+    """
+    q, k, v = _check_inputs(cfg, q, k, v, seq=False)
+    if cfg.integer:
+        from somatile.model import soma_int
+        _check_state(cfg, state, None)
+        return soma_int.run(cfg, state, q[None], k[None], v[None], impl=impl)[0], state
+    dtype = _float_dtype(q, k, v)
+    _check_state(cfg, state, dtype)
+    return _float_step(cfg, state, q.astype(dtype), k.astype(dtype), v.astype(dtype)), state
+
+
+def hard_sigmoid(z):
+    """g(z) = clip(0.5 + z / 4, 0, 1): the field gate (the integer path computes the same in Q7)."""
+    return np.clip(0.5 + 0.25 * z, 0.0, 1.0)
+
+
+def normalise(cfg: SomaConfig, logits: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Near-field probabilities of float ``logits`` (..., H, N) over ``valid`` (broadcastable bool).
+
+    Rows with no valid entry give all zeros. Masked entries get probability 0. The head axis is -2.
+    """
+    valid = np.broadcast_to(valid, logits.shape)
+    if cfg.normaliser == "softmax":
+        x = np.where(valid, logits, -np.inf)
+        m = np.max(x, axis=-1, keepdims=True)
+        e = np.where(valid, np.exp(x - np.where(np.isfinite(m), m, 0)), 0)
+        s = e.sum(axis=-1, keepdims=True)
+        return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+    if cfg.normaliser == "hccs":
+        c = np.asarray(cfg.hccs_c, logits.dtype)[:, None]
+        x = np.where(valid, logits, -np.inf)
+        m = np.max(x, axis=-1, keepdims=True)
+        d = np.minimum(np.where(valid, m - x, np.inf), c)
+        score = np.where(valid, c - d, 0)
+        s = score.sum(axis=-1, keepdims=True)
+        # A row whose tokens all sit at the clip has zero mass: fall back to uniform over its valid tokens.
+        uniform = valid / np.maximum(valid.sum(axis=-1, keepdims=True), 1)
+        return np.where(s > 0, score / np.where(s > 0, s, 1), uniform).astype(logits.dtype)
+    from somatile.model import soma_int
+    scale = np.asarray(cfg.logit_scale, np.float64)[:, None]
+    x8 = np.clip(np.round(logits / scale), -128, 127).astype(np.int8)
+    p = soma_int.normalise_int(cfg, x8, np.ascontiguousarray(valid))
+    return (p / 255.0).astype(logits.dtype)
+
+
+def _near(cfg: SomaConfig, q, keys, vals, valid, bias):
+    """q (..., H, D), keys/vals (..., Hkv, N, D), valid (..., 1, N), bias (..., 1, N) -> (..., H, D)."""
+    lead = q.shape[:-2]
+    qg = q.reshape(lead + (cfg.n_kv_heads, cfg.group, cfg.head_dim))
+    logits = np.einsum("...kgd,...knd->...kgn", qg, keys) / np.sqrt(cfg.head_dim).astype(q.dtype)
+    logits = logits.reshape(lead + (cfg.n_heads, -1)) - bias
+    p = normalise(cfg, logits, valid).reshape(lead + (cfg.n_kv_heads, cfg.group, -1))
+    return np.einsum("...kgn,...knd->...kgd", p, vals).reshape(q.shape)
+
+
+def _far(cfg: SomaConfig, q, field_, gate_field):
+    """alpha * F (ungated) or alpha * g(q . F_k / sqrt(D)) * F_v; q (..., H, D), fields (..., Hkv, D)."""
+    if cfg.alpha == 0:
+        return np.zeros_like(q)
+    f = np.repeat(field_, cfg.group, axis=-2)
+    if not cfg.gated:
+        return (cfg.alpha * f).astype(q.dtype)
+    fk = np.repeat(gate_field, cfg.group, axis=-2)
+    z = np.sum(q * fk, axis=-1, keepdims=True) / np.sqrt(cfg.head_dim)
+    return (cfg.alpha * hard_sigmoid(z) * f).astype(q.dtype)
+
+
+def _write(cfg: SomaConfig, st: SomaState, k, v):
+    if st.step < cfg.sinks:
+        st.sink_k[:, st.step], st.sink_v[:, st.step] = k, v
+    else:
+        st.ring_k[:, st.write_pos], st.ring_v[:, st.write_pos] = k, v
+        st.write_pos = (st.write_pos + 1) % cfg.ring
+        st.fill = min(st.fill + 1, cfg.ring)
+    st.step = min(st.step + 1, COUNTER_MAX)
+
+
+def ring_distances(cfg: SomaConfig, write_pos: int, after_write: bool) -> np.ndarray:
+    """Token distance of each ring slot from the current token: the slot written last is 0 when the
+    current token has just been written (include_self) and 1 otherwise."""
+    age = (write_pos - 1 - np.arange(cfg.ring)) % cfg.ring
+    return age + (0 if after_write else 1)
+
+
+def _float_step(cfg: SomaConfig, st: SomaState, q, k, v):
+    if cfg.include_self:
+        _write(cfg, st, k, v)
+    keys = np.concatenate([st.sink_k, st.ring_k], axis=1)
+    vals = np.concatenate([st.sink_v, st.ring_v], axis=1)
+    valid = np.concatenate([np.arange(cfg.sinks) < st.sink_fill, np.arange(cfg.ring) < st.fill])
+    bias = np.concatenate([np.zeros(cfg.sinks), cfg.recency * ring_distances(cfg, st.write_pos, cfg.include_self)])
+    out = _near(cfg, q, keys, vals, valid[None], bias[None].astype(q.dtype)) + _far(cfg, q, st.field, st.gate_field)
+    if not cfg.include_self:
+        _write(cfg, st, k, v)
+    _update_fields(cfg, st, k, v)
+    return out
+
+
+def _update_fields(cfg: SomaConfig, st: SomaState, k, v):
+    g = st.field.dtype.type(cfg.gamma)
+    src = k if cfg.field_source == "keys" else v
+    st.field[...] = g * st.field + (1 - g) * src
+    if cfg.gated:
+        st.gate_field[...] = g * st.gate_field + (1 - g) * k
+
+
+def _float_prefill(cfg: SomaConfig, q, k, v, block: int = 256):
+    """Vectorised prefill from a fresh state: queries in blocks, each over the keys it can see."""
+    T = q.shape[0]
+    dtype = q.dtype
+    st = SomaState.empty(cfg, dtype)
+    fields = np.zeros((T, cfg.n_kv_heads, cfg.head_dim), dtype)
+    gate_fields = np.zeros((T, cfg.n_kv_heads, cfg.head_dim if cfg.gated else 0), dtype)
+    src = k if cfg.field_source == "keys" else v
+    g = dtype.type(cfg.gamma)
+    for t in range(T):
+        fields[t] = st.field
+        st.field[...] = g * st.field + (1 - g) * src[t]
+        if cfg.gated:
+            gate_fields[t] = st.gate_field
+            st.gate_field[...] = g * st.gate_field + (1 - g) * k[t]
+    off = 0 if cfg.include_self else 1
+    out = np.empty_like(q)
+    kt, vt = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+    for a in range(0, T, block):
+        b = min(a + block, T)
+        lo = max(cfg.sinks, a - cfg.ring - off)
+        cols = np.concatenate([np.arange(min(cfg.sinks, b)), np.arange(lo, b)])
+        t = np.arange(a, b)[:, None]
+        u = cols[None, :]
+        dist = t - u
+        is_sink = u < cfg.sinks
+        valid = (dist >= off) & (is_sink | (dist < cfg.ring + off))
+        bias = np.where(is_sink, 0, cfg.recency * dist).astype(dtype)
+        keys = np.broadcast_to(kt[:, cols], (b - a,) + kt[:, cols].shape)
+        vals = np.broadcast_to(vt[:, cols], (b - a,) + vt[:, cols].shape)
+        out[a:b] = _near(cfg, q[a:b], keys, vals, valid[:, None, :], bias[:, None, :])
+        out[a:b] += _far(cfg, q[a:b], fields[a:b], gate_fields[a:b])
+    for t in range(T):
+        _write(cfg, st, k[t], v[t])
+    return out, st

@@ -1,0 +1,250 @@
+"""Bit-exact integer Soma decode step: the readable numpy specification and the parameter helpers.
+
+The step is written out in docs/numerics.md (section "Soma"); ``impl="numpy"`` runs :func:`run_spec` here,
+``impl="numba"`` the fast path in :mod:`somatile.model.soma_nb`; both are ``np.array_equal``. Every integer
+step is a multiply, an add, a rounding right shift :func:`rshift_round` or a saturation :func:`saturate`,
+with the normaliser row kernels of :mod:`somatile.model.hccs` / :mod:`somatile.model.intexp`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from somatile.model import hccs, intexp
+from somatile.model.soma import (FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_ONE, INT_MULT_MAX, INT_SHIFT_MAX,
+                                 SomaConfig, SomaState, _write, ring_distances)
+
+INT8_MIN, INT8_MAX = -128, 127
+INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
+GATE_HALF = GATE_ONE // 2
+GATE_FRAC_BITS = 7
+NORM_HCCS = 0
+NORM_EXP = 1
+NORM_CODES = {"hccs_int": NORM_HCCS, "exp_int": NORM_EXP}
+
+PARAM_ROWS = ("score_mult", "score_shift", "recency_int", "hccs_B", "hccs_S", "hccs_dmax", "exp_mult",
+              "out_mult", "out_shift", "alpha_mult", "alpha_shift", "gate_mult", "gate_shift")
+"""Row order of the (13, n_heads) int64 parameter table that the numba kernel (and the tile) reads."""
+
+
+def rshift_round(x, shift):
+    """Round-half-up arithmetic right shift: (x + (2^shift >> 1)) >> shift (shift 0 leaves x). int64."""
+    x = np.asarray(x, np.int64)
+    shift = np.asarray(shift, np.int64)
+    return (x + ((np.int64(1) << shift) >> 1)) >> shift
+
+
+def saturate(x, lo, hi):
+    return np.clip(x, lo, hi)
+
+
+def param_table(cfg: SomaConfig) -> np.ndarray:
+    """The per-query-head integer parameters as int64 (len(PARAM_ROWS), n_heads); unused rows are 0."""
+    rows = [getattr(cfg, name) or (0,) * cfg.n_heads for name in PARAM_ROWS]
+    return np.array(rows, np.int64)
+
+
+def fixed_point(factor: float, name: str) -> tuple[int, int]:
+    """(mult, shift) with mult / 2^shift ~ factor, mult in [0, 2^15 - 1] as large as possible, shift <= 47.
+
+    Round half to even on the multiplier; a factor too large for shift 0 raises ValueError naming ``name``.
+    """
+    if not (math.isfinite(factor) and factor >= 0):
+        raise ValueError(f"{name}: expected a finite factor >= 0, got {factor!r}")
+    if factor == 0:
+        return 0, 0
+    exponent = math.frexp(factor)[1]
+    shift = min(max(15 - exponent, 0), INT_SHIFT_MAX)
+    mult = round(factor * 2.0 ** shift)
+    if mult > INT_MULT_MAX:
+        shift -= 1
+        mult = round(factor * 2.0 ** shift)
+    if shift < 0 or mult > INT_MULT_MAX:
+        raise ValueError(f"{name}: factor {factor:.6g} exceeds the largest multiplier {INT_MULT_MAX}")
+    return int(mult), int(shift)
+
+
+def default_hccs_params(cfg: SomaConfig):
+    """Per-head (B, S, dmax) for rows of ``cfg.slots`` entries from ``hccs_c`` and ``logit_scale``.
+
+    S = 1, dmax = round(c / logit_scale) capped at 127 and by the row-mass rule, floor mass
+    B - S*dmax = ceil(256 / slots) (the paper's floor rule), so that ``hccs.check_params`` holds.
+    """
+    slots = cfg.slots
+    floor = -(-hccs.MIN_FLOOR_MASS // slots)
+    room = hccs.MAX_ROW_MASS // slots - floor
+    B, S, dmax = [], [], []
+    for h, (c, scale) in enumerate(zip(cfg.hccs_c, cfg.logit_scale)):
+        d = min(hccs.DMAX_MAX, int(round(c / scale)), room)
+        if d < 1:
+            raise ValueError(f"SomaConfig.hccs_B: cannot derive HCCS parameters for head {h}: rows of "
+                             f"{slots} slots leave no room under the row-mass rule (slots * B <= "
+                             f"{hccs.MAX_ROW_MASS}); use normaliser='exp_int' or a smaller ring")
+        B.append(floor + d)
+        S.append(1)
+        dmax.append(d)
+    return tuple(B), tuple(S), tuple(dmax)
+
+
+def check_hccs_params(cfg: SomaConfig):
+    try:
+        hccs.check_params(cfg.hccs_B, cfg.hccs_S, cfg.hccs_dmax, cfg.slots, cfg.n_heads)
+    except ValueError as err:
+        raise ValueError(f"SomaConfig.hccs_B/hccs_S/hccs_dmax (rows of sinks + ring = {cfg.slots} slots): "
+                         f"{err}") from None
+
+
+def default_exp_mult(cfg: SomaConfig):
+    if cfg.slots > intexp.MAX_COLS:
+        raise ValueError(f"SomaConfig.ring: sinks + ring = {cfg.slots} exceeds the integer exp row limit "
+                         f"{intexp.MAX_COLS}")
+    try:
+        return tuple(int(m) for m in intexp.exp_mult_from_scale(cfg.logit_scale))
+    except ValueError as err:
+        raise ValueError(f"SomaConfig.logit_scale: {err}") from None
+
+
+def _per(value, n: int, name: str) -> np.ndarray:
+    arr = np.atleast_1d(np.asarray(value, np.float64))
+    if arr.size == 1:
+        arr = np.repeat(arr, n)
+    if arr.shape != (n,) or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"{name}: expected a positive scale or {n} positive per-head scales, got {value!r}")
+    return arr
+
+
+def integer_config(cfg: SomaConfig, *, q_scale, k_scale, v_scale, out_scale, logit_scale=None) -> SomaConfig:
+    """The integer twin of a float config: q = q_int * q_scale (per query head), k, v per KV head,
+    output = out_int * out_scale (per query head); ``logit_scale`` (default cfg.logit_scale) is the step of
+    the normaliser's int8 input. Returns ``cfg`` with ``integer=True`` and every multiplier/shift derived
+    (:func:`fixed_point`); a float "softmax"/"hccs" normaliser becomes "hccs_int".
+    """
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qs, ls, os_ = _per(q_scale, H, "q_scale"), _per(logit_scale or cfg.logit_scale, H, "logit_scale"), \
+        _per(out_scale, H, "out_scale")
+    kv = np.arange(H) // cfg.group
+    ks, vs = _per(k_scale, Hkv, "k_scale")[kv], _per(v_scale, Hkv, "v_scale")[kv]
+    field_scale = ks if cfg.field_source == "keys" else vs
+    params = {n: [] for n in ("score", "out", "alpha", "gate")}
+    for h in range(H):
+        params["score"].append(fixed_point(qs[h] * ks[h] / (math.sqrt(D) * ls[h]), "score factor"))
+        params["out"].append(fixed_point(vs[h] / (hccs.UINT8_MAX * os_[h]), "output factor"))
+        params["alpha"].append(fixed_point(abs(cfg.alpha) * field_scale[h] / (2 ** FIELD_FRAC_BITS * os_[h]),
+                                           "alpha factor"))
+        # gate (Q7) = 64 + 32 z with z = q.F_k / sqrt(D) and F_k carrying 7 fraction bits
+        params["gate"].append(fixed_point(qs[h] * ks[h] / (4 * math.sqrt(D)), "gate factor"))
+    if cfg.alpha < 0:
+        raise ValueError("alpha: the integer path needs alpha >= 0 (the multiplier is unsigned)")
+    recency = [int(round(cfg.recency / s)) for s in ls]
+    if max(recency) > 127:
+        raise ValueError(f"recency: {cfg.recency} / logit_scale exceeds 127 int8 steps per token")
+    normaliser = cfg.normaliser if cfg.normaliser in NORM_CODES else "hccs_int"
+    fields = {}
+    for n in ("score", "out", "alpha", "gate"):
+        fields[f"{n}_mult"] = tuple(m for m, _ in params[n])
+        fields[f"{n}_shift"] = tuple(s for _, s in params[n])
+    keep = {} if cfg.normaliser in NORM_CODES else dict(hccs_B=None, hccs_S=None, hccs_dmax=None)
+    return cfg.replace(integer=True, normaliser=normaliser, logit_scale=tuple(ls), recency_int=tuple(recency),
+                       **keep, **fields)
+
+
+def quantize(x, scale, name: str = "x") -> np.ndarray:
+    """Float (..., H, D) -> int8 with per-head ``scale`` (H,): round half to even of x / scale, saturated."""
+    x = np.asarray(x, np.float64)
+    s = _per(scale, x.shape[-2], f"{name} scale")[:, None]
+    return np.clip(np.rint(x / s), INT8_MIN, INT8_MAX).astype(np.int8)
+
+
+def scales_for(x, name: str = "x") -> np.ndarray:
+    """Symmetric per-head scales max|x| / 127 over every axis but the head axis (-2) of (..., H, D)."""
+    x = np.asarray(x, np.float64)
+    m = np.abs(x).reshape(-1, x.shape[-2], x.shape[-1]).max(axis=(0, 2))
+    if not np.all(np.isfinite(m)):
+        raise ValueError(f"{name}: contains NaN or infinity")
+    return np.where(m > 0, m / INT8_MAX, 1.0)
+
+
+def normalise_int(cfg: SomaConfig, x8: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """uint8 probabilities of int8 logits (..., n_heads, N) over bool ``valid`` of the same shape, through
+    the numba row kernels (parameters were checked for rows of ``cfg.slots`` valid entries)."""
+    from somatile.model import soma_nb
+    heads = np.broadcast_to(np.arange(cfg.n_heads)[:, None], x8.shape[-2:])
+    x2 = np.ascontiguousarray(x8.reshape(-1, x8.shape[-1]))
+    v2 = np.ascontiguousarray(np.broadcast_to(valid, x8.shape).reshape(x2.shape))
+    h2 = np.ascontiguousarray(np.broadcast_to(heads, x8.shape[:-1] + (x8.shape[-1],))[..., 0].reshape(-1))
+    out = np.empty(x2.shape, np.int32)
+    soma_nb.normalise_rows(x2, v2, h2, param_table(cfg), NORM_CODES[cfg.normaliser],
+                           hccs.MODE_CODES[cfg.hccs_mode], out)
+    return out.reshape(x8.shape).astype(np.uint8)
+
+
+def _normalise_spec(cfg: SomaConfig, x8: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """(H, N) int8 logits -> (H, N) uint8 through the normaliser's numpy spec."""
+    mask = np.broadcast_to(valid, x8.shape)
+    if cfg.normaliser == "hccs_int":
+        return hccs.hccs_int(x8[:, None], cfg.hccs_B, cfg.hccs_S, cfg.hccs_dmax, mode=cfg.hccs_mode,
+                             mask=mask[:, None], impl="numpy")[:, 0]
+    return intexp.intexp_softmax(x8[:, None], cfg.exp_mult, mask=mask[:, None], impl="numpy")[:, 0]
+
+
+def field_update(f: np.ndarray, x: np.ndarray, gamma_q15: int) -> np.ndarray:
+    """F <- (gamma * F + (2^15 - gamma) * (x << 7) + 2^14) >> 15: int16 F (7 fraction bits), int8 x."""
+    acc = gamma_q15 * f.astype(np.int64) + (GAMMA_Q15_ONE - gamma_q15) * (x.astype(np.int64) << FIELD_FRAC_BITS)
+    return rshift_round(acc, 15).astype(np.int16)
+
+
+def step_spec(cfg: SomaConfig, st: SomaState, p: np.ndarray, q, k, v) -> np.ndarray:
+    """One integer decode step (numpy spec). q int8 (H, D), k, v int8 (Hkv, D), p = param_table(cfg).
+    Returns int8 (H, D); updates ``st`` in place."""
+    P = dict(zip(PARAM_ROWS, (row[:, None] for row in p)))
+    if cfg.include_self:
+        _write(cfg, st, k, v)
+    kv = np.arange(cfg.n_heads) // cfg.group
+    keys = np.concatenate([st.sink_k, st.ring_k], axis=1).astype(np.int64)[kv]
+    vals = np.concatenate([st.sink_v, st.ring_v], axis=1).astype(np.int64)[kv]
+    valid = np.concatenate([np.arange(cfg.sinks) < st.sink_fill, np.arange(cfg.ring) < st.fill])
+    dist = np.concatenate([np.zeros(cfg.sinks, np.int64), ring_distances(cfg, st.write_pos, cfg.include_self)])
+
+    scores = np.einsum("hd,hnd->hn", q.astype(np.int64), keys)
+    logits = rshift_round(scores * P["score_mult"], P["score_shift"]) - P["recency_int"] * dist
+    x8 = np.where(valid, saturate(logits, INT8_MIN, INT8_MAX), 0).astype(np.int8)
+    prob = _normalise_spec(cfg, x8, valid).astype(np.int64)
+    acc = np.einsum("hn,hnd->hd", prob, vals)
+    near = saturate(rshift_round(acc * P["out_mult"], P["out_shift"]), INT16_MIN, INT16_MAX)
+
+    field_ = st.field.astype(np.int64)[kv]
+    if cfg.gated:
+        z = np.sum(q.astype(np.int64) * st.gate_field.astype(np.int64)[kv], axis=-1, keepdims=True)
+        gate = saturate(GATE_HALF + rshift_round(z * P["gate_mult"], P["gate_shift"]), 0, GATE_ONE)
+    else:
+        gate = GATE_ONE
+    far = saturate(rshift_round(field_ * P["alpha_mult"] * gate, P["alpha_shift"] + GATE_FRAC_BITS),
+                   INT16_MIN, INT16_MAX)
+    out = saturate(near + far, INT8_MIN, INT8_MAX).astype(np.int8)
+
+    if not cfg.include_self:
+        _write(cfg, st, k, v)
+    st.field[...] = field_update(st.field, k if cfg.field_source == "keys" else v, cfg.gamma_q15)
+    if cfg.gated:
+        st.gate_field[...] = field_update(st.gate_field, k, cfg.gamma_q15)
+    return out
+
+
+def run_spec(cfg: SomaConfig, st: SomaState, q, k, v) -> np.ndarray:
+    p = param_table(cfg)
+    out = np.empty(q.shape, np.int8)
+    for t in range(q.shape[0]):
+        out[t] = step_spec(cfg, st, p, q[t], k[t], v[t])
+    return out
+
+
+def run(cfg: SomaConfig, st: SomaState, q, k, v, *, impl: str = "numba") -> np.ndarray:
+    """T integer decode steps: q int8 (T, H, D), k, v int8 (T, Hkv, D) -> int8 (T, H, D); ``st`` in place."""
+    if impl == "numpy":
+        return run_spec(cfg, st, q, k, v)
+    if impl == "numba":
+        from somatile.model import soma_nb
+        return soma_nb.run(cfg, st, q, k, v)
+    raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")

@@ -1,0 +1,145 @@
+"""Numba fast path of the integer Soma decode step, bit-identical to the numpy spec in soma_int.
+
+The whole token loop runs inside one ``@njit`` function; every slot of the row (sinks, then ring) is scored
+whether valid or not, so the work per token is the same at every sequence position, as in the RTL.
+Arithmetic is int64 inside (wide enough for every product of docs/numerics.md), cast on store.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from somatile.model import hccs, intexp
+from somatile.model.soma import COUNTER_MAX, SomaConfig, SomaState
+from somatile.model.soma_int import (GATE_FRAC_BITS, GATE_HALF, INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN,
+                                     NORM_CODES, NORM_HCCS, PARAM_ROWS, param_table)
+
+(_SCORE_MULT, _SCORE_SHIFT, _RECENCY, _B, _S, _DMAX, _EXP_MULT, _OUT_MULT, _OUT_SHIFT, _ALPHA_MULT,
+ _ALPHA_SHIFT, _GATE_MULT, _GATE_SHIFT) = range(len(PARAM_ROWS))
+_GAMMA_ONE = 1 << 15
+_FIELD_FRAC = 7
+_GATE_ONE = 1 << GATE_FRAC_BITS
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rshift_round(x, s):
+    return (x + ((np.int64(1) << s) >> 1)) >> s
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _clamp(x, lo, hi):
+    return lo if x < lo else (hi if x > hi else x)
+
+
+@numba.njit(cache=True, nogil=True)
+def _normalise_row(x_row, valid_row, p, h, norm_code, hccs_mode, out_row):
+    if norm_code == NORM_HCCS:
+        hccs.hccs_row(x_row, valid_row, p[_B, h], p[_S, h], p[_DMAX, h], hccs_mode, hccs.OUT_UINT8, out_row)
+    else:
+        intexp.intexp_row(x_row, valid_row, p[_EXP_MULT, h], hccs.OUT_UINT8, out_row)
+
+
+@numba.njit(cache=True, nogil=True)
+def normalise_rows(x2, valid2, head_of_row, p, norm_code, hccs_mode, out2):
+    """uint8-valued probabilities (int32 out2) of int8 rows x2 (R, N); row r uses head head_of_row[r]."""
+    for r in range(x2.shape[0]):
+        _normalise_row(x2[r], valid2[r], p, head_of_row[r], norm_code, hccs_mode, out2[r])
+
+
+@numba.njit(cache=True, nogil=True)
+def _write(ring_k, ring_v, sink_k, sink_v, counters, k, v):
+    write_pos, fill, step = counters[0], counters[1], counters[2]
+    sinks, ring = sink_k.shape[1], ring_k.shape[1]
+    if step < sinks:
+        sink_k[:, step, :] = k
+        sink_v[:, step, :] = v
+    else:
+        ring_k[:, write_pos, :] = k
+        ring_v[:, write_pos, :] = v
+        counters[0] = (write_pos + 1) % ring
+        counters[1] = min(fill + 1, ring)
+    counters[2] = min(step + 1, COUNTER_MAX)
+
+
+@numba.njit(cache=True, nogil=True)
+def _field_update(f, x, gamma_q15):
+    for c in range(f.shape[0]):
+        for d in range(f.shape[1]):
+            acc = gamma_q15 * np.int64(f[c, d]) + (_GAMMA_ONE - gamma_q15) * (np.int64(x[c, d]) << _FIELD_FRAC)
+            f[c, d] = _rshift_round(acc, 15)
+
+
+@numba.njit(cache=True, nogil=True)
+def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p, include_self, gated,
+         field_keys, norm_code, hccs_mode, gamma_q15, out):
+    T, H, D = q.shape
+    group = H // k.shape[1]
+    sinks, ring = sink_k.shape[1], ring_k.shape[1]
+    n = sinks + ring
+    x_row = np.zeros(n, np.int32)
+    valid = np.zeros(n, np.bool_)
+    dist = np.zeros(n, np.int64)
+    prob = np.zeros(n, np.int32)
+    acc = np.zeros(D, np.int64)
+    for t in range(T):
+        if include_self:
+            _write(ring_k, ring_v, sink_k, sink_v, counters, k[t], v[t])
+        write_pos, fill, step = counters[0], counters[1], counters[2]
+        for j in range(sinks):
+            valid[j] = j < step
+            dist[j] = 0
+        lag = 0 if include_self else 1
+        for j in range(ring):
+            valid[sinks + j] = j < fill
+            dist[sinks + j] = (write_pos - 1 - j) % ring + lag
+        for h in range(H):
+            c = h // group
+            for j in range(n):
+                s = np.int64(0)
+                if j < sinks:
+                    for d in range(D):
+                        s += np.int64(q[t, h, d]) * np.int64(sink_k[c, j, d])
+                else:
+                    for d in range(D):
+                        s += np.int64(q[t, h, d]) * np.int64(ring_k[c, j - sinks, d])
+                logit = _rshift_round(s * p[_SCORE_MULT, h], p[_SCORE_SHIFT, h]) - p[_RECENCY, h] * dist[j]
+                x_row[j] = _clamp(logit, INT8_MIN, INT8_MAX) if valid[j] else 0
+            _normalise_row(x_row, valid, p, h, norm_code, hccs_mode, prob)
+            acc[:] = 0
+            for j in range(n):
+                pj = np.int64(prob[j])
+                if j < sinks:
+                    for d in range(D):
+                        acc[d] += pj * np.int64(sink_v[c, j, d])
+                else:
+                    for d in range(D):
+                        acc[d] += pj * np.int64(ring_v[c, j - sinks, d])
+            gate = np.int64(_GATE_ONE)
+            if gated:
+                z = np.int64(0)
+                for d in range(D):
+                    z += np.int64(q[t, h, d]) * np.int64(gate_field[c, d])
+                gate = _clamp(GATE_HALF + _rshift_round(z * p[_GATE_MULT, h], p[_GATE_SHIFT, h]), 0, _GATE_ONE)
+            for d in range(D):
+                near = _clamp(_rshift_round(acc[d] * p[_OUT_MULT, h], p[_OUT_SHIFT, h]), INT16_MIN, INT16_MAX)
+                far = _clamp(_rshift_round(np.int64(field[c, d]) * p[_ALPHA_MULT, h] * gate,
+                                           p[_ALPHA_SHIFT, h] + GATE_FRAC_BITS), INT16_MIN, INT16_MAX)
+                out[t, h, d] = _clamp(near + far, INT8_MIN, INT8_MAX)
+        if not include_self:
+            _write(ring_k, ring_v, sink_k, sink_v, counters, k[t], v[t])
+        _field_update(field, k[t] if field_keys else v[t], gamma_q15)
+        if gated:
+            _field_update(gate_field, k[t], gamma_q15)
+
+
+def run(cfg: SomaConfig, st: SomaState, q, k, v) -> np.ndarray:
+    """T integer decode steps (same contract as soma_int.run); ``st`` is updated in place."""
+    out = np.empty(q.shape, np.int8)
+    counters = np.array([st.write_pos, st.fill, st.step], np.int64)
+    _run(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), st.ring_k, st.ring_v,
+         st.sink_k, st.sink_v, st.field, st.gate_field, counters, param_table(cfg), cfg.include_self, cfg.gated,
+         cfg.field_source == "keys", NORM_CODES[cfg.normaliser], hccs.MODE_CODES[cfg.hccs_mode],
+         cfg.gamma_q15, out)
+    st.write_pos, st.fill, st.step = (int(x) for x in counters)
+    return out
