@@ -1,0 +1,290 @@
+"""HCCS, head-calibrated clipped-linear softmax: float references and the bit-exact integer kernel.
+
+The integer kernel follows the AI Engine kernel of Danopoulos et al. (docs/numerics.md, section "HCCS"):
+per head three integers (B, S, Dmax); for a row x of int8 logits,
+
+    m       = max of the valid x
+    d_i     = min(m - x_i, Dmax)                      0..127
+    score_i = B - S * d_i                             0..32767 (int16, never negative)
+    total   = sum of score_i                          int32 (at most 32767 by the row-mass rule)
+    div:    inv = floor(NUM / total)                  NUM = 255 << 15 (uint8) or 32767 (int16)
+    clb:    k = floor(log2 total); inv = (255 << 15) >> k (uint8) or 32767 >> k (int16)
+    out_i   = min((score_i * inv) >> SHIFT, OUT_MAX)  SHIFT = 15 (uint8) or 0 (int16); floor rounding
+
+Two implementations that agree bit for bit: ``impl="numpy"`` is the readable spec, ``impl="numba"`` (the
+default) the fast path built from the row kernel :func:`hccs_row`, which other ``@njit`` code (the Soma decode
+step) calls directly. Every width and range lives in the module constants below; RTL, firmware and host code
+import them instead of re-declaring them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+
+INPUT_BITS = 8
+"""Logits enter as int8."""
+DIST_BITS = 8
+"""m - x of two int8 values lies in 0..255 (unsigned 8 bit) before the Dmax cap."""
+SCORE_BITS = 16
+"""score = B - S*d is stored as int16 and is never negative (0..32767)."""
+SUM_BITS = 32
+"""The row sum is accumulated in int32; the row-mass rule keeps it at or below 32767."""
+INV_SHIFT = 15
+"""Fraction bits of the uint8 reciprocal: out = (score * inv) >> 15."""
+INV_BITS = 23
+"""Unsigned width that holds every reciprocal (255 << 15 when total = 1, reachable only with masks or
+``allow_zero_floor``); without them the paper's bound inv <= 32767 (16 bit) holds."""
+PRODUCT_BITS = 24
+"""Unsigned width of score * inv before the shift (clb uint8 reaches 255 << 16 - 1)."""
+
+B_MIN, B_MAX = 1, 32767
+S_MIN, S_MAX = 0, 127
+DMAX_MIN, DMAX_MAX = 0, 127
+MIN_FLOOR_MASS = 256
+"""Rule: cols * (B - S*Dmax) >= 256, so that an unmasked row's total is >= 256 and inv fits int16."""
+MAX_ROW_MASS = 32767
+"""Rule: cols * B <= 32767, so that the row sum fits int16 and k = floor(log2 total) <= 14."""
+
+MODE_DIV = 0
+MODE_CLB = 1
+OUT_UINT8 = 0
+OUT_INT16 = 1
+MODE_CODES = {"div": MODE_DIV, "clb": MODE_CLB}
+OUT_CODES = {"uint8": OUT_UINT8, "int16": OUT_INT16}
+OUT_DTYPES = {"uint8": np.uint8, "int16": np.int16}
+
+UINT8_MAX = 255
+INT16_MAX = 32767
+UINT8_NUMERATOR = UINT8_MAX << INV_SHIFT
+"""Div mode, uint8 output: inv = floor((255 << 15) / total)."""
+INT16_NUMERATOR = INT16_MAX
+"""Div mode, int16 output: inv = floor(32767 / total), output shift 0."""
+
+WIDTHS = {
+    "input_bits": INPUT_BITS, "dist_bits": DIST_BITS, "score_bits": SCORE_BITS, "sum_bits": SUM_BITS,
+    "inv_shift": INV_SHIFT, "inv_bits": INV_BITS, "product_bits": PRODUCT_BITS,
+    "B": (B_MIN, B_MAX), "S": (S_MIN, S_MAX), "dmax": (DMAX_MIN, DMAX_MAX),
+    "min_floor_mass": MIN_FLOOR_MASS, "max_row_mass": MAX_ROW_MASS,
+}
+"""Every width and range of the HCCS integer kernel in one mapping (for RTL elaboration and header export)."""
+
+
+def per_head(name: str, value, heads: int) -> np.ndarray:
+    """Expand an integer or a length-``heads`` sequence of integers to int64 (heads,); errors name ``name``."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
+        raise ValueError(f"{name}: expected integers, got {value!r}")
+    arr = arr.astype(np.int64).reshape(-1)
+    if arr.size == 1:
+        return np.repeat(arr, heads)
+    if arr.size != heads:
+        raise ValueError(f"{name}: expected one int or {heads} per-head values, got {arr.size}")
+    return arr
+
+
+def check_params(B, S, dmax, cols: int, heads: int = 1, *, allow_zero_floor: bool = False):
+    """Validate per-head HCCS integers for rows of ``cols`` elements; return (B, S, dmax) as int64 (heads,).
+
+    Rules (each failure raises ValueError naming the head, the values and the rule):
+    ``1 <= B <= 32767``, ``0 <= S <= 127``, ``0 <= Dmax <= 127``; ``B - S*Dmax >= 0`` (scores never negative);
+    ``cols * (B - S*Dmax) >= 256`` (floor mass: inv stays within int16); ``cols * B <= 32767`` (row sum fits
+    int16). ``allow_zero_floor=True`` waives the floor-mass rule only, for the seed's single-c form
+    (S = 1, B = Dmax = c, floor 0); the kernel stays exact then, with a wider reciprocal (INV_BITS).
+    """
+    if cols < 1:
+        raise ValueError(f"rows are empty (cols = {cols}); HCCS needs at least one element per row")
+    B, S, dmax = (per_head(n, v, heads) for n, v in (("B", B), ("S", S), ("dmax", dmax)))
+    for h in range(heads):
+        b, s, dm = int(B[h]), int(S[h]), int(dmax[h])
+        where = f"head {h}: " if heads > 1 else ""
+        for name, val, lo, hi in (("B", b, B_MIN, B_MAX), ("S", s, S_MIN, S_MAX), ("dmax", dm, DMAX_MIN, DMAX_MAX)):
+            if not lo <= val <= hi:
+                raise ValueError(f"{where}{name} = {val} is outside {lo}..{hi}")
+        floor = b - s * dm
+        if floor < 0:
+            raise ValueError(f"{where}B - S*dmax = {b} - {s}*{dm} = {floor} < 0; rule B >= S*dmax "
+                             f"(scores must stay non-negative)")
+        if not allow_zero_floor and cols * floor < MIN_FLOOR_MASS:
+            raise ValueError(f"{where}cols*(B - S*dmax) = {cols}*{floor} = {cols * floor} < {MIN_FLOOR_MASS}; "
+                             f"rule: floor mass >= {MIN_FLOOR_MASS} keeps the reciprocal within int16 "
+                             f"(pass allow_zero_floor=True for the seed's single-c form S=1, B=dmax=c)")
+        if cols * b > MAX_ROW_MASS:
+            raise ValueError(f"{where}cols*B = {cols}*{b} = {cols * b} > {MAX_ROW_MASS}; rule: the row sum "
+                             f"must fit int16 (lower B or S)")
+    return B, S, dmax
+
+
+def as_heads(x: np.ndarray, mask, name: str = "x"):
+    """Check int8 logits and an optional bool mask of the same shape; view both as (H, R, N).
+
+    Returns (x3, valid3, squeeze): valid3 is None without a mask; squeeze is True for (R, N) input.
+    """
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy int8 array, got {type(x).__name__}")
+    if x.dtype != np.int8:
+        raise TypeError(f"{name}: expected dtype int8, got {x.dtype}")
+    if x.ndim not in (2, 3):
+        raise ValueError(f"{name}: expected shape (R, N) or (H, R, N), got {x.shape}")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name}: rows are empty (N = 0), expected at least one element per row")
+    squeeze = x.ndim == 2
+    x3 = x[None] if squeeze else x
+    valid3 = None
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_:
+            raise TypeError(f"mask: expected dtype bool (True = element takes part), got {mask.dtype}")
+        if mask.shape != x.shape:
+            raise ValueError(f"mask: expected the shape of {name} {x.shape}, got {mask.shape}")
+        valid3 = mask[None] if squeeze else mask
+    return x3, valid3, squeeze
+
+
+def floor_log2(v: np.ndarray) -> np.ndarray:
+    """Position of the leading one of positive integers (exact: frexp of an integer below 2**53)."""
+    return (np.frexp(v.astype(np.float64))[1] - 1).astype(np.int32)
+
+
+def _hccs_spec(x3, valid3, B, S, dmax, mode: int, out: int) -> np.ndarray:
+    """The numpy specification, step by step as in docs/numerics.md. x3 int8 (H, R, N) -> int32 (H, R, N)."""
+    xi = x3.astype(np.int32)
+    valid = np.ones(xi.shape, bool) if valid3 is None else valid3
+    B, S, dmax = (p.astype(np.int32)[:, None, None] for p in (B, S, dmax))
+    row_has_valid = valid.any(axis=-1, keepdims=True)
+    m = np.where(valid, xi, -(1 << INPUT_BITS)).max(axis=-1, keepdims=True)
+    d = np.minimum(m - xi, dmax)
+    score = np.where(valid, B - S * d, 0).astype(np.int32)
+    total = score.sum(axis=-1, keepdims=True, dtype=np.int32)
+    safe_total = np.maximum(total, 1)
+    if mode == MODE_DIV:
+        numerator = UINT8_NUMERATOR if out == OUT_UINT8 else INT16_NUMERATOR
+        inv = numerator // safe_total
+    else:
+        k = floor_log2(safe_total)
+        inv = (UINT8_NUMERATOR >> k) if out == OUT_UINT8 else (INT16_NUMERATOR >> k)
+    inv = np.where(row_has_valid, inv, 0).astype(np.int32)
+    product = score * inv
+    if out == OUT_UINT8:
+        return np.minimum(product >> INV_SHIFT, UINT8_MAX)
+    return np.minimum(product, INT16_MAX)
+
+
+@numba.njit(cache=True, nogil=True)
+def masked_row_max(x_row, valid_row):
+    """Max of the valid elements as int64 (valid_row of length 0: all valid); -256 when none is valid."""
+    every = valid_row.shape[0] == 0
+    m = np.int64(-(1 << INPUT_BITS))
+    for i in range(x_row.shape[0]):
+        if every or valid_row[i]:
+            v = np.int64(x_row[i])
+            if v > m:
+                m = v
+    return m
+
+
+@numba.njit(cache=True, nogil=True)
+def leading_bit(v):
+    """floor(log2 v) for v >= 1: the position of the leading one."""
+    k = 0
+    while v > 1:
+        v >>= 1
+        k += 1
+    return k
+
+
+@numba.njit(cache=True, nogil=True)
+def _score(m, x, B, S, dmax):
+    d = m - np.int64(x)
+    if d > dmax:
+        d = dmax
+    return B - S * d
+
+
+@numba.njit(cache=True, nogil=True)
+def hccs_row(x_row, valid_row, B, S, dmax, mode_code, out_code, out_row):
+    """HCCS of one row, callable from other ``@njit`` code; writes ``out_row`` and returns the row total.
+
+    x_row: any integer array of length N with values in int8 range; valid_row: bool array of length N
+    (True = element takes part) or of length 0 (every element takes part); B, S, dmax: validated integers
+    (see :func:`check_params`); mode_code: MODE_DIV / MODE_CLB; out_code: OUT_UINT8 / OUT_INT16; out_row:
+    integer array of length N (int32, or the dtype of out_code), receives 0 at masked positions and the
+    whole row 0 when no element takes part. Arithmetic is int64 inside, bit-equal to the int32 spec.
+    """
+    n = x_row.shape[0]
+    every = valid_row.shape[0] == 0
+    m = masked_row_max(x_row, valid_row)
+    total = np.int64(0)
+    for i in range(n):
+        if every or valid_row[i]:
+            total += _score(m, x_row[i], B, S, dmax)
+    if total <= 0:
+        for i in range(n):
+            out_row[i] = 0
+        return total
+    if mode_code == MODE_DIV:
+        numerator = UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR
+        inv = np.int64(numerator) // total
+    else:
+        k = leading_bit(total)
+        inv = (np.int64(UINT8_NUMERATOR) if out_code == OUT_UINT8 else np.int64(INT16_NUMERATOR)) >> k
+    for i in range(n):
+        if every or valid_row[i]:
+            p = _score(m, x_row[i], B, S, dmax) * inv
+            if out_code == OUT_UINT8:
+                p = min(p >> INV_SHIFT, UINT8_MAX)
+            else:
+                p = min(p, INT16_MAX)
+            out_row[i] = p
+        else:
+            out_row[i] = 0
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _hccs_rows(x3, valid3, B, S, dmax, mode_code, out_code, out3):
+    for h in range(x3.shape[0]):
+        b, s, dm = B[h], S[h], dmax[h]
+        for r in range(x3.shape[1]):
+            hccs_row(x3[h, r], valid3[h, r], b, s, dm, mode_code, out_code, out3[h, r])
+
+
+def code_of(table: dict, name: str, value: str) -> int:
+    """Look ``value`` up in a code table (MODE_CODES, OUT_CODES); errors name the argument ``name``."""
+    if value not in table:
+        raise ValueError(f"{name}: expected one of {sorted(table)}, got {value!r}")
+    return table[value]
+
+
+def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8", mask=None,
+             impl: str = "numba", allow_zero_floor: bool = False) -> np.ndarray:
+    """Integer HCCS of int8 logits; bit-exact contract of docs/numerics.md (section HCCS).
+
+    x: int8 (R, N) for one head or (H, R, N); B, S, dmax: ints (shared by all heads) or length-H sequences;
+    mode: "div" (floor reciprocal, a uint8 row sums to a little under 255) or "clb" (power-of-two reciprocal
+    from the leading-bit count; rows sum to 255..510 before saturation, i.e. not normalised); out: "uint8"
+    (255 = probability 1) or "int16" (shift 0, saturated at 32767); mask: bool of x's shape, True = element
+    takes part (masked elements take no part in the max and output 0; a fully-masked row outputs all zeros);
+    impl: "numba" (fast path) or "numpy" (readable spec), bit-identical; allow_zero_floor: see
+    :func:`check_params`. Returns uint8 or int16 of x's shape. Rounding is floor throughout.
+    """
+    mode_code = code_of(MODE_CODES, "mode", mode)
+    out_code = code_of(OUT_CODES, "out", out)
+    x3, valid3, squeeze = as_heads(x, mask)
+    B, S, dmax = check_params(B, S, dmax, x3.shape[-1], x3.shape[0], allow_zero_floor=allow_zero_floor)
+    if impl == "numpy":
+        result = _hccs_spec(x3, valid3, B, S, dmax, mode_code, out_code).astype(OUT_DTYPES[out])
+    elif impl == "numba":
+        result = np.empty(x3.shape, OUT_DTYPES[out])
+        valid = np.empty(x3.shape[:2] + (0,), np.bool_) if valid3 is None else np.ascontiguousarray(valid3)
+        _hccs_rows(np.ascontiguousarray(x3), valid, B, S, dmax, mode_code, out_code, result)
+    else:
+        raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")
+    return result[0] if squeeze else result
+
+
+def seed_params(c: int) -> tuple[int, int, int]:
+    """The seed's single-parameter form as integers: (B, S, dmax) = (c, 1, c); needs ``allow_zero_floor``."""
+    return int(c), 1, int(c)
