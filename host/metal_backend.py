@@ -1,0 +1,228 @@
+"""The ``metal://`` backend: somatile's integer kernels on the Apple GPU, through MLX or PyObjC.
+
+Two dispatch paths run the same kernel text (somatile.host.metal_kernels):
+
+- ``MlxRunner`` (the main path): ``mx.fast.metal_kernel`` with the entry point's body; MLX's default safe
+  math; outputs come back as new arrays.
+- ``PyObjCRunner`` (the second path): the whole library compiled by ``newLibraryWithSource`` with fast math
+  switched off, buffers in shared storage, one command buffer per dispatch.
+
+Both take the module they drive (``mlx.core`` or PyObjC's ``Metal``) as an argument, so tests inject the CPU
+stand-ins of somatile.host.metal_emu and run this dispatch code on Linux. URLs:
+
+- ``metal://`` or ``metal://?api=mlx``: MLX on the Apple GPU; ``metal://?api=pyobjc``: PyObjC.
+- ``metal://?emulate=1[&api=...][&order=random&seed=N]``: the same dispatch code over the CPU emulator (any
+  platform with g++; slow, for tests and for comparing backends).
+
+Kernel calls (`hccs`, `intexp`) validate their arguments with the model's own checks and raise the model's
+errors. Every integer result is bit-identical to somatile.model (tests/metal).
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+import urllib.parse
+from collections.abc import Sequence
+
+import numpy as np
+
+from somatile.host import metal_kernels
+
+MAX_ROW_THREADS = 256
+"""Threads per threadgroup of the row kernels: whole simdgroups, at most 256 (a row's elements are strided
+over them)."""
+
+
+class MetalUnavailable(RuntimeError):
+    """The requested Metal dispatch path cannot run on this machine."""
+
+
+class MetalError(RuntimeError):
+    """Metal refused a kernel (compile or pipeline error) or a command buffer failed."""
+
+
+def _unavailable(api: str, package: str, exc: Exception | None = None) -> MetalUnavailable:
+    where = f"{platform.system()} {platform.machine()}"
+    text = (f"metal://?api={api}: Metal is not available on this machine ({where}): the Apple GPU backend "
+            f"needs macOS on Apple silicon with {package} (`pip install 'somatile[apple]'`). "
+            f"On other platforms, metal://?emulate=1 runs the same kernels on the CPU emulator.")
+    if exc is not None:
+        text += f" ({type(exc).__name__}: {exc})"
+    return MetalUnavailable(text)
+
+
+def row_threads(cols: int) -> int:
+    """Threadgroup size for a row of ``cols`` elements: a multiple of 32 covering the row, at most 256."""
+    return min(MAX_ROW_THREADS, 32 * max(1, -(-cols // 32)))
+
+
+class MlxRunner:
+    """Runs entry points through ``mx.fast.metal_kernel`` (kernels built once per entry and reused)."""
+
+    api = "mlx"
+
+    def __init__(self, mx):
+        self.mx = mx
+        self._kernels: dict[tuple[str, str], object] = {}
+
+    def run(self, family: str, entry: str, inputs: Sequence[np.ndarray],
+            outputs: Sequence[tuple[tuple[int, ...], np.dtype]], grid: tuple[int, int, int],
+            threadgroup: tuple[int, int, int]) -> list[np.ndarray]:
+        """Dispatch ``entry`` of ``family`` over ``grid`` threads; inputs bind to the entry's input buffers in
+        order and ``outputs`` (shape, dtype) to its output buffers. Returns the outputs as numpy arrays."""
+        key = (family, entry)
+        if key not in self._kernels:
+            spec = metal_kernels.mlx_spec(family, entry)
+            self._kernels[key] = self.mx.fast.metal_kernel(
+                name=spec.name, input_names=list(spec.input_names), output_names=list(spec.output_names),
+                source=spec.source, header=spec.header)
+        results = self._kernels[key](
+            inputs=[self.mx.array(a) for a in inputs], output_shapes=[tuple(s) for s, _ in outputs],
+            output_dtypes=[getattr(self.mx, np.dtype(d).name) for _, d in outputs], grid=tuple(grid),
+            threadgroup=tuple(threadgroup))
+        return [np.array(r) for r in results]
+
+
+class PyObjCRunner:
+    """Runs entry points through PyObjC's Metal bindings (one library per kernel family, fast math off)."""
+
+    api = "pyobjc"
+
+    def __init__(self, metal):
+        self.metal = metal
+        self.device = metal.MTLCreateSystemDefaultDevice()
+        if self.device is None:
+            raise _unavailable("pyobjc", "a Metal device")
+        self.queue = self.device.newCommandQueue()
+        self._libraries: dict[str, object] = {}
+        self._pipelines: dict[tuple[str, str], object] = {}
+
+    def _pipeline(self, family: str, entry: str):
+        if family not in self._libraries:
+            options = self.metal.MTLCompileOptions.new()
+            # Fast math reassociates and flushes float results; both paths must agree with MLX's safe math.
+            options.setFastMathEnabled_(False)
+            library, error = self.device.newLibraryWithSource_options_error_(
+                metal_kernels.library_source(family), options, None)
+            if library is None:
+                raise MetalError(f"Metal could not compile kernel family {family!r}: {error}")
+            self._libraries[family] = library
+        key = (family, entry)
+        if key not in self._pipelines:
+            function = self._libraries[family].newFunctionWithName_(entry)
+            if function is None:
+                raise MetalError(f"kernel family {family!r} has no function {entry!r}")
+            pipeline, error = self.device.newComputePipelineStateWithFunction_error_(function, None)
+            if pipeline is None:
+                raise MetalError(f"Metal could not build a pipeline for {entry!r}: {error}")
+            self._pipelines[key] = pipeline
+        return self._pipelines[key]
+
+    def run(self, family: str, entry: str, inputs: Sequence[np.ndarray],
+            outputs: Sequence[tuple[tuple[int, ...], np.dtype]], grid: tuple[int, int, int],
+            threadgroup: tuple[int, int, int]) -> list[np.ndarray]:
+        """Same contract as `MlxRunner.run`."""
+        pipeline = self._pipeline(family, entry)
+        limit = pipeline.maxTotalThreadsPerThreadgroup()
+        if int(np.prod(threadgroup)) > limit:
+            raise MetalError(f"{entry}: threadgroup {tuple(threadgroup)} exceeds this pipeline's {limit} threads")
+        shared = self.metal.MTLResourceStorageModeShared
+        in_buffers = [self.device.newBufferWithBytes_length_options_(np.ascontiguousarray(a).tobytes(),
+                                                                     a.nbytes, shared) for a in inputs]
+        sizes = [int(np.prod(s)) * np.dtype(d).itemsize for s, d in outputs]
+        out_buffers = [self.device.newBufferWithLength_options_(max(1, n), shared) for n in sizes]
+        command_buffer = self.queue.commandBuffer()
+        encoder = command_buffer.computeCommandEncoder()
+        encoder.setComputePipelineState_(pipeline)
+        for index, buffer in enumerate(in_buffers + out_buffers):
+            encoder.setBuffer_offset_atIndex_(buffer, 0, index)
+        encoder.dispatchThreads_threadsPerThreadgroup_(self.metal.MTLSizeMake(*grid),
+                                                       self.metal.MTLSizeMake(*threadgroup))
+        encoder.endEncoding()
+        command_buffer.commit()
+        command_buffer.waitUntilCompleted()
+        if command_buffer.error() is not None:
+            raise MetalError(f"{entry}: the command buffer failed: {command_buffer.error()}")
+        return [np.frombuffer(b.contents().as_buffer(n), np.dtype(d)).reshape(s).copy()
+                for b, n, (s, d) in zip(out_buffers, sizes, outputs)]
+
+
+def make_runner(api: str = "mlx", *, emulate: bool = False, order: str = "forward", seed: int = 0):
+    """A runner for ``api`` ("mlx" or "pyobjc"): on the Apple GPU, or with ``emulate`` on the CPU emulator."""
+    if api not in ("mlx", "pyobjc"):
+        raise ValueError(f"api: expected 'mlx' or 'pyobjc', got {api!r}")
+    if emulate:
+        from somatile.host import metal_emu
+        stand_in = (metal_emu.EmulatedMLX if api == "mlx" else metal_emu.EmulatedMetal)(order=order, seed=seed)
+        return MlxRunner(stand_in) if api == "mlx" else PyObjCRunner(stand_in)
+    if sys.platform != "darwin":
+        raise _unavailable(api, "mlx" if api == "mlx" else "pyobjc-framework-Metal")
+    module_name, package = ("mlx.core", "mlx") if api == "mlx" else ("Metal", "pyobjc-framework-Metal")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _unavailable(api, package, exc) from exc
+    return MlxRunner(module) if api == "mlx" else PyObjCRunner(module)
+
+
+def _rows_kernel(runner, family: str, x3: np.ndarray, valid3, shape_words: list[int], head_params: np.ndarray,
+                 out: str) -> np.ndarray:
+    from somatile.model.hccs import OUT_DTYPES
+
+    heads, rows, cols = x3.shape
+    valid = np.ones(1, np.uint8) if valid3 is None else np.ascontiguousarray(valid3, np.uint8)
+    threads = row_threads(cols)
+    (result,) = runner.run(family, f"{family}_{out}",
+                           [np.ascontiguousarray(x3), valid, np.array(shape_words, np.int32), head_params],
+                           [(x3.shape, OUT_DTYPES[out])], (threads, heads * rows, 1), (threads, 1, 1))
+    return result
+
+
+def hccs(runner, x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8", mask=None,
+         allow_zero_floor: bool = False) -> np.ndarray:
+    """Integer HCCS on the GPU; the contract (arguments, errors, result) of somatile.model.hccs.hccs_int."""
+    from somatile.model.hccs import MODE_CODES, OUT_CODES, as_heads, check_params, code_of
+
+    mode_code = code_of(MODE_CODES, "mode", mode)
+    code_of(OUT_CODES, "out", out)
+    x3, valid3, squeeze = as_heads(x, mask)
+    B, S, dmax = check_params(B, S, dmax, x3.shape[-1], x3.shape[0], allow_zero_floor=allow_zero_floor)
+    head_params = np.ascontiguousarray(np.stack([B, S, dmax], axis=1), np.int32)
+    result = _rows_kernel(runner, "hccs", x3, valid3, [x3.shape[2], x3.shape[1], mode_code, valid3 is not None],
+                          head_params, out)
+    return result[0] if squeeze else result
+
+
+def intexp(runner, x: np.ndarray, mult, *, out: str = "uint8", mask=None) -> np.ndarray:
+    """Integer-exp softmax on the GPU; the contract of somatile.model.intexp.intexp_softmax."""
+    from somatile.model.hccs import OUT_CODES, as_heads, code_of, per_head
+    from somatile.model.intexp import EXP_MULT_MAX, EXP_MULT_MIN, MAX_COLS
+
+    code_of(OUT_CODES, "out", out)
+    x3, valid3, squeeze = as_heads(x, mask)
+    if x3.shape[-1] > MAX_COLS:
+        raise ValueError(f"x: rows of {x3.shape[-1]} elements exceed the int32 row sum ({MAX_COLS} max)")
+    mult = per_head("mult", mult, x3.shape[0])
+    if np.any((mult < EXP_MULT_MIN) | (mult > EXP_MULT_MAX)):
+        h = int(np.flatnonzero((mult < EXP_MULT_MIN) | (mult > EXP_MULT_MAX))[0])
+        raise ValueError(f"mult: head {h} M = {mult[h]} is outside {EXP_MULT_MIN}..{EXP_MULT_MAX}")
+    result = _rows_kernel(runner, "intexp", x3, valid3, [x3.shape[2], x3.shape[1], valid3 is not None],
+                          np.ascontiguousarray(mult, np.int32), out)
+    return result[0] if squeeze else result
+
+
+def open_url(parts: urllib.parse.SplitResult, **options):
+    """``somatile.host.open("metal://...")``: see the module docstring for the URL options."""
+    from somatile.host import url_options
+
+    query = {**url_options(parts), **{k: str(v) for k, v in options.items()}}
+    unknown = set(query) - {"api", "emulate", "order", "seed"}
+    if unknown:
+        raise ValueError(f"device URL {parts.geturl()!r}: unknown option(s) {sorted(unknown)}; "
+                         f"expected api, emulate, order, seed")
+    emulate = query.get("emulate", "0").lower() in ("1", "true", "yes")
+    runner = make_runner(query.get("api", "mlx"), emulate=emulate, order=query.get("order", "forward"),
+                         seed=int(query.get("seed", "0")))
+    raise NotImplementedError(f"metal:// device over {runner.api}: the device class arrives with the Soma kernels")
