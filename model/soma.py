@@ -454,14 +454,10 @@ def normalise(cfg: SomaConfig, logits: np.ndarray, valid: np.ndarray) -> np.ndar
         return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
     if cfg.normaliser == "hccs":
         c = np.asarray(cfg.hccs_c, logits.dtype)[:, None]
-        x = np.where(valid, logits, -np.inf)
-        m = np.max(x, axis=-1, keepdims=True)
-        d = np.minimum(np.where(valid, m - x, np.inf), c)
-        score = np.where(valid, c - d, 0)
+        m = np.max(np.where(valid, logits, -np.inf), axis=-1, keepdims=True)
+        score = np.where(valid, c - np.minimum(np.where(valid, m, 0) - logits, c), 0)
         s = score.sum(axis=-1, keepdims=True)
-        # A row whose tokens all sit at the clip has zero mass: fall back to uniform over its valid tokens.
-        uniform = valid / np.maximum(valid.sum(axis=-1, keepdims=True), 1)
-        return np.where(s > 0, score / np.where(s > 0, s, 1), uniform).astype(logits.dtype)
+        return np.divide(score, s, out=np.zeros_like(score), where=s > 0)
     from somatile.model import soma_int
     scale = np.asarray(cfg.logit_scale, np.float64)[:, None]
     x8 = np.clip(np.round(logits / scale), -128, 127).astype(np.int8)
@@ -565,3 +561,56 @@ def _float_prefill(cfg: SomaConfig, q, k, v, block: int = 256):
     for t in range(T):
         _write(cfg, st, k[t], v[t])
     return out, st
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Memory of Soma against a full KV cache, in the dtypes actually stored (see :func:`state_bytes`)."""
+
+    seq_len: int
+    n_layers: int
+    kv_dtype: str
+    field_dtype: str
+    soma_layer: int
+    full_kv_layer: int
+    seed_ratio: float
+    formula: str
+
+    @property
+    def soma_model(self) -> int:
+        return self.soma_layer * self.n_layers
+
+    @property
+    def full_kv_model(self) -> int:
+        return self.full_kv_layer * self.n_layers
+
+    @property
+    def ratio(self) -> float:
+        """Full KV cache bytes / Soma state bytes."""
+        return self.full_kv_layer / self.soma_layer
+
+
+def state_bytes(cfg: SomaConfig, seq_len: int, *, n_layers: int = 1, float_dtype=np.float32) -> StateBytes:
+    """Bytes of one layer's Soma state (and of ``n_layers`` layers) against a full KV cache of ``seq_len``
+    tokens holding keys and values in the same dtype (int8 for the integer path, ``float_dtype`` otherwise):
+
+        soma   = 2 * Hkv * (sinks + ring) * D * b_kv + (1 + gated) * Hkv * D * b_field + 3 * 4
+        full   = 2 * seq_len * Hkv * D * b_kv
+
+    The seeds' "248x" is 2n / (2k + 1) at n = 4096, k = 16 (``seed_ratio``: keys + values per token against
+    a ring of k pairs plus one field vector, all in one dtype, counters ignored).
+    """
+    if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ValueError(f"state_bytes: seq_len expected an integer >= 1, got {seq_len!r}")
+    if not isinstance(n_layers, (int, np.integer)) or n_layers < 1:
+        raise ValueError(f"state_bytes: n_layers expected an integer >= 1, got {n_layers!r}")
+    kv_dtype, field_dtype = state_dtypes(cfg, float_dtype)
+    hk, d = cfg.n_kv_heads, cfg.head_dim
+    soma = (2 * hk * cfg.slots * d * kv_dtype.itemsize + (1 + cfg.gated) * hk * d * field_dtype.itemsize
+            + 4 * len(SomaState.COUNTERS))
+    full = 2 * seq_len * hk * d * kv_dtype.itemsize
+    formula = (f"soma = 2*{hk}*({cfg.sinks}+{cfg.ring})*{d}*{kv_dtype.itemsize} + {1 + cfg.gated}*{hk}*{d}*"
+               f"{field_dtype.itemsize} + 12 = {soma} B; full = 2*{seq_len}*{hk}*{d}*{kv_dtype.itemsize} = {full} B")
+    return StateBytes(seq_len=int(seq_len), n_layers=int(n_layers), kv_dtype=str(kv_dtype),
+                      field_dtype=str(field_dtype), soma_layer=soma, full_kv_layer=full,
+                      seed_ratio=2 * seq_len / (2 * cfg.ring + 1), formula=formula)
