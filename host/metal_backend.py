@@ -213,6 +213,64 @@ def intexp(runner, x: np.ndarray, mult, *, out: str = "uint8", mask=None) -> np.
     return result[0] if squeeze else result
 
 
+def _dummy_if_empty(a: np.ndarray) -> np.ndarray:
+    """Metal has no zero-length buffers: an empty state array (no sinks, no gate field) binds one element."""
+    return a if a.size else np.zeros(1, a.dtype)
+
+
+def soma_run(runner, cfg, state, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """T integer Soma decode steps on the GPU, one dispatch per token; the contract of
+    somatile.model.soma_int.run: q int8 (T, H, D), k, v int8 (T, Hkv, D) -> int8 (T, H, D), ``state`` (a
+    SomaState of ``cfg``) updated in place. Needs ``cfg.integer`` and sinks + ring <= SOMA_MAX_SLOTS."""
+    from somatile.model import hccs as hccs_model
+    from somatile.model import soma, soma_int
+
+    if not cfg.integer:
+        raise ValueError("SomaConfig.integer: the Metal Soma kernel runs the integer decode step; expected True")
+    if cfg.slots > metal_kernels.SOMA_MAX_SLOTS:
+        raise ValueError(f"SomaConfig.ring: sinks + ring = {cfg.slots} exceeds the {metal_kernels.SOMA_MAX_SLOTS} "
+                         f"slots the Metal kernel keeps in threadgroup memory")
+    soma._check_state(cfg, state, None)
+    words = {"heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads, "dim": cfg.head_dim, "ring": cfg.ring,
+             "sinks": cfg.sinks, "include_self": cfg.include_self, "gated": cfg.gated,
+             "field_keys": cfg.field_source == "keys", "normaliser": soma_int.NORM_CODES[cfg.normaliser],
+             "hccs_clb": hccs_model.MODE_CODES[cfg.hccs_mode], "gamma_q15": cfg.gamma_q15}
+    geometry = np.array([int(words[name]) for name in metal_kernels.SOMA_GEOMETRY], np.int32)
+    params = np.ascontiguousarray(soma_int.param_table(cfg), np.int32)
+    threads = row_threads(max(cfg.slots, cfg.head_dim))
+    names = ("ring_k", "ring_v", "sink_k", "sink_v", "field", "gate_field")
+    out = np.empty(q.shape, np.int8)
+    for t in range(q.shape[0]):
+        arrays = [_dummy_if_empty(getattr(state, name)) for name in names]
+        counters = np.array([state.write_pos, state.fill, state.step], np.int32)
+        results = runner.run("soma", "soma_decode", [q[t], k[t], v[t], *arrays, counters, geometry, params],
+                             [(q.shape[1:], np.int8), *((a.shape, a.dtype) for a in arrays), ((3,), np.int32)],
+                             (threads, cfg.n_kv_heads, 1), (threads, 1, 1))
+        out[t] = results[0]
+        for name, new in zip(names, results[1:7]):
+            if getattr(state, name).size:
+                getattr(state, name)[...] = new
+        state.write_pos, state.fill, state.step = (int(c) for c in results[7])
+    return out
+
+
+def soma_prefill(runner, cfg, q, k, v, *, state=None):
+    """somatile.model.soma.prefill for integer configs, on the GPU: returns (out int8 (T, H, D), state)."""
+    from somatile.model import soma
+
+    q, k, v = soma._check_inputs(cfg, q, k, v, seq=True)
+    state = soma.SomaState.empty(cfg) if state is None else state
+    return soma_run(runner, cfg, state, q, k, v), state
+
+
+def soma_decode_step(runner, cfg, state, q, k, v):
+    """somatile.model.soma.decode_step for integer configs, on the GPU: returns (out int8 (H, D), state)."""
+    from somatile.model import soma
+
+    q, k, v = soma._check_inputs(cfg, q, k, v, seq=False)
+    return soma_run(runner, cfg, state, q[None], k[None], v[None])[0], state
+
+
 def open_url(parts: urllib.parse.SplitResult, **options):
     """``somatile.host.open("metal://...")``: see the module docstring for the URL options."""
     from somatile.host import url_options

@@ -1,0 +1,93 @@
+"""The Metal integer Soma decode step against somatile.model.soma (numba fast path and numpy spec), bit for
+bit: outputs and the whole state after every token, through both dispatch paths on the CPU emulator."""
+
+import numpy as np
+import pytest
+
+from somatile.host import metal_backend, metal_emu
+from somatile.model import soma
+
+GEOMETRY = dict(n_heads=4, n_kv_heads=2, head_dim=16, ring=8)
+CONFIGS = {
+    "seed": dict(preset="seed", ring=8),
+    "default_sinks_gqa": dict(preset="default", sinks=3, alpha=0.25),
+    "gated_field": dict(preset="gated_field", sinks=1),
+    "exp_int": dict(preset="default", normaliser="exp_int", alpha=0.1),
+    "clb_recency": dict(preset="default", hccs_mode="clb", recency=0.3, sinks=2),
+    "keys_field_no_self": dict(preset="default", include_self=False, field_source="keys", alpha=0.5),
+}
+
+
+def integer_config(name, **extra):
+    kw = {**GEOMETRY, **CONFIGS[name], **extra}
+    return soma.SomaConfig.preset(kw.pop("preset"), integer=True, **kw)
+
+
+def tokens(rng, cfg, T, low=-128, high=128):
+    q = rng.integers(low, high, (T, cfg.n_heads, cfg.head_dim)).astype(np.int8)
+    k = rng.integers(low, high, (T, cfg.n_kv_heads, cfg.head_dim)).astype(np.int8)
+    v = rng.integers(low, high, (T, cfg.n_kv_heads, cfg.head_dim)).astype(np.int8)
+    return q, k, v
+
+
+def assert_same_state(a, b):
+    for (name, x), y in zip(a.to_arrays().items(), b.to_arrays().values()):
+        assert np.array_equal(x, y), f"state {name} differs"
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decode_matches_model_through_ring_wraparound(runner, rng, name):
+    cfg = integer_config(name)
+    q, k, v = tokens(rng, cfg, 2 * cfg.ring + 5)
+    expected, expected_state = soma.prefill(cfg, q, k, v)
+    got, state = metal_backend.soma_prefill(runner, cfg, q, k, v)
+    assert np.array_equal(got, expected)
+    assert_same_state(state, expected_state)
+
+
+@pytest.mark.parametrize("order", tuple(metal_emu.THREAD_ORDERS))
+def test_decode_in_every_thread_order_against_the_numpy_spec(rng, order):
+    cfg = integer_config("gated_field", n_heads=6, n_kv_heads=3, head_dim=40, ring=37)
+    q, k, v = tokens(rng, cfg, 45)
+    expected, _ = soma.prefill(cfg, q, k, v, impl="numpy")
+    runner = metal_backend.make_runner("pyobjc", emulate=True, order=order, seed=4)
+    assert np.array_equal(metal_backend.soma_prefill(runner, cfg, q, k, v)[0], expected)
+
+
+def test_adversarial_tokens_saturate_like_the_model(runner):
+    """Scores at the int32 extremes of int8 inputs, logits saturating at both int8 ends, all-equal rows."""
+    cfg = integer_config("default_sinks_gqa", score_mult=32767, score_shift=4, out_mult=32767, out_shift=6,
+                         alpha_mult=32767, alpha_shift=0)
+    T = cfg.slots + 3
+    extremes = [np.full((T, h, cfg.head_dim), value, np.int8) for h, value in
+                ((cfg.n_heads, 127), (cfg.n_kv_heads, -128), (cfg.n_kv_heads, 127))]
+    same = [np.full((T, h, cfg.head_dim), 5, np.int8) for h in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads)]
+    for q, k, v in (extremes, same):
+        expected, expected_state = soma.prefill(cfg, q, k, v)
+        got, state = metal_backend.soma_prefill(runner, cfg, q, k, v)
+        assert np.array_equal(got, expected)
+        assert_same_state(state, expected_state)
+
+
+def test_decode_step_continues_a_loaded_state(runner, rng):
+    cfg = integer_config("clb_recency")
+    q, k, v = tokens(rng, cfg, 14)
+    _, state = soma.prefill(cfg, q[:11], k[:11], v[:11])
+    loaded = soma.SomaState.from_arrays(cfg, state.to_arrays())
+    for t in range(11, 14):
+        expected, state = soma.decode_step(cfg, state, q[t], k[t], v[t])
+        got, loaded = metal_backend.soma_decode_step(runner, cfg, loaded, q[t], k[t], v[t])
+        assert np.array_equal(got, expected)
+    assert_same_state(loaded, state)
+
+
+def test_soma_bad_input_names_the_field(runner, rng):
+    cfg = integer_config("seed")
+    q, k, v = tokens(rng, cfg, 2)
+    with pytest.raises(ValueError, match="Soma input 'k': expected shape"):
+        metal_backend.soma_prefill(runner, cfg, q, k[:, :1], v)
+    with pytest.raises(ValueError, match="SomaConfig.integer"):
+        metal_backend.soma_prefill(runner, soma.SomaConfig.preset("seed", **GEOMETRY), q * 1.0, k * 1.0, v * 1.0)
+    big = soma.SomaConfig.preset("default", integer=True, n_heads=1, head_dim=8, ring=5000, normaliser="exp_int")
+    with pytest.raises(ValueError, match="exceeds the 4096 slots"):
+        metal_backend.soma_prefill(runner, big, *tokens(rng, big, 1))
