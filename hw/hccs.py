@@ -1,0 +1,416 @@
+"""HCCS normaliser in hardware: L int8 lanes per beat in, L uint8/int16 lanes out, bit-exact with ``hccs_int``.
+
+Ports (``amaranth.lib.stream``; Verilog names ``i__payload/i__valid/i__ready`` etc.)
+
+``i``   (in)  :data:`in_beat_layout`: ``data`` L x int8, ``mask`` L bits (1 = the element takes part; pad a
+              partial last beat with 0), ``first``, ``last``, ``head``. A row is the beats up to and including
+              the one with ``last``; ``head`` and the head's parameters are taken from the row's first beat.
+``o``   (out) :data:`out_beat_layout`: ``data`` L x u8 (``out_type="uint8"``) or L x 16 bit
+              (``out_type="int16"``: per head either uint8 values zero-extended or int16 values, all
+              non-negative), with the input row's ``mask``, ``first``, ``last`` and ``head``. Masked lanes are
+              0; a fully masked row is all 0.
+``cfg`` (in, always ready) :data:`cfg_layout`: writes ``B``, ``S``, ``dmax``, ``mode`` (MODE_DIV/MODE_CLB)
+              and ``out`` (OUT_UINT8/OUT_INT16; with ``out_type="uint8"`` every head is OUT_UINT8) of one head. A row uses
+              the parameters its head had when its first beat was accepted. Writes to heads >= ``heads`` are
+              ignored.
+``status`` (out) sticky error bits, cleared by ``clear_status`` or reset: ``overflow`` (a row had more than
+              ``n_max`` elements: beats past the capacity were dropped, the row was normalised over its
+              first ``n_max`` elements), ``framing`` (``first`` disagreed with the row framing by ``last``),
+              ``bad_head`` (a row named a head >= ``heads``: it uses all-zero parameters and outputs zeros).
+              ``busy``: a row is inside the unit.
+
+Structure (why it sustains one beat per cycle). The row maximum is known only after the last beat, and the
+row sum only after the maximum, so a row passes three reading passes over a row buffer plus a reciprocal:
+
+1. ingest: write beats into bank ``r mod 4`` of the row memory, running max of the valid lanes;
+2. sum: read the row back, ``sum d_i`` over valid lanes (``d = min(m - x, Dmax)``) and their count; the row
+   total is ``count*B - S*sum d`` (equal to ``sum (B - S*d_i)``, so no per-lane multiplier here);
+3. reciprocal: ``div`` a restoring divider, ``div_bits`` quotient bits per cycle; ``clb`` a leading-one
+   detector and a shift;
+4. normalise: read the row again, ``min((B - S*d_i) * inv >> shift, max)`` per lane, to ``o``.
+
+Four banks let ingest of row r+3, sum of r+2, reciprocal of r+1 and normalise of r run at the same time,
+each stage taking the next row as soon as it is free (one ``amaranth.lib.memory`` with one write and two
+read ports; bank depth ``n_max / lanes`` rounded up to a power of two).
+
+Contract
+- Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
+  ``max(nb, D, (3*nb + D + 2) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
+  (:func:`reciprocal_cycles`: ``1 + ceil(23 / div_bits)`` for div uint8, ``1 + ceil(15 / div_bits)`` for
+  div int16, 2 for clb). Rows of at least ``D`` beats therefore stream at one beat per cycle; shorter rows
+  are bound by the reciprocal (div) or the four-bank ring.
+- Latency of a lone row: ``4*nb + D + 4`` cycles from its first input beat to its last output beat.
+- Backpressure: ``o`` stalls only the normalise stage; the other stages run on until they need a bank it
+  holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` depends only on internal state.
+- :func:`expected_cycles` gives the exact cycle count of back-to-back rows with ``o`` always ready.
+- Parameters outside the model's rules (``check_params``) are outside this contract except that every
+  reachable total (up to ``n_max * 32767``) is divided exactly; ``B < S*Dmax`` (negative scores) is not
+  supported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
+                                 MODE_CODES, OUT_CODES, OUT_INT16, OUT_UINT8, S_MAX, UINT8_MAX, UINT8_NUMERATOR)
+
+LANE_CHOICES = (1, 4, 8, 16, 32)
+OUT_TYPES = ("uint8", "int16")
+BANKS = 4
+OUT_BITS = {"uint8": 8, "int16": 16}
+NUMERATOR_BITS = {OUT_UINT8: UINT8_NUMERATOR.bit_length(), OUT_INT16: INT16_NUMERATOR.bit_length()}
+
+
+@dataclasses.dataclass(frozen=True)
+class HCCSConfig:
+    """Elaboration parameters of the unit (validated; a bad value names itself and what was expected)."""
+    lanes: int = 8
+    heads: int = 2
+    n_max: int = 256
+    out_type: str = "uint8"
+    div_bits: int = 2
+
+    def __post_init__(self):
+        if self.lanes not in LANE_CHOICES:
+            raise ValueError(f"lanes: expected one of {LANE_CHOICES}, got {self.lanes!r}")
+        if not (isinstance(self.heads, int) and 1 <= self.heads <= 256):
+            raise ValueError(f"heads: expected an integer from 1 to 256, got {self.heads!r}")
+        if not (isinstance(self.n_max, int) and self.n_max >= self.lanes and self.n_max % self.lanes == 0):
+            raise ValueError(f"n_max: expected a positive multiple of lanes ({self.lanes}), got {self.n_max!r}")
+        if self.out_type not in OUT_TYPES:
+            raise ValueError(f"out_type: expected one of {OUT_TYPES}, got {self.out_type!r}")
+        if self.div_bits not in (1, 2, 3, 4, 6, 8):
+            raise ValueError(f"div_bits: expected 1, 2, 3, 4, 6 or 8 quotient bits per cycle, got {self.div_bits!r}")
+
+    @property
+    def beats_max(self) -> int:
+        return self.n_max // self.lanes
+
+    @property
+    def head_bits(self) -> int:
+        return max(1, ceil_log2(self.heads))
+
+    @property
+    def out_bits(self) -> int:
+        return OUT_BITS[self.out_type]
+
+    @property
+    def total_bits(self) -> int:
+        return bits_for(self.n_max * B_MAX)
+
+
+def in_beat_layout(cfg: HCCSConfig) -> data.StructLayout:
+    return data.StructLayout({"data": data.ArrayLayout(signed(INPUT_BITS), cfg.lanes), "mask": cfg.lanes,
+                              "first": 1, "last": 1, "head": cfg.head_bits})
+
+
+def out_beat_layout(cfg: HCCSConfig) -> data.StructLayout:
+    return data.StructLayout({"data": data.ArrayLayout(unsigned(cfg.out_bits), cfg.lanes), "mask": cfg.lanes,
+                              "first": 1, "last": 1, "head": cfg.head_bits})
+
+
+def head_params_layout() -> data.StructLayout:
+    return data.StructLayout({"B": bits_for(B_MAX), "S": bits_for(S_MAX), "dmax": bits_for(DMAX_MAX),
+                              "mode": 1, "out": 1})
+
+
+def cfg_layout(cfg: HCCSConfig) -> data.StructLayout:
+    return data.StructLayout({"head": cfg.head_bits, "params": head_params_layout()})
+
+
+status_layout = data.StructLayout({"overflow": 1, "framing": 1, "bad_head": 1, "busy": 1})
+
+
+def reciprocal_cycles(cfg: HCCSConfig, mode: str = "div", out: str = "uint8") -> int:
+    """Cycles the reciprocal stage holds one row (its occupancy ``D``)."""
+    if MODE_CODES[mode] == MODE_CLB:
+        return 2
+    return 1 + math.ceil(NUMERATOR_BITS[OUT_CODES[out]] / cfg.div_bits)
+
+
+def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", out: str = "uint8") -> int:
+    """Cycles from the first input beat accepted to the last output beat taken, inclusive, for ``rows``
+    back-to-back rows of ``n`` elements (input valid and output ready on every cycle).
+
+    This evaluates the stage recurrence of the design exactly (each stage starts a row when the previous stage
+    has finished it and the stage itself is free; bank ``r mod 4`` is reused once row r-4 is normalised):
+    ingest takes ``nb`` cycles, the sum stage ``nb`` cycles plus 2 of pipeline, the reciprocal ``D``, the
+    normaliser ``nb`` plus 2 to the output register. See the module docstring for the closed form.
+    """
+    if rows < 1 or not 1 <= n <= cfg.n_max:
+        raise ValueError(f"rows must be >= 1 and n within 1..{cfg.n_max}, got rows={rows}, n={n}")
+    nb = -(-n // cfg.lanes)
+    recip = reciprocal_cycles(cfg, mode, out)
+    ingest, summed, recips, norm = [], [], [], []
+    for r in range(rows):
+        i_start = 0 if r == 0 else ingest[r - 1] + nb
+        if r >= BANKS:
+            i_start = max(i_start, norm[r - BANKS] + nb)
+        s_start = max(i_start + nb, summed[r - 1] + nb if r else 0)
+        d_start = max(s_start + nb + 2, recips[r - 1] + recip if r else 0)
+        n_start = max(d_start + recip, norm[r - 1] + nb if r else 0)
+        ingest.append(i_start)
+        summed.append(s_start)
+        recips.append(d_start)
+        norm.append(n_start)
+    return norm[-1] + nb + 2
+
+
+def _tree(values, op):
+    """Balanced reduction (log depth) of a list of Amaranth values."""
+    values = list(values)
+    while len(values) > 1:
+        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
+class HCCS(wiring.Component):
+    """The HCCS unit; see the module docstring for ports, structure and contract.
+
+    ``HCCS(lanes=8, heads=2, n_max=256, out_type="uint8", div_bits=2)`` or ``HCCS(config=HCCSConfig(...))``.
+    """
+
+    def __init__(self, config: HCCSConfig | None = None, **params):
+        if config is None:
+            config = HCCSConfig(**params)
+        elif params:
+            raise TypeError("pass either config= or keyword parameters, not both")
+        self.config = config
+        super().__init__({
+            "i": In(stream.Signature(in_beat_layout(config))),
+            "o": Out(stream.Signature(out_beat_layout(config))),
+            "cfg": In(stream.Signature(cfg_layout(config))),
+            "status": Out(status_layout),
+            "clear_status": In(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        L, NB = cfg.lanes, cfg.beats_max
+        ptr_bits = max(1, ceil_log2(NB))
+        count_bits = bits_for(NB)
+        bank_bits = ceil_log2(BANKS)
+        total_bits = cfg.total_bits
+        params_layout = head_params_layout()
+        m = Module()
+
+        word = data.StructLayout({"data": data.ArrayLayout(signed(INPUT_BITS), L), "mask": L})
+        m.submodules.rows = rows = Memory(shape=word, depth=BANKS << ptr_bits, init=[])
+        wr = rows.write_port()
+        rd_sum = rows.read_port()
+        rd_norm = rows.read_port()
+
+        regfile = Array(Signal(params_layout, name=f"head{h}") for h in range(1 << cfg.head_bits))
+        m.d.comb += self.cfg.ready.eq(1)
+        with m.If(self.cfg.valid & (self.cfg.payload.head < cfg.heads)):
+            m.d.sync += regfile[self.cfg.payload.head].eq(self.cfg.payload.params)
+            if cfg.out_type == "uint8":
+                m.d.sync += regfile[self.cfg.payload.head].out.eq(OUT_UINT8)
+
+        FREE, FULL, SUMMED, READY = range(4)
+        state = Array(Signal(2, name=f"bank{b}_state") for b in range(BANKS))
+
+        def per_bank(shape, name):
+            return Array(Signal(shape, name=f"bank{b}_{name}") for b in range(BANKS))
+
+        d_beats = per_bank(count_bits, "beats")
+        d_max = per_bank(signed(INPUT_BITS), "max")
+        d_head = per_bank(cfg.head_bits, "head")
+        d_params = per_bank(params_layout, "params")
+        d_dsum = per_bank(bits_for(cfg.n_max * DMAX_MAX), "dsum")
+        d_count = per_bank(bits_for(cfg.n_max), "count")
+        d_inv = per_bank(bits_for(UINT8_NUMERATOR), "inv")
+
+        # Ingest: beats of row r go to bank r mod 4 while the normaliser has released it.
+        wbank = Signal(bank_bits)
+        iptr = Signal(count_bits)
+        in_row = Signal()
+        run_max = Signal(signed(INPUT_BITS))
+        row_head = Signal(cfg.head_bits)
+        row_params = Signal(params_layout)
+        beat = self.i.payload
+        m.d.comb += self.i.ready.eq(state[wbank] == FREE)
+        lane_min = Const(-(1 << (INPUT_BITS - 1)), signed(INPUT_BITS))
+        masked = [Mux(beat.mask[j], beat.data[j], lane_min) for j in range(L)]
+        beat_max = _tree(masked, lambda a, b: Mux(a > b, a, b))
+        prior = Mux(in_row, run_max, lane_min)
+        new_max = Mux(beat_max > prior, beat_max, prior)
+        stored = iptr < NB
+        bad_head = Signal()
+        cur_head = Mux(in_row, row_head, beat.head)
+        cur_params = Signal(params_layout)
+        m.d.comb += cur_params.eq(Mux(in_row, row_params, regfile[beat.head]))
+        if cfg.heads < (1 << cfg.head_bits):
+            with m.If(~in_row & (beat.head >= cfg.heads)):
+                m.d.comb += [cur_params.eq(0), bad_head.eq(1)]
+        m.d.comb += [wr.addr.eq(Cat(iptr[:ptr_bits], wbank)), wr.data.data.eq(beat.data),
+                     wr.data.mask.eq(beat.mask)]
+        accepted = self.i.valid & self.i.ready
+        with m.If(accepted):
+            m.d.comb += wr.en.eq(stored)
+            with m.If(stored):
+                m.d.sync += [run_max.eq(new_max), iptr.eq(iptr + 1)]
+            with m.Else():
+                m.d.sync += self.status.overflow.eq(1)
+            with m.If(beat.first != ~in_row):
+                m.d.sync += self.status.framing.eq(1)
+            with m.If(bad_head):
+                m.d.sync += self.status.bad_head.eq(1)
+            m.d.sync += [in_row.eq(1), row_head.eq(cur_head), row_params.eq(cur_params)]
+            with m.If(beat.last):
+                m.d.sync += [
+                    d_beats[wbank].eq(Mux(stored, iptr + 1, iptr)),
+                    d_max[wbank].eq(Mux(stored, new_max, prior)),
+                    d_head[wbank].eq(cur_head),
+                    d_params[wbank].eq(cur_params),
+                    state[wbank].eq(FULL),
+                    wbank.eq(wbank + 1), iptr.eq(0), in_row.eq(0),
+                ]
+
+        # Sum pass: read the row back; per beat sum of d over valid lanes and their count; accumulate.
+        sbank = Signal(bank_bits)
+        s_active = Signal()
+        s_ptr = Signal(count_bits)
+        s_beats = Signal(count_bits)
+        s_max = Signal(signed(INPUT_BITS))
+        s_dmax = Signal(bits_for(DMAX_MAX))
+        s_start = ~s_active & (state[sbank] == FULL)
+        s_ptr_now = Mux(s_active, s_ptr, 0)
+        s_beats_now = Mux(s_active, s_beats, d_beats[sbank])
+        s_max_now = Mux(s_active, s_max, d_max[sbank])
+        s_dmax_now = Mux(s_active, s_dmax, d_params[sbank].dmax)
+        s_issue = s_active | s_start
+        s_last = s_ptr_now == s_beats_now - 1
+        m.d.comb += [rd_sum.addr.eq(Cat(s_ptr_now[:ptr_bits], sbank)), rd_sum.en.eq(1)]
+        with m.If(s_start):
+            m.d.sync += [s_beats.eq(d_beats[sbank]), s_max.eq(d_max[sbank]), s_dmax.eq(d_params[sbank].dmax)]
+        with m.If(s_issue):
+            with m.If(s_last):
+                m.d.sync += [s_active.eq(0), sbank.eq(sbank + 1)]
+            with m.Else():
+                m.d.sync += [s_active.eq(1), s_ptr.eq(s_ptr_now + 1)]
+        s1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
+                                       "max": signed(INPUT_BITS), "dmax": bits_for(DMAX_MAX)}))
+        m.d.sync += [s1.valid.eq(s_issue), s1.first.eq(s_ptr_now == 0), s1.last.eq(s_last), s1.bank.eq(sbank),
+                     s1.max.eq(s_max_now), s1.dmax.eq(s_dmax_now)]
+        lane_d = []
+        for j in range(L):
+            dist = (s1.max - rd_sum.data.data[j]).as_unsigned()[:INPUT_BITS]
+            capped = Mux(dist > s1.dmax, s1.dmax, dist)
+            lane_d.append(Mux(rd_sum.data.mask[j], capped, 0))
+        s2 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
+                                       "dsum": bits_for(L * DMAX_MAX), "count": bits_for(L)}))
+        m.d.sync += [s2.valid.eq(s1.valid), s2.first.eq(s1.first), s2.last.eq(s1.last), s2.bank.eq(s1.bank),
+                     s2.dsum.eq(_tree(lane_d, lambda a, b: a + b)),
+                     s2.count.eq(_tree([rd_sum.data.mask[j] for j in range(L)], lambda a, b: a + b))]
+        acc_dsum = Signal.like(d_dsum[0])
+        acc_count = Signal.like(d_count[0])
+        next_dsum = Mux(s2.first, 0, acc_dsum) + s2.dsum
+        next_count = Mux(s2.first, 0, acc_count) + s2.count
+        with m.If(s2.valid):
+            m.d.sync += [acc_dsum.eq(next_dsum), acc_count.eq(next_count)]
+            with m.If(s2.last):
+                m.d.sync += [d_dsum[s2.bank].eq(next_dsum), d_count[s2.bank].eq(next_count),
+                             state[s2.bank].eq(SUMMED)]
+
+        # Reciprocal: total = count*B - S*sum(d), then a restoring divider or a leading-one shift.
+        rbank = Signal(bank_bits)
+        r_active = Signal()
+        r_iter = Signal(range(max(NUMERATOR_BITS.values()) // cfg.div_bits + 2))
+        divisor = Signal(total_bits)
+        remainder = Signal(total_bits + 1)
+        quotient = Signal(bits_for(UINT8_NUMERATOR))
+        steps = math.ceil(NUMERATOR_BITS[OUT_UINT8] / cfg.div_bits)
+        numerator_reg = Signal(steps * cfg.div_bits)
+        r_params = d_params[rbank]
+        r_start = ~r_active & (state[rbank] == SUMMED)
+        total = (d_count[rbank] * r_params.B - r_params.S * d_dsum[rbank])[:total_bits]
+        with m.If(r_start):
+            numerators = {OUT_UINT8: UINT8_NUMERATOR, OUT_INT16: INT16_NUMERATOR}
+            iters = {o: math.ceil(NUMERATOR_BITS[o] / cfg.div_bits) for o in numerators}
+            # Left-align each numerator in the shift register so its first quotient step reads its top bits.
+            aligned = {o: numerators[o] << (numerator_reg.width - iters[o] * cfg.div_bits) for o in numerators}
+            m.d.sync += [r_active.eq(1), divisor.eq(total), remainder.eq(0), quotient.eq(0),
+                         numerator_reg.eq(Mux(r_params.out == OUT_INT16, aligned[OUT_INT16], aligned[OUT_UINT8])),
+                         r_iter.eq(Mux(r_params.out == OUT_INT16, iters[OUT_INT16], iters[OUT_UINT8]))]
+        r_done = Signal()
+        r_inv = Signal.like(d_inv[0])
+        with m.If(r_active):
+            with m.If(r_params.mode == MODE_CLB):
+                leading = Signal(range(total_bits))
+                for bit in range(total_bits):
+                    with m.If(divisor[bit]):
+                        m.d.comb += leading.eq(bit)
+                clb_num = Mux(r_params.out == OUT_INT16, INT16_NUMERATOR, UINT8_NUMERATOR)
+                m.d.comb += [r_done.eq(1), r_inv.eq(clb_num >> leading)]
+            with m.Else():
+                rem, quo, num = remainder, quotient, numerator_reg
+                for _ in range(cfg.div_bits):
+                    shifted = Cat(num[-1], rem)[:total_bits + 1]
+                    fits = shifted >= divisor
+                    rem = Mux(fits, shifted - divisor, shifted)[:total_bits + 1]
+                    quo = Cat(fits, quo)[:quotient.width]
+                    num = Cat(Const(0, 1), num)[:len(numerator_reg)]
+                m.d.sync += [remainder.eq(rem), quotient.eq(quo), numerator_reg.eq(num), r_iter.eq(r_iter - 1)]
+                m.d.comb += [r_done.eq(r_iter == 1), r_inv.eq(quo)]
+            with m.If(r_done):
+                m.d.sync += [d_inv[rbank].eq(Mux(divisor == 0, 0, r_inv)), state[rbank].eq(READY),
+                             rbank.eq(rbank + 1), r_active.eq(0)]
+
+        # Normalise: read the row a last time; one output beat per cycle while o is taken.
+        nbank = Signal(bank_bits)
+        n_active = Signal()
+        n_ptr = Signal(count_bits)
+        row = data.StructLayout({"beats": count_bits, "max": signed(INPUT_BITS), "head": cfg.head_bits,
+                                 "params": params_layout, "inv": d_inv[0].shape()})
+        n_row = Signal(row)
+        advance = ~self.o.valid | self.o.ready
+        n_start = ~n_active & (state[nbank] == READY)
+        n_row_now = Signal(row)
+        m.d.comb += n_row_now.eq(n_row)
+        with m.If(~n_active):
+            m.d.comb += [n_row_now.beats.eq(d_beats[nbank]), n_row_now.max.eq(d_max[nbank]),
+                         n_row_now.head.eq(d_head[nbank]), n_row_now.params.eq(d_params[nbank]),
+                         n_row_now.inv.eq(d_inv[nbank])]
+        n_ptr_now = Mux(n_active, n_ptr, 0)
+        n_issue = advance & (n_active | n_start)
+        n_last = n_ptr_now == n_row_now.beats - 1
+        m.d.comb += [rd_norm.addr.eq(Cat(n_ptr_now[:ptr_bits], nbank)), rd_norm.en.eq(advance)]
+        with m.If(n_issue):
+            m.d.sync += n_row.eq(n_row_now)
+            with m.If(n_last):
+                m.d.sync += [n_active.eq(0), nbank.eq(nbank + 1), state[nbank].eq(FREE)]
+            with m.Else():
+                m.d.sync += [n_active.eq(1), n_ptr.eq(n_ptr_now + 1)]
+        n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row}))
+        with m.If(advance):
+            m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last),
+                         n1.row.eq(n_row_now)]
+            p = n1.row.params
+            out_max = Mux(p.out == OUT_INT16, INT16_MAX, UINT8_MAX)
+            for j in range(L):
+                dist = (n1.row.max - rd_norm.data.data[j]).as_unsigned()[:INPUT_BITS]
+                capped = Mux(dist > p.dmax, p.dmax, dist)
+                score = (p.B - p.S * capped)[:p.B.shape().width]
+                product = score * n1.row.inv
+                scaled = Mux(p.out == OUT_INT16, product, product >> INV_SHIFT)
+                value = Mux(scaled > out_max, out_max, scaled)
+                m.d.sync += self.o.payload.data[j].eq(Mux(rd_norm.data.mask[j], value, 0))
+            m.d.sync += [self.o.valid.eq(n1.valid), self.o.payload.mask.eq(rd_norm.data.mask),
+                         self.o.payload.first.eq(n1.first), self.o.payload.last.eq(n1.last),
+                         self.o.payload.head.eq(n1.row.head)]
+
+        with m.If(self.clear_status):
+            m.d.sync += [self.status.overflow.eq(0), self.status.framing.eq(0), self.status.bad_head.eq(0)]
+        m.d.comb += self.status.busy.eq(in_row | Cat(state[b] != FREE for b in range(BANKS)).any()
+                                        | n1.valid | self.o.valid)
+        return m

@@ -1,0 +1,249 @@
+"""cocotb testbench of the HCCS unit (hw/hccs.py) with the golden model ``hccs_int`` as scoreboard.
+
+A job (see :func:`make_job`) carries the rows, their masks and heads, the per-head parameters and the traffic
+pattern; :func:`somatile.sim.runner.build_and_test` hands it to the ``hccs_rows`` test, which configures the
+heads through ``cfg``, streams every row through ``i`` and collects ``o`` with random input idles and output
+backpressure. The per-cycle Python work is one FallingEdge, two reads and up to three writes: whole beats are
+packed before the run and unpacked after it. This relies on the unit's contract that ``i.ready`` and
+``o.valid``/``o.payload`` depend on internal state only (never combinationally on ``i`` or ``o.ready``), so
+values read at the falling edge decide the handshakes of the next rising edge.
+
+The test writes ``out`` (the unit's rows, int32 of shape (R, N)), ``framing_errors`` and ``cycles`` (first
+input beat accepted to last output beat taken, inclusive) back to the caller; with ``strict`` it also fails on
+the first mismatch against the model, naming the row, head and elements.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from somatile.model.hccs import MODE_CODES, OUT_CODES, hccs_int
+
+MAX_REPORTED = 5
+
+
+def make_job(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=None, lanes: int,
+             head_bits: int, out_bits: int, idle: float = 0.0, backpressure: float = 0.0, seed: int = 0,
+             strict: bool = True, allow_zero_floor: bool = False) -> dict[str, np.ndarray]:
+    """Inputs of the ``hccs_rows`` test. x: int8 (R, N); heads: int (R,) head of each row; B, S, dmax, modes
+    ("div"/"clb"), outs ("uint8"/"int16"): per head (H,); mask: bool (R, N) or None; idle/backpressure:
+    probability of an idle input cycle / a cycle with ``o.ready`` low."""
+    x = np.asarray(x)
+    if x.dtype != np.int8 or x.ndim != 2:
+        raise ValueError(f"x: expected int8 of shape (R, N), got {x.dtype} {x.shape}")
+    mask = np.ones(x.shape, bool) if mask is None else np.asarray(mask, bool)
+    return {"x": x, "mask": mask, "heads": np.asarray(heads, np.int64), "B": np.asarray(B, np.int64),
+            "S": np.asarray(S, np.int64), "dmax": np.asarray(dmax, np.int64),
+            "mode": np.array([MODE_CODES[m] for m in modes]), "out": np.array([OUT_CODES[o] for o in outs]),
+            "lanes": np.int64(lanes), "head_bits": np.int64(head_bits), "out_bits": np.int64(out_bits),
+            "idle": np.float64(idle), "backpressure": np.float64(backpressure), "seed": np.int64(seed),
+            "strict": np.bool_(strict), "allow_zero_floor": np.bool_(allow_zero_floor)}
+
+
+def golden(job: dict[str, np.ndarray]) -> np.ndarray:
+    """The model's output for every row of a job, int32 (R, N)."""
+    x, mask, heads = job["x"], job["mask"], job["heads"]
+    modes = {v: k for k, v in MODE_CODES.items()}
+    outs = {v: k for k, v in OUT_CODES.items()}
+    expected = np.zeros(x.shape, np.int32)
+    for h in np.unique(heads):
+        rows = heads == h
+        expected[rows] = hccs_int(x[rows], int(job["B"][h]), int(job["S"][h]), int(job["dmax"][h]),
+                                  mode=modes[int(job["mode"][h])], out=outs[int(job["out"][h])], mask=mask[rows],
+                                  allow_zero_floor=bool(job["allow_zero_floor"]))
+    return expected
+
+
+def mismatches(job: dict[str, np.ndarray], got: np.ndarray, expected: np.ndarray | None = None) -> list[str]:
+    """One line per row whose output differs from the model (all rows; callers cut the list)."""
+    expected = golden(job) if expected is None else expected
+    lines = []
+    for r in np.flatnonzero((got != expected).any(axis=1)):
+        cols = np.flatnonzero(got[r] != expected[r])
+        shown = ", ".join(f"[{c}] x={int(job['x'][r, c])} got {int(got[r, c])} want {int(expected[r, c])}"
+                          for c in cols[:4])
+        lines.append(f"row {r} (head {int(job['heads'][r])}): {len(cols)} element(s) differ: {shown}")
+    return lines
+
+
+def pack_rows(job: dict[str, np.ndarray]) -> tuple[list[int], list[int]]:
+    """Input payload integers of every beat (struct order data, mask, first, last, head) and beats per row."""
+    lanes = int(job["lanes"])
+    x, mask, heads = job["x"], job["mask"], job["heads"]
+    rows, n = x.shape
+    beats = -(-n // lanes)
+    padded = np.zeros((rows, beats * lanes), np.uint8)
+    padded[:, :n] = x.view(np.uint8)
+    keep = np.zeros((rows, beats * lanes), bool)
+    keep[:, :n] = mask
+    data_bits = 8 * lanes
+    packed = []
+    for r in range(rows):
+        for b in range(beats):
+            lanes_slice = slice(b * lanes, (b + 1) * lanes)
+            word = int.from_bytes(padded[r, lanes_slice].tobytes(), "little")
+            word |= int.from_bytes(np.packbits(keep[r, lanes_slice], bitorder="little").tobytes(), "little") \
+                << data_bits
+            word |= (b == 0) << (data_bits + lanes)
+            word |= (b == beats - 1) << (data_bits + lanes + 1)
+            word |= int(heads[r]) << (data_bits + lanes + 2)
+            packed.append(word)
+    return packed, [beats] * rows
+
+
+def unpack_rows(job: dict[str, np.ndarray], words: list[int]) -> tuple[np.ndarray, list[str]]:
+    """Output payload integers back to rows (int32 (R, N)) and a list of framing problems."""
+    lanes, out_bits = int(job["lanes"]), int(job["out_bits"])
+    x, mask, heads = job["x"], job["mask"], job["heads"]
+    rows, n = x.shape
+    beats = -(-n // lanes)
+    problems = []
+    if len(words) != rows * beats:
+        problems.append(f"expected {rows * beats} output beats, got {len(words)}")
+    data_bits = out_bits * lanes
+    lane_dtype = np.dtype(np.uint8 if out_bits == 8 else "<u2")
+    values = np.zeros((rows, beats * lanes), np.int32)
+    for index, word in enumerate(words[:rows * beats]):
+        r, b = divmod(index, beats)
+        values[r, b * lanes:(b + 1) * lanes] = np.frombuffer(
+            (word & ((1 << data_bits) - 1)).to_bytes(data_bits // 8, "little"), lane_dtype)
+        keep = (word >> data_bits) & ((1 << lanes) - 1)
+        first, last = (word >> (data_bits + lanes)) & 1, (word >> (data_bits + lanes + 1)) & 1
+        head = word >> (data_bits + lanes + 2)
+        want_keep = np.zeros(beats * lanes, bool)
+        want_keep[:n] = mask[r]
+        want = int.from_bytes(np.packbits(want_keep[b * lanes:(b + 1) * lanes], bitorder="little").tobytes(),
+                              "little")
+        if (keep, first, last, head) != (want, b == 0, b == beats - 1, int(heads[r])):
+            problems.append(f"row {r} beat {b}: mask/first/last/head = {keep:#x}/{first}/{last}/{head}, "
+                            f"expected {want:#x}/{int(b == 0)}/{int(b == beats - 1)}/{int(heads[r])}")
+    return values[:, :n], problems
+
+
+def pack_cfg(job: dict[str, np.ndarray], head: int) -> int:
+    """Payload of one ``cfg`` write (head, then B, S, dmax, mode, out as in ``head_params_layout``)."""
+    from somatile.hw.hccs import head_params_layout
+    layout = head_params_layout()
+    word = head
+    shift = int(job["head_bits"])
+    for name, value in (("B", job["B"][head]), ("S", job["S"][head]), ("dmax", job["dmax"][head]),
+                        ("mode", job["mode"][head]), ("out", job["out"][head])):
+        word |= int(value) << (shift + layout[name].offset)
+    return word
+
+
+def _bernoulli(rng: np.random.Generator, p: float):
+    """Endless stream of booleans, True with probability p, drawn in blocks (no per-cycle RNG call)."""
+    while True:
+        if p <= 0:
+            yield from itertools.repeat(False)
+        yield from (rng.random(1 << 16) < p).tolist()
+
+
+class HCCSTB:
+    """Drives one HCCS unit: reset, head configuration, and a run of rows with idles and backpressure."""
+
+    def __init__(self, dut):
+        import cocotb
+        from cocotb.clock import Clock
+        self.dut = dut
+        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+
+    async def reset(self):
+        from cocotb.triggers import RisingEdge
+        dut = self.dut
+        dut.rst.value = 1
+        dut.i__valid.value = 0
+        dut.o__ready.value = 0
+        dut.cfg__valid.value = 0
+        dut.clear_status.value = 0
+        for _ in range(2):
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+
+    async def configure(self, job):
+        from cocotb.triggers import FallingEdge
+        dut = self.dut
+        await FallingEdge(dut.clk)
+        for head in range(len(job["B"])):
+            dut.cfg__payload.value = pack_cfg(job, head)
+            dut.cfg__valid.value = 1
+            await FallingEdge(dut.clk)
+        dut.cfg__valid.value = 0
+
+    async def run(self, words: list[int], idle: float, backpressure: float, seed: int,
+                  max_cycles: int) -> tuple[list[int], int]:
+        """Stream ``words`` in, collect as many beats out; return (output words, cycles first-in..last-out).
+
+        Cycle k is the rising edge after the k-th falling edge; both handshakes of edge k are decided at
+        falling edge k from what is driven and read there."""
+        from cocotb.triggers import FallingEdge, RisingEdge
+        dut = self.dut
+        idle_draws = _bernoulli(np.random.default_rng(seed), idle)
+        stall_draws = _bernoulli(np.random.default_rng(seed + 1), backpressure)
+        i_valid, i_ready, i_payload = dut.i__valid, dut.i__ready, dut.i__payload
+        o_valid, o_ready, o_payload = dut.o__valid, dut.o__ready, dut.o__payload
+        out_words = []
+        sent, total = 0, len(words)
+        first_in = last_out = None
+        for cycle in range(max_cycles):
+            await FallingEdge(dut.clk)
+            driving = sent < total and not next(idle_draws)
+            if driving:
+                i_payload.value = words[sent]
+            i_valid.value = int(driving)
+            ready = not next(stall_draws)
+            o_ready.value = int(ready)
+            if driving and i_ready.value:
+                sent += 1
+                if first_in is None:
+                    first_in = cycle
+            if ready and o_valid.value:
+                out_words.append(o_payload.value.to_unsigned())
+                last_out = cycle
+                if len(out_words) == total:
+                    break
+        else:
+            raise AssertionError(f"timeout after {max_cycles} cycles: {sent} of {total} beats sent, "
+                                 f"{len(out_words)} taken")
+        await RisingEdge(dut.clk)
+        o_ready.value = 0
+        i_valid.value = 0
+        return out_words, last_out - first_in + 1
+
+    async def status(self) -> dict[str, int]:
+        word = self.dut.status.value.to_unsigned()
+        return {name: (word >> bit) & 1 for bit, name in enumerate(("overflow", "framing", "bad_head", "busy"))}
+
+
+def _cocotb_test(function):
+    import cocotb
+    return cocotb.test()(function)
+
+
+try:
+    import cocotb  # noqa: F401  (the test below exists only where cocotb is installed)
+except ImportError:
+    pass
+else:
+    @_cocotb_test
+    async def hccs_rows(dut):
+        from somatile.sim.runner import job_inputs, write_job_outputs
+        job = job_inputs()
+        tb = HCCSTB(dut)
+        await tb.reset()
+        await tb.configure(job)
+        words, beats = pack_rows(job)
+        max_cycles = 64 * (len(words) + 40 * len(beats)) + 2000
+        out_words, cycles = await tb.run(words, float(job["idle"]), float(job["backpressure"]), int(job["seed"]),
+                                         max_cycles)
+        got, framing = unpack_rows(job, out_words)
+        status = await tb.status()
+        write_job_outputs(out=got, cycles=np.int64(cycles), framing_errors=np.array(framing, dtype=str),
+                          status=np.array([status["overflow"], status["framing"], status["bad_head"]]))
+        if bool(job["strict"]):
+            assert not framing, "framing: " + "; ".join(framing[:MAX_REPORTED])
+            bad = mismatches(job, got)
+            assert not bad, f"{len(bad)} of {len(got)} rows differ from hccs_int: " + "; ".join(bad[:MAX_REPORTED])
