@@ -271,6 +271,72 @@ def soma_decode_step(runner, cfg, state, q, k, v):
     return soma_run(runner, cfg, state, q[None], k[None], v[None])[0], state
 
 
+def _elementwise(n: int) -> dict:
+    """Grid and threadgroup of a one-thread-per-element kernel over n elements."""
+    return {"grid": (n, 1, 1), "threadgroup": (min(MAX_ROW_THREADS, n), 1, 1)}
+
+
+def sfa_alphas(runner, cfg) -> np.ndarray:
+    """Stage 5 on the GPU: alpha_l for every layer of ``cfg`` (float32 (n_layers,))."""
+    (alphas,) = runner.run("sfa", "sfa_alpha_decay",
+                           [np.array([cfg.alpha_base, cfg.cross_decay], np.float32),
+                            np.array([cfg.n_layers], np.int32)],
+                           [((cfg.n_layers,), np.float32)], **_elementwise(cfg.n_layers))
+    return alphas
+
+
+def sfa_enhancement(runner, cfg, state, alpha: float, x: np.ndarray) -> np.ndarray:
+    """Stages 1-4 and 6 for one token x (hidden,) float32 with the layer's ``alpha``: the enhancement
+    (hidden,) float32; ``state`` (a somatile.model.sfa.SfaState) is updated in place, counters on the host."""
+    from somatile.model import sfa
+
+    if cfg.slots > metal_kernels.SFA_MAX_SLOTS:
+        raise ValueError(f"SfaConfig.slots: {cfg.slots} exceeds the {metal_kernels.SFA_MAX_SLOTS} pool slots the "
+                         f"Metal kernel keeps in threadgroup memory")
+    hidden, f32, i32 = state.hidden, np.float32, np.int32
+    per_element = _elementwise(hidden)
+    ring_fill = min(state.ring_fill + 1, cfg.ring)
+    ring, ring_mean = runner.run("sfa", "sfa_ring_buffer",
+                                 [state.ring, x, np.array([state.ring_pos, ring_fill], i32),
+                                  np.array([cfg.ring, hidden], i32)],
+                                 [((cfg.ring, hidden), f32), ((hidden,), f32)], **per_element)
+    (field,) = runner.run("sfa", "sfa_ema_field", [state.field, x, np.array([cfg.gamma], f32),
+                                                   np.array([hidden], i32)], [((hidden,), f32)], **per_element)
+    ring_pos = (state.ring_pos + 1) % cfg.ring
+    wrapped = ring_pos == 0
+    write = state.pool_pos if wrapped else -1
+    pool_pos = (state.pool_pos + 1) % cfg.slots if wrapped else state.pool_pos
+    pool_fill = min(state.pool_fill + 1, cfg.slots) if wrapped else state.pool_fill
+    temperature = cfg.temperature or float(np.sqrt(hidden))
+    threads = row_threads(max(cfg.slots, hidden))
+    pool, semantic = runner.run("sfa", "sfa_semantic_pool",
+                                [state.pool, ring_mean, np.array([write, pool_fill], i32),
+                                 np.array([temperature], f32), np.array([cfg.slots, hidden], i32)],
+                                [((cfg.slots, hidden), f32), ((hidden,), f32)], (threads, 1, 1), (threads, 1, 1))
+    (fused,) = runner.run("sfa", "sfa_fusion", [ring_mean, field, semantic,
+                                                np.array([cfg.field_weight, cfg.semantic_weight], f32),
+                                                np.array([hidden], i32)], [((hidden,), f32)], **per_element)
+    (enhancement,) = runner.run("sfa", "sfa_clip", [fused, np.array([alpha, cfg.clip], f32),
+                                                    np.array([hidden, sfa.CLIP_ORDERS.index(cfg.clip_order)], i32)],
+                                [((hidden,), f32)], **per_element)
+    state.ring[...], state.field[...], state.pool[...] = ring, field, pool
+    state.ring_pos, state.ring_fill, state.pool_pos, state.pool_fill = ring_pos, ring_fill, pool_pos, pool_fill
+    return enhancement
+
+
+def sfa_apply(runner, cfg, state, layer: int, x):
+    """somatile.model.sfa.sfa_apply on the GPU: x + enhancement for one token (hidden,) or a sequence
+    (T, hidden) of layer ``layer``; returns (float32 array of x's shape, state updated in place)."""
+    from somatile.model import sfa
+
+    x = sfa._check_x(state, x)
+    sfa.alpha_decay(layer, cfg.n_layers, cfg.alpha_base, cfg.cross_decay)  # validates the layer index
+    alpha = float(sfa_alphas(runner, cfg)[layer])
+    rows = x[None] if x.ndim == 1 else x
+    out = np.stack([row + sfa_enhancement(runner, cfg, state, alpha, np.ascontiguousarray(row)) for row in rows])
+    return (out[0] if x.ndim == 1 else out), state
+
+
 def open_url(parts: urllib.parse.SplitResult, **options):
     """``somatile.host.open("metal://...")``: see the module docstring for the URL options."""
     from somatile.host import url_options

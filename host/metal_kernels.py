@@ -23,12 +23,13 @@ import re
 import sys
 from pathlib import Path
 
-from somatile.host.metal_emu import METAL_DIR, EntryPoint, parse_entry_points
+from somatile.host.metal_emu import GRID_ATTRIBUTES, METAL_DIR, EntryPoint, parse_entry_points
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "hccs": ("common.metal", "hccs.metal"),
     "intexp": ("common.metal", "intexp.metal"),
     "soma": ("common.metal", "hccs.metal", "intexp.metal", "soma.metal"),
+    "sfa": ("common.metal", "sfa.metal"),
 }
 
 SOMA_GEOMETRY = ("heads", "kv_heads", "dim", "ring", "sinks", "include_self", "gated", "field_keys",
@@ -36,6 +37,8 @@ SOMA_GEOMETRY = ("heads", "kv_heads", "dim", "ring", "sinks", "include_self", "g
 """Word order of the Soma kernel's int32 geometry buffer (``SOMA_G_<NAME>`` in the kernel)."""
 SOMA_MAX_SLOTS = 4096
 """Sinks + ring slots per KV head that the Soma kernel's threadgroup memory holds (3 bytes per slot)."""
+SFA_MAX_SLOTS = 1024
+"""Semantic-pool slots whose softmax weights the SFA pool kernel holds in threadgroup memory."""
 
 
 def prelude() -> str:
@@ -59,6 +62,7 @@ def prelude() -> str:
         "EXP_UINT8_NUMERATOR": intexp.UINT8_NUMERATOR,
         "EXP_INT16_NUMERATOR": intexp.INT16_NUMERATOR,
         "SOMA_MAX_SLOTS": SOMA_MAX_SLOTS,
+        "SFA_MAX_SLOTS": SFA_MAX_SLOTS,
         "SOMA_COUNTER_MAX": soma.COUNTER_MAX,
         "SOMA_GAMMA_ONE": soma.GAMMA_Q15_ONE,
         "SOMA_FIELD_FRAC_BITS": soma.FIELD_FRAC_BITS,
@@ -114,6 +118,13 @@ class MlxSpec:
     entry: EntryPoint
 
 
+def _mlx_swizzle(param) -> str:
+    """MLX declares the grid attributes as uint3: a scalar parameter takes .x, a 2-vector .xy."""
+    if param.attribute not in GRID_ATTRIBUTES or param.element.endswith("3"):
+        return ""
+    return ".xy" if param.element.endswith("2") else ".x"
+
+
 @functools.lru_cache(maxsize=None)
 def mlx_spec(family: str, entry_name: str) -> MlxSpec:
     """The MLX body-only form of entry point ``entry_name`` of ``family`` (see the module docstring)."""
@@ -128,7 +139,7 @@ def mlx_spec(family: str, entry_name: str) -> MlxSpec:
     outputs = tuple(p.name for p in buffers if p.name not in inputs)
     if [p.name for p in buffers] != list(inputs + outputs):
         raise ValueError(f"kernel {entry_name}: MLX needs every input buffer before every output buffer")
-    aliases = "".join(f"  const {p.element} {p.name} = {p.attribute};\n" for p in entry.params
+    aliases = "".join(f"  const {p.element} {p.name} = {p.attribute}{_mlx_swizzle(p)};\n" for p in entry.params
                       if p.attribute != "buffer")
     return MlxSpec(f"somatile_{entry_name}", inputs, outputs, header, aliases + _entry_body(header, entry_name),
                    entry)
