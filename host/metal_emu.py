@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -219,6 +220,9 @@ class EmulatedLibrary:
 
 def compile_library(source: str, build_dir: Path | None = None) -> EmulatedLibrary:
     """Compile ``source`` (a complete Metal source) for the CPU, reusing a cached build when unchanged."""
+    if not sys.platform.startswith("linux"):
+        raise EmulationError(f"the Metal CPU emulator runs on Linux only (ELF sections and ucontext), not on "
+                             f"{sys.platform}; on macOS use the Apple GPU (metal:// without emulate)")
     entries = parse_entry_points(source)
     if not entries:
         raise EmulationError("the Metal source has no `kernel void` entry point")

@@ -5,6 +5,8 @@ The first session in a fresh checkout compiles every kernel source with g++ (a f
 time); later sessions load the cached libraries from build/metal/.
 """
 
+import platform
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +20,8 @@ HERE = Path(__file__).resolve().parent
 @pytest.fixture(scope="session")
 def libraries():
     """family -> EmulatedLibrary of the complete source (the PyObjC form), compiled in parallel."""
+    if not EMULATOR_PLATFORM:
+        pytest.skip("the CPU emulator needs Linux (ELF sections and ucontext)")
     sources = {family: metal_kernels.library_source(family) for family in metal_kernels.FAMILIES}
     sources["barrier_probe"] = (HERE / "barrier_probe.metal").read_text()
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -25,7 +29,25 @@ def libraries():
     return built
 
 
-@pytest.fixture(params=["mlx", "pyobjc"])
+ON_APPLE_GPU = sys.platform == "darwin" and platform.machine() == "arm64"
+EMULATOR_PLATFORM = sys.platform.startswith("linux")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("metal") and item.path.is_relative_to(HERE) and not ON_APPLE_GPU:
+            item.add_marker(pytest.mark.skip(reason="needs a real Apple GPU (macOS on Apple silicon); on this "
+                                                    "platform the same kernels run on the CPU emulator"))
+
+
+@pytest.fixture(params=["mlx", "pyobjc", pytest.param("gpu-mlx", marks=pytest.mark.metal),
+                        pytest.param("gpu-pyobjc", marks=pytest.mark.metal)])
 def runner(request):
-    """A dispatch path of the metal:// backend over the CPU stand-in, threads in a seeded random order."""
+    """A dispatch path of the metal:// backend: over the CPU stand-ins (threads in a seeded random order), or
+    on the Apple GPU (the ``gpu-`` parameters, marked ``metal``)."""
+    if request.param.startswith("gpu-"):
+        return metal_backend.make_runner(request.param.removeprefix("gpu-"))
+    if not EMULATOR_PLATFORM:
+        pytest.skip("the CPU emulator needs Linux (ELF sections and ucontext); the metal-marked tests cover this "
+                    "platform's GPU")
     return metal_backend.make_runner(request.param, emulate=True, order="random", seed=7)
