@@ -452,17 +452,17 @@ def normalise(cfg: SomaConfig, logits: np.ndarray, valid: np.ndarray) -> np.ndar
         e = np.where(valid, np.exp(x - np.where(np.isfinite(m), m, 0)), 0)
         s = e.sum(axis=-1, keepdims=True)
         return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+    from somatile.model import hccs, quant, soma_int
+    heads, n = logits.shape[-2:]
+    rows = np.moveaxis(logits, -2, 0).reshape(heads, -1, n)
+    mask = np.ascontiguousarray(np.moveaxis(valid, -2, 0).reshape(rows.shape))
     if cfg.normaliser == "hccs":
-        c = np.asarray(cfg.hccs_c, logits.dtype)[:, None]
-        m = np.max(np.where(valid, logits, -np.inf), axis=-1, keepdims=True)
-        score = np.where(valid, c - np.minimum(np.where(valid, m, 0) - logits, c), 0)
-        s = score.sum(axis=-1, keepdims=True)
-        return np.divide(score, s, out=np.zeros_like(score), where=s > 0)
-    from somatile.model import soma_int
-    scale = np.asarray(cfg.logit_scale, np.float64)[:, None]
-    x8 = np.clip(np.round(logits / scale), -128, 127).astype(np.int8)
-    p = soma_int.normalise_int(cfg, x8, np.ascontiguousarray(valid))
-    return (p / 255.0).astype(logits.dtype)
+        with np.errstate(invalid="ignore"):  # rows with no valid entry (t = 0 without self) come back as zeros
+            p = hccs.hccs_float(rows, cfg.hccs_c, mask)
+    else:
+        p = soma_int.normalise_int(cfg, quant.quantize_logits(rows, cfg.logit_scale, mask), mask) / 255.0
+    lead = logits.shape[:-2]
+    return np.moveaxis(p.reshape((heads,) + lead + (n,)), 0, -2).astype(logits.dtype)
 
 
 def _near(cfg: SomaConfig, q, keys, vals, valid, bias):

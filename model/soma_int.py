@@ -67,25 +67,17 @@ def fixed_point(factor: float, name: str) -> tuple[int, int]:
 
 
 def default_hccs_params(cfg: SomaConfig):
-    """Per-head (B, S, dmax) for rows of ``cfg.slots`` entries from ``hccs_c`` and ``logit_scale``.
-
-    S = 1, dmax = round(c / logit_scale) capped at 127 and by the row-mass rule, floor mass
-    B - S*dmax = ceil(256 / slots) (the paper's floor rule), so that ``hccs.check_params`` holds.
-    """
-    slots = cfg.slots
-    floor = -(-hccs.MIN_FLOOR_MASS // slots)
-    room = hccs.MAX_ROW_MASS // slots - floor
-    B, S, dmax = [], [], []
-    for h, (c, scale) in enumerate(zip(cfg.hccs_c, cfg.logit_scale)):
-        d = min(hccs.DMAX_MAX, int(round(c / scale)), room)
-        if d < 1:
-            raise ValueError(f"SomaConfig.hccs_B: cannot derive HCCS parameters for head {h}: rows of "
-                             f"{slots} slots leave no room under the row-mass rule (slots * B <= "
-                             f"{hccs.MAX_ROW_MASS}); use normaliser='exp_int' or a smaller ring")
-        B.append(floor + d)
-        S.append(1)
-        dmax.append(d)
-    return tuple(B), tuple(S), tuple(dmax)
+    """Per-head (B, S, dmax) for rows of ``cfg.slots`` entries: the seed's single clip ``hccs_c`` (logit
+    units) at ``logit_scale`` through :func:`somatile.model.quant.int_params_from_clip` (floor raised to the
+    paper's minimum so that ``hccs.check_params`` holds)."""
+    from somatile.model import quant
+    try:
+        return tuple(tuple(int(x) for x in a) for a in quant.int_params_from_clip(cfg.hccs_c, cfg.logit_scale,
+                                                                                     cfg.slots))
+    except ValueError as err:
+        raise ValueError(f"SomaConfig.hccs_B: cannot derive HCCS parameters for rows of sinks + ring = "
+                         f"{cfg.slots} slots from hccs_c and logit_scale ({err}); give hccs_B/hccs_S/hccs_dmax, "
+                         f"or use normaliser='exp_int' or a smaller ring") from None
 
 
 def check_hccs_params(cfg: SomaConfig):
@@ -166,18 +158,16 @@ def scales_for(x, name: str = "x") -> np.ndarray:
     return np.where(m > 0, m / INT8_MAX, 1.0)
 
 
-def normalise_int(cfg: SomaConfig, x8: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """uint8 probabilities of int8 logits (..., n_heads, N) over bool ``valid`` of the same shape, through
-    the numba row kernels (parameters were checked for rows of ``cfg.slots`` valid entries)."""
+def normalise_int(cfg: SomaConfig, x3: np.ndarray, valid3: np.ndarray) -> np.ndarray:
+    """uint8-valued probabilities (int32) of int8 logits (n_heads, R, N) over bool ``valid3`` of the same
+    shape, through the numba row kernels (parameters were checked for rows of ``cfg.slots`` valid entries)."""
     from somatile.model import soma_nb
-    heads = np.broadcast_to(np.arange(cfg.n_heads)[:, None], x8.shape[-2:])
-    x2 = np.ascontiguousarray(x8.reshape(-1, x8.shape[-1]))
-    v2 = np.ascontiguousarray(np.broadcast_to(valid, x8.shape).reshape(x2.shape))
-    h2 = np.ascontiguousarray(np.broadcast_to(heads, x8.shape[:-1] + (x8.shape[-1],))[..., 0].reshape(-1))
-    out = np.empty(x2.shape, np.int32)
-    soma_nb.normalise_rows(x2, v2, h2, param_table(cfg), NORM_CODES[cfg.normaliser],
+    heads, rows, n = x3.shape
+    out = np.empty((heads * rows, n), np.int32)
+    soma_nb.normalise_rows(np.ascontiguousarray(x3.reshape(-1, n)), np.ascontiguousarray(valid3.reshape(-1, n)),
+                           np.repeat(np.arange(heads), rows), param_table(cfg), NORM_CODES[cfg.normaliser],
                            hccs.MODE_CODES[cfg.hccs_mode], out)
-    return out.reshape(x8.shape).astype(np.uint8)
+    return out.reshape(x3.shape)
 
 
 def _normalise_spec(cfg: SomaConfig, x8: np.ndarray, valid: np.ndarray) -> np.ndarray:
