@@ -117,14 +117,18 @@ def check_params(B, S, dmax, cols: int, heads: int = 1, *, allow_zero_floor: boo
     return B, S, dmax
 
 
-def as_heads(x: np.ndarray, mask, name: str = "x"):
-    """Check int8 logits and an optional bool mask of the same shape; view both as (H, R, N).
+def as_heads(x: np.ndarray, mask, name: str = "x", *, floating: bool = False):
+    """Check logits (int8, or float with ``floating``) and an optional bool mask of the same shape.
 
-    Returns (x3, valid3, squeeze): valid3 is None without a mask; squeeze is True for (R, N) input.
+    Returns (x3, valid3, squeeze): x3 and valid3 viewed as (H, R, N); valid3 is None without a mask; squeeze
+    is True for (R, N) input. Float logits must be finite wherever the mask lets them take part (masked
+    positions may hold -inf or NaN).
     """
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy int8 array, got {type(x).__name__}")
-    if x.dtype != np.int8:
+        raise TypeError(f"{name}: expected a numpy array, got {type(x).__name__}")
+    if floating and x.dtype.kind != "f":
+        raise TypeError(f"{name}: expected float logits, got dtype {x.dtype}")
+    if not floating and x.dtype != np.int8:
         raise TypeError(f"{name}: expected dtype int8, got {x.dtype}")
     if x.ndim not in (2, 3):
         raise ValueError(f"{name}: expected shape (R, N) or (H, R, N), got {x.shape}")
@@ -140,6 +144,13 @@ def as_heads(x: np.ndarray, mask, name: str = "x"):
         if mask.shape != x.shape:
             raise ValueError(f"mask: expected the shape of {name} {x.shape}, got {mask.shape}")
         valid3 = mask[None] if squeeze else mask
+    if floating:
+        finite = np.isfinite(x3)
+        bad = ~finite if valid3 is None else (~finite & valid3)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{name}: non-finite value {x3[where]} at (head, row, col) = {where} "
+                             f"(NaN/inf are allowed only where mask is False)")
     return x3, valid3, squeeze
 
 
@@ -288,3 +299,82 @@ def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8"
 def seed_params(c: int) -> tuple[int, int, int]:
     """The seed's single-parameter form as integers: (B, S, dmax) = (c, 1, c); needs ``allow_zero_floor``."""
     return int(c), 1, int(c)
+
+
+EMPTY_ROW_POLICIES = ("zeros", "uniform")
+
+
+def _normalise(score: np.ndarray, valid: np.ndarray, empty_row: str) -> np.ndarray:
+    """score / row sum; rows without a valid element become zeros, or the seed's uniform 1/N."""
+    if empty_row not in EMPTY_ROW_POLICIES:
+        raise ValueError(f"empty_row: expected one of {EMPTY_ROW_POLICIES}, got {empty_row!r}")
+    total = score.sum(axis=-1, keepdims=True)
+    has_valid = valid.any(axis=-1, keepdims=True)
+    fill = 0.0 if empty_row == "zeros" else 1.0 / score.shape[-1]
+    return np.where(has_valid, score / np.where(has_valid, total, 1.0), fill)
+
+
+def _float_rows(logits, mask):
+    x3, valid3, squeeze = as_heads(logits, mask, "logits", floating=True)
+    valid = np.ones(x3.shape, bool) if valid3 is None else valid3
+    x = np.where(valid, x3.astype(np.float64), -np.inf)
+    m = x.max(axis=-1, keepdims=True)
+    dist = np.where(valid, m - x, np.inf)
+    return dist, valid, squeeze
+
+
+def softmax(logits: np.ndarray, mask=None, *, empty_row: str = "zeros") -> np.ndarray:
+    """Exact softmax in float64 over the last axis of (R, N) or (H, R, N) float logits.
+
+    mask: bool, True = element takes part (masked elements get 0 and take no part in the max); a row with no
+    valid element becomes zeros (``empty_row="zeros"``) or 1/N (``"uniform"``, the seed's safe_normalize).
+    """
+    dist, valid, squeeze = _float_rows(logits, mask)
+    p = _normalise(np.where(valid, np.exp(-np.where(valid, dist, 0.0)), 0.0), valid, empty_row)
+    return p[0] if squeeze else p
+
+
+def hccs_float(logits: np.ndarray, c, mask=None, *, empty_row: str = "zeros") -> np.ndarray:
+    """Seed 003's HCCS in float64: max-centre, clip at -c, shift by +c, divide by the row sum.
+
+    logits: float (R, N) or (H, R, N); c: clip range > 0 in logit units, a float or one per head; mask and
+    empty_row as :func:`softmax`. Rows always have the max element at weight c > 0, so only rows without a
+    valid element need the empty-row policy (the seed adds 1e-8 to the denominator instead; not needed here).
+    """
+    dist, valid, squeeze = _float_rows(logits, mask)
+    c = _float_per_head("c", c, dist.shape[0], positive=True)[:, None, None]
+    score = np.where(valid, c - np.minimum(dist, c), 0.0)
+    p = _normalise(score, valid, empty_row)
+    return p[0] if squeeze else p
+
+
+def hccs_float_bsd(logits: np.ndarray, B, S, dmax, mask=None, *, empty_row: str = "zeros") -> np.ndarray:
+    """The paper's three-parameter clipped-linear family in float64: score = B - S*min(m - x, dmax), normalised.
+
+    B, S, dmax: floats in logit units (one or per head) with B - S*dmax >= 0 and B > 0. With S = 1 and
+    B = dmax = c it equals :func:`hccs_float`. This is what the integer kernel computes before its rounding.
+    """
+    dist, valid, squeeze = _float_rows(logits, mask)
+    heads = dist.shape[0]
+    B = _float_per_head("B", B, heads, positive=True)
+    S = _float_per_head("S", S, heads)
+    dmax = _float_per_head("dmax", dmax, heads)
+    for h in np.flatnonzero(B - S * dmax < 0):
+        raise ValueError(f"head {h}: B - S*dmax = {B[h]} - {S[h]}*{dmax[h]} < 0; rule B >= S*dmax")
+    score = np.where(valid, B[:, None, None] - S[:, None, None] * np.minimum(dist, dmax[:, None, None]), 0.0)
+    p = _normalise(score, valid, empty_row)
+    return p[0] if squeeze else p
+
+
+def _float_per_head(name: str, value, heads: int, *, positive: bool = False) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    if arr.size == 1:
+        arr = np.repeat(arr, heads)
+    if arr.size != heads:
+        raise ValueError(f"{name}: expected one value or {heads} per-head values, got {arr.size}")
+    bad = ~np.isfinite(arr) | ((arr <= 0) if positive else (arr < 0))
+    if bad.any():
+        h = int(np.flatnonzero(bad)[0])
+        rule = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name}: head {h} value {arr[h]} must be finite and {rule}")
+    return arr

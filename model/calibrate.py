@@ -1,0 +1,338 @@
+"""Per-head HCCS calibration by grid search, on float logits or directly on int8 logits; `somatile calibrate`.
+
+Objectives (per row, averaged over rows that have a valid element; q = softmax, p = HCCS):
+
+- ``kl_seed``: KL(q || p) = sum q (log q - max(log p, -100)), seed 003's ``F.kl_div(p.log().clamp(-100), q)``
+  per row. A clipped token (p = 0) costs q * (log q + 100), so this value is dominated by how much softmax
+  mass falls on clipped tokens (docs/calibration.md).
+- ``kl_eps``: KL(q || (1 - eps) p + eps / n) with eps = 1e-3 and n the row's valid count: finite, and a
+  clipped token costs at most q * log(n / eps).
+- ``tv``: total variation 0.5 * sum |q - p| (0..1), the default: see docs/calibration.md for the evidence.
+
+A head whose best objective stays above ``threshold`` (default 0.3, a project heuristic from seed 003, not
+from the paper) is marked ``fallback``: it keeps the exponential (integer-exp softmax on hardware).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+import numba
+import numpy as np
+
+from somatile.model import hccs, quant
+from somatile.model.params import HccsParams
+
+OBJECTIVES = {"kl_seed": 0, "kl_eps": 1, "tv": 2}
+DEFAULT_OBJECTIVE = "tv"
+KL_LOG_CLAMP = -100.0
+KL_EPS = 1e-3
+DEFAULT_THRESHOLD = 0.3
+DEFAULT_C_RANGE = (0.5, 20.0)
+DEFAULT_STEPS = 80
+
+
+@numba.njit(cache=True, nogil=True)
+def _term(q, p, n_valid, objective):
+    """One element's contribution to the row objective."""
+    if objective == 2:
+        return 0.5 * abs(q - p)
+    if q <= 0.0:
+        return 0.0
+    if objective == 0:
+        log_p = math.log(p) if p > 0.0 else KL_LOG_CLAMP
+        return q * (math.log(q) - max(log_p, KL_LOG_CLAMP))
+    return q * (math.log(q) - math.log((1.0 - KL_EPS) * p + KL_EPS / n_valid))
+
+
+@numba.njit(cache=True, nogil=True)
+def row_objective(q_row, p_row, valid_row, objective):
+    """Objective of one row (see the module doc); valid_row of length 0 = all valid; NaN for an empty row."""
+    n = q_row.shape[0]
+    every = valid_row.shape[0] == 0
+    n_valid = 0
+    for i in range(n):
+        if every or valid_row[i]:
+            n_valid += 1
+    if n_valid == 0:
+        return np.nan
+    acc = 0.0
+    for i in range(n):
+        if every or valid_row[i]:
+            acc += _term(q_row[i], p_row[i], n_valid, objective)
+    return acc
+
+
+@numba.njit(cache=True, nogil=True)
+def row_objectives(q, p, valid, objective, out):
+    """row_objective over rows of (R, N) arrays; valid (R, N) or (R, 0); out (R,) float64."""
+    for r in range(q.shape[0]):
+        out[r] = row_objective(q[r], p[r], valid[r], objective)
+
+
+def objective_per_row(q: np.ndarray, p: np.ndarray, mask, objective: str) -> np.ndarray:
+    """Per-row objective of p against reference q, any leading shape (..., N); NaN for rows without a
+    valid element. p may be unnormalised (clb output / 255): the value then shows that too."""
+    code = hccs.code_of(OBJECTIVES, "objective", objective)
+    n = q.shape[-1]
+    q2 = np.ascontiguousarray(q.reshape(-1, n), np.float64)
+    p2 = np.ascontiguousarray(p.reshape(-1, n), np.float64)
+    valid = np.empty((q2.shape[0], 0), np.bool_) if mask is None else np.ascontiguousarray(mask.reshape(-1, n))
+    out = np.empty(q2.shape[0])
+    row_objectives(q2, p2, valid, code, out)
+    return out.reshape(q.shape[:-1])
+
+
+@numba.njit(cache=True, nogil=True)
+def _float_grid(dist_sorted, q_sorted, n_valid, candidates, objective, out):
+    """Mean objective of float HCCS for each clip c = candidates[k] (ascending). Rows hold their valid
+    distances m - x sorted ascending (then padding), q reordered alike, n_valid (R,) valid counts. Clipped
+    elements (d >= c, p = 0) form a suffix whose contribution comes from suffix sums, so a candidate costs
+    only its unclipped prefix; the result equals :func:`row_objective` of :func:`hccs.hccs_float`."""
+    rows, n = dist_sorted.shape
+    acc = np.zeros(candidates.shape[0])
+    tail = np.empty(n + 1)
+    counted = 0
+    for r in range(rows):
+        nv = n_valid[r]
+        if nv == 0:
+            continue
+        counted += 1
+        tail[nv] = 0.0
+        for i in range(nv - 1, -1, -1):
+            tail[i] = tail[i + 1] + _term(q_sorted[r, i], 0.0, nv, objective)
+        k = 0
+        dsum = 0.0
+        for j in range(candidates.shape[0]):
+            c = candidates[j]
+            while k < nv and dist_sorted[r, k] < c:
+                dsum += dist_sorted[r, k]
+                k += 1
+            total = k * c - dsum
+            v = tail[k]
+            for i in range(k):
+                v += _term(q_sorted[r, i], (c - dist_sorted[r, i]) / total, nv, objective)
+            acc[j] += v
+    for j in range(candidates.shape[0]):
+        out[j] = acc[j] / max(counted, 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _int_grid(x, valid, q, candidates, objective, out):
+    """Mean objective of the exact integer kernel (div, uint8, as probabilities /255) for each candidate
+    (B, S, dmax) = candidates[k]."""
+    rows, n = x.shape
+    y = np.empty(n, np.int64)
+    p = np.empty(n)
+    for k in range(candidates.shape[0]):
+        acc = 0.0
+        counted = 0
+        for r in range(rows):
+            total = hccs.hccs_row(x[r], valid[r], candidates[k, 0], candidates[k, 1], candidates[k, 2],
+                                  hccs.MODE_DIV, hccs.OUT_UINT8, y)
+            if total <= 0:
+                continue
+            for i in range(n):
+                p[i] = y[i] / 255.0
+            acc += row_objective(q[r], p, valid[r], objective)
+            counted += 1
+        out[k] = acc / max(counted, 1)
+
+
+@dataclasses.dataclass
+class Calibration:
+    """Result of a per-head grid search.
+
+    candidates: the grid (K,) of clip ranges (float search) or (K, 3) integer (B, S, dmax) (integer search);
+    curve: (H, K) mean objective per head and candidate; best: (H,) index of the best candidate; error:
+    (H,) its value; fallback: error > threshold; objective, threshold: as used.
+    """
+
+    candidates: np.ndarray
+    curve: np.ndarray
+    best: np.ndarray
+    error: np.ndarray
+    fallback: np.ndarray
+    objective: str
+    threshold: float
+
+    @property
+    def c(self) -> np.ndarray:
+        """Best clip range per head in logit units (float search only)."""
+        if self.candidates.ndim != 1:
+            raise ValueError("c: this calibration searched integer (B, S, dmax); use .int_params")
+        return self.candidates[self.best]
+
+    @property
+    def int_params(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Best integer (B, S, dmax) per head (integer search only)."""
+        if self.candidates.ndim != 2:
+            raise ValueError("int_params: this calibration searched float c; convert with quant.int_params_from_clip")
+        chosen = self.candidates[self.best]
+        return chosen[:, 0], chosen[:, 1], chosen[:, 2]
+
+
+def _finish(candidates, curve, objective, threshold) -> Calibration:
+    best = np.nanargmin(curve, axis=1)
+    error = curve[np.arange(curve.shape[0]), best]
+    return Calibration(candidates, curve, best, error, error > threshold, objective, float(threshold))
+
+
+def _heads_progress(heads: int, progress: bool, desc: str):
+    if not progress:
+        return range(heads)
+    from tqdm import tqdm
+    return tqdm(range(heads), desc=desc, unit="head")
+
+
+def calibrate_float(logits: np.ndarray, mask=None, *, c_range=DEFAULT_C_RANGE, steps: int = DEFAULT_STEPS,
+                    objective: str = DEFAULT_OBJECTIVE, threshold: float = DEFAULT_THRESHOLD,
+                    progress: bool = False) -> Calibration:
+    """Seed 003's per-head search over c in linspace(*c_range, steps) on float logits (H, R, N) or (R, N).
+
+    The reference is the exact softmax of the same logits; masks as in :func:`hccs.softmax`.
+    """
+    code = hccs.code_of(OBJECTIVES, "objective", objective)
+    lo, hi = (float(v) for v in c_range)
+    if not (0 < lo <= hi and math.isfinite(hi)) or steps < 1:
+        raise ValueError(f"c_range/steps: expected 0 < lo <= hi and steps >= 1, got {c_range}, {steps}")
+    x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
+    candidates = np.linspace(lo, hi, int(steps))
+    q = hccs.softmax(x3, valid3)
+    valid_all = np.ones(x3.shape, bool) if valid3 is None else valid3
+    xm = np.where(valid_all, x3.astype(np.float64), -np.inf)
+    dist = np.where(valid_all, xm.max(axis=-1, keepdims=True) - xm, np.inf)
+    n_valid = valid_all.sum(axis=-1)
+    curve = np.empty((x3.shape[0], candidates.size))
+    for h in _heads_progress(x3.shape[0], progress, "calibrate (float)"):
+        order = np.argsort(dist[h], axis=-1, kind="stable")
+        _float_grid(np.take_along_axis(dist[h], order, -1), np.take_along_axis(q[h], order, -1), n_valid[h],
+                    candidates, code, curve[h])
+    return _finish(candidates, curve, objective, threshold)
+
+
+def int_candidates(cols: int, dmax_values=None, floors=(0.0,)) -> np.ndarray:
+    """Integer grid (K, 3) of (B, S, dmax) legal for ``cols``, ordered by floor fraction then dmax.
+
+    For each floor fraction f (the score of a clipped token relative to the top score; 0 = the seed's
+    zero floor) and each dmax: S = the largest slope with S*dmax <= (1 - f) * B_cap (B_cap = 32767 // cols,
+    S <= 127) and B = S*dmax + max(round(f/(1 - f) * S*dmax), floor-mass minimum). Setting B from S this way
+    keeps the floor fraction smooth along dmax (with B fixed at B_cap the floor would jump with the rounding
+    of S, and so would the objective)."""
+    b_cap, floor_min = quant.max_b(cols), quant.min_floor(cols)
+    d_cap = min(hccs.DMAX_MAX, b_cap - floor_min)
+    if d_cap < 1:
+        raise ValueError(f"cols = {cols}: no legal HCCS parameters for rows this long")
+    dmax_values = range(1, d_cap + 1) if dmax_values is None else [int(d) for d in dmax_values if 1 <= d <= d_cap]
+    rows = []
+    for f in floors:
+        if not 0.0 <= f < 1.0:
+            raise ValueError(f"floors: expected fractions in [0, 1), got {f}")
+        for d in dmax_values:
+            s = min(int((1.0 - f) * b_cap) // d, hccs.S_MAX)
+            while s >= 1:
+                b = s * d + max(round(f / (1.0 - f) * s * d), floor_min)
+                if b <= b_cap:
+                    rows.append((b, s, d))
+                    break
+                s -= 1
+    if not rows:
+        raise ValueError(f"cols = {cols}: the grid (dmax {list(dmax_values)}, floors {list(floors)}) is empty")
+    return np.array(rows, np.int64)
+
+
+def calibrate_int(x: np.ndarray, scale, mask=None, *, candidates=None, objective: str = DEFAULT_OBJECTIVE,
+                  threshold: float = DEFAULT_THRESHOLD, reference=None, stride: int = 4,
+                  progress: bool = False) -> Calibration:
+    """Integer search on int8 logits (H, R, N) (seed 003's "calibrate after QAT"): candidates (B, S, dmax)
+    of :func:`int_candidates` (or ``candidates``, in grid order) run through the exact integer kernel (div,
+    uint8) and are scored against ``reference`` (float (H, R, N) probabilities; default: softmax of
+    x*scale). ``stride`` > 1 searches coarse to fine: every stride-th candidate, then all within one stride
+    of the best (candidates not evaluated stay NaN in ``curve``); ``stride=1`` evaluates the whole grid."""
+    code = hccs.code_of(OBJECTIVES, "objective", objective)
+    x3, valid3, _ = hccs.as_heads(x, mask)
+    heads = x3.shape[0]
+    scale = np.broadcast_to(np.asarray(scale, np.float64).reshape(-1), (heads,))
+    candidates = int_candidates(x3.shape[-1]) if candidates is None else np.asarray(candidates, np.int64)
+    for row in candidates:
+        hccs.check_params(row[0], row[1], row[2], x3.shape[-1])
+    if reference is None:
+        reference = hccs.softmax(x3.astype(np.float64) * scale[:, None, None], valid3)
+    elif reference.shape != x3.shape:
+        raise ValueError(f"reference: expected probabilities of shape {x3.shape}, got {reference.shape}")
+    if stride < 1:
+        raise ValueError(f"stride: expected >= 1, got {stride}")
+    curve = np.full((heads, len(candidates)), np.nan)
+    for h in _heads_progress(heads, progress, "calibrate (int8)"):
+        valid = np.empty((x3.shape[1], 0), np.bool_) if valid3 is None else np.ascontiguousarray(valid3[h])
+        args = (np.ascontiguousarray(x3[h]), valid, np.ascontiguousarray(reference[h], np.float64))
+        coarse = np.arange(0, len(candidates), stride)
+        fine = np.empty(0, np.int64)
+        for chosen in (coarse, fine):
+            if chosen is fine:
+                best = int(np.nanargmin(curve[h]))
+                chosen = np.setdiff1d(np.arange(max(best - stride + 1, 0), min(best + stride, len(candidates))),
+                                      coarse)
+            values = np.empty(len(chosen))
+            _int_grid(*args, np.ascontiguousarray(candidates[chosen]), code, values)
+            curve[h, chosen] = values
+    return _finish(candidates, curve, objective, threshold)
+
+
+def calibrate_params(logits: np.ndarray, mask=None, *, search: str = "int", mode: str = "div",
+                     out: str = "uint8", objective: str = DEFAULT_OBJECTIVE, threshold: float = DEFAULT_THRESHOLD,
+                     c_range=DEFAULT_C_RANGE, steps: int = DEFAULT_STEPS, progress: bool = False) -> HccsParams:
+    """Float logits (H, R, N) -> a complete :class:`HccsParams`: per-head scales (max |logit| / 127), then
+    either the integer search on the quantised logits against the float softmax (``search="int"``) or the
+    float search over c converted with :func:`quant.int_params_from_clip` (``search="float"``)."""
+    x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
+    scale = quant.choose_scales(x3, valid3)
+    xq = quant.quantize_logits(x3, scale, valid3)
+    if search == "int":
+        cal = calibrate_int(xq, scale, valid3, objective=objective, threshold=threshold,
+                            reference=hccs.softmax(x3, valid3), progress=progress)
+        B, S, dmax = cal.int_params
+        c = quant.float_params_from_int(B, S, dmax, scale)[2]
+    elif search == "float":
+        cal = calibrate_float(x3, valid3, c_range=c_range, steps=steps, objective=objective, threshold=threshold,
+                              progress=progress)
+        c = cal.c
+        B, S, dmax = quant.int_params_from_clip(c, scale, x3.shape[-1])
+    else:
+        raise ValueError(f"search: expected 'int' or 'float', got {search!r}")
+    return HccsParams(B=B, S=S, dmax=dmax, fallback=cal.fallback, scale=scale, cols=x3.shape[-1], mode=mode,
+                      out=out, c=c, error=cal.error, objective=objective)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from somatile.model.compare import add_input_arguments
+    add_input_arguments(parser)
+    parser.add_argument("--search", choices=("int", "float"), default="int",
+                        help="integer search on the int8 logits (default) or float search over c")
+    parser.add_argument("--objective", choices=sorted(OBJECTIVES), default=DEFAULT_OBJECTIVE)
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help="heads whose best objective exceeds this keep the exponential (default 0.3)")
+    parser.add_argument("--c-range", type=float, nargs=2, default=DEFAULT_C_RANGE, metavar=("LO", "HI"),
+                        help="float search: clip range grid bounds in logit units (default 0.5 20)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="float search: grid steps (default 80)")
+    parser.add_argument("--mode", choices=sorted(hccs.MODE_CODES), default="div")
+    parser.add_argument("--out-type", choices=sorted(hccs.OUT_CODES), default="uint8")
+    parser.add_argument("-o", "--output", required=True, help="YAML file for the calibrated parameters")
+
+
+def run(args: argparse.Namespace) -> int:
+    from somatile.model.compare import load_input
+    logits, mask, source = load_input(args)
+    params = calibrate_params(logits, mask, search=args.search, mode=args.mode, out=args.out_type,
+                              objective=args.objective, threshold=args.threshold, c_range=args.c_range,
+                              steps=args.steps, progress=True)
+    params.to_yaml(args.output)
+    print(f"calibrated {params.heads} heads on {source} ({args.search} search, objective {args.objective})")
+    print(f"{'head':>4} {'B':>6} {'S':>4} {'dmax':>5} {'c':>7} {args.objective:>9} fallback")
+    for h in range(params.heads):
+        print(f"{h:>4} {params.B[h]:>6} {params.S[h]:>4} {params.dmax[h]:>5} {params.c[h]:>7.3f} "
+              f"{params.error[h]:>9.4f} {'yes' if params.fallback[h] else 'no'}")
+    print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,264 @@
+"""`somatile compare`: fixed-point HCCS against float softmax on the host, per head.
+
+Input: seeded synthetic logits (default, :mod:`somatile.model.synth`) or ``--logits FILE.npz`` with
+``logits`` float (H, R, N), optional ``mask`` bool (H, R, N) (True = takes part) and optional ``values``
+float (H, N, D). The calibration (:func:`somatile.model.calibrate.calibrate_params`) runs on the same logits.
+Methods, each turned into probabilities (uint8 outputs / 255):
+
+- ``softmax``: the float64 reference;
+- ``hccs_float``: seed 003's float HCCS with the per-head c of the float search;
+- ``int8_div`` / ``int8_clb``: the integer kernel on the int8 logits with the integer-searched (B, S, dmax);
+- ``intexp``: the integer-exp softmax on the int8 logits;
+- ``deployed``: int8_div on HCCS heads and intexp on the heads marked fallback (what hardware would run).
+
+Per head and method: TV, KL (eps-smoothed and the seed's clamped form), max |p - q|, top-1 agreement, row-sum
+mean/min/max (clb rows are not normalised), and with values the relative attention-output error
+||(P - Q) V|| / ||Q V||. Prints a table, writes ``compare.json`` and PNG plots to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from somatile.model import calibrate, hccs, intexp, quant, synth
+
+METHODS = ("hccs_float", "int8_div", "int8_clb", "intexp", "deployed")
+SYNTH_VALUE_DIM = 32
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """Input options shared by `somatile compare` and `somatile calibrate`."""
+    parser.add_argument("--logits", metavar="FILE.npz",
+                        help="logits (H,R,N) float, optional mask (H,R,N) bool and values (H,N,D); "
+                             "default: seeded synthetic logits")
+    g = parser.add_argument_group("synthetic logits (without --logits)")
+    g.add_argument("--heads", type=int, default=12)
+    g.add_argument("--rows", type=int, default=2000)
+    g.add_argument("--cols", type=int, default=128)
+    g.add_argument("--peaked", type=int, default=2, help="number of very peaked heads (default 2)")
+    g.add_argument("--padding", action="store_true", help="random valid prefix per row (mask)")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def load_npz(path) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Read and check an input file; returns (logits, mask or None, values or None). Errors name the file
+    and the array at fault."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (expected an .npz with array 'logits' (H, R, N))")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable .npz file ({exc})") from exc
+    with data:
+        if "logits" not in data.files:
+            raise ValueError(f"{path}: missing array 'logits' (H, R, N); found {data.files}")
+        unknown = sorted(set(data.files) - {"logits", "mask", "values"})
+        if unknown:
+            raise ValueError(f"{path}: unknown array {unknown[0]!r} (expected logits, mask, values)")
+        logits = data["logits"]
+        mask = data["mask"] if "mask" in data.files else None
+        values = data["values"] if "values" in data.files else None
+    if logits.ndim != 3 or logits.dtype.kind != "f":
+        raise ValueError(f"{path}: 'logits' must be float (H, R, N), got {logits.dtype} {logits.shape}")
+    try:
+        hccs.as_heads(logits, mask, "logits", floating=True)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    if mask is not None and not mask.any(axis=-1).all():
+        empty = int((~mask.any(axis=-1)).sum())
+        print(f"note: {path}: {empty} fully-masked rows (HCCS outputs zeros there; they are left out of the "
+              f"metrics)")
+    if values is not None:
+        H, _, N = logits.shape
+        if values.ndim != 3 or values.shape[:2] != (H, N) or values.dtype.kind != "f":
+            raise ValueError(f"{path}: 'values' must be float (H, N, D) = ({H}, {N}, D), got "
+                             f"{values.dtype} {values.shape}")
+        if not np.isfinite(values).all():
+            raise ValueError(f"{path}: 'values' holds NaN or inf")
+    return logits, mask, values
+
+
+def load_input(args) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """Logits and mask from --logits or the synthetic generator; plus a description of the source."""
+    logits, mask, _, source = _load_with_values(args)
+    return logits, mask, source
+
+
+def _load_with_values(args):
+    if args.logits:
+        logits, mask, values = load_npz(args.logits)
+        return logits, mask, values, args.logits
+    logits, mask, kinds = synth.synthetic_logits(args.heads, args.rows, args.cols, peaked=args.peaked,
+                                                 seed=args.seed, padding=args.padding)
+    values = np.random.default_rng(args.seed + 1).normal(size=(args.heads, args.cols, SYNTH_VALUE_DIM))
+    source = (f"synthetic logits (heads {args.heads}, rows {args.rows}, cols {args.cols}, peaked {args.peaked}, "
+              f"seed {args.seed}{', padded' if args.padding else ''})")
+    return logits, (mask if args.padding else None), values, source
+
+
+def method_outputs(logits, mask, params, float_c, *, impl="numba") -> dict[str, np.ndarray]:
+    """Probabilities (H, R, N) float64 of every method (see the module doc) for calibrated parameters."""
+    xq = quant.quantize_logits(logits, params.scale, mask)
+    to_p = lambda y: y.astype(np.float64) / (255.0 if params.out == "uint8" else 32767.0)  # noqa: E731
+    common = dict(out=params.out, mask=mask, impl=impl)
+    return {
+        "hccs_float": hccs.hccs_float(logits, float_c, mask),
+        "int8_div": to_p(hccs.hccs_int(xq, params.B, params.S, params.dmax, mode="div", **common)),
+        "int8_clb": to_p(hccs.hccs_int(xq, params.B, params.S, params.dmax, mode="clb", **common)),
+        "intexp": to_p(intexp.intexp_softmax(xq, params.exp_mult, **common)),
+        "deployed": to_p(params.apply_int(xq, mask, impl=impl)),
+    }
+
+
+def head_metrics(q, p, valid, values=None) -> dict[str, float]:
+    """Metrics of probabilities p against reference q for one head ((R, N) each; valid (R, N) bool)."""
+    rows = valid.any(axis=-1)
+    q, p, valid = q[rows], p[rows], valid[rows]
+    sums = p.sum(axis=-1)
+    metrics = {
+        "tv": float(np.mean(calibrate.objective_per_row(q, p, valid, "tv"))),
+        "kl_eps": float(np.mean(calibrate.objective_per_row(q, p, valid, "kl_eps"))),
+        "kl_seed": float(np.mean(calibrate.objective_per_row(q, p, valid, "kl_seed"))),
+        "max_abs": float(np.max(np.abs(p - q))),
+        # Ties are common in uint8 outputs: the row agrees when softmax's top element is among p's maxima.
+        "top1": float(np.mean(np.take_along_axis(p, np.argmax(np.where(valid, q, -1), -1)[:, None], -1)[:, 0]
+                              >= np.where(valid, p, -1).max(axis=-1))),
+        "rowsum_mean": float(sums.mean()), "rowsum_min": float(sums.min()), "rowsum_max": float(sums.max()),
+    }
+    if values is not None:
+        ref = q @ values
+        err = np.linalg.norm(p @ values - ref, axis=-1) / np.maximum(np.linalg.norm(ref, axis=-1), 1e-12)
+        metrics["out_err"] = float(err.mean())
+    return metrics
+
+
+def compare(logits, mask=None, values=None, *, objective=calibrate.DEFAULT_OBJECTIVE,
+            threshold=calibrate.DEFAULT_THRESHOLD, mode="div", out="uint8", progress=False, impl="numba") -> dict:
+    """Calibrate on ``logits`` and measure every method per head; returns the JSON-ready report."""
+    x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
+    if values is not None and (values.ndim != 3 or values.shape[:2] != (x3.shape[0], x3.shape[2])):
+        raise ValueError(f"values: expected (H, N, D) = ({x3.shape[0]}, {x3.shape[2]}, D), got {values.shape}")
+    params = calibrate.calibrate_params(x3, valid3, objective=objective, threshold=threshold, mode=mode, out=out,
+                                        progress=progress)
+    float_cal = calibrate.calibrate_float(x3, valid3, objective=objective, threshold=threshold, progress=progress)
+    q = hccs.softmax(x3, valid3)
+    outputs = method_outputs(x3, valid3, params, float_cal.c, impl=impl)
+    valid = np.ones(x3.shape, bool) if valid3 is None else valid3
+    heads = range(x3.shape[0])
+    if progress:
+        from tqdm import tqdm
+        heads = tqdm(heads, desc="metrics", unit="head")
+    per_head = []
+    for h in heads:
+        v = None if values is None else values[h].astype(np.float64)
+        per_head.append({
+            "head": h, "fallback": bool(params.fallback[h]), "c_float": float(float_cal.c[h]),
+            "B": int(params.B[h]), "S": int(params.S[h]), "dmax": int(params.dmax[h]), "scale": float(params.scale[h]),
+            "calibration_error": float(params.error[h]),
+            "methods": {name: head_metrics(q[h], p[h], valid[h], v) for name, p in outputs.items()},
+        })
+    summary = {name: {k: float(np.mean([ph["methods"][name][k] for ph in per_head]))
+                      for k in per_head[0]["methods"][name]} for name in outputs}
+    return {"shape": list(x3.shape), "objective": objective, "threshold": threshold, "mode": mode, "out": out,
+            "heads": per_head, "summary": summary, "params": params, "reference": q, "outputs": outputs}
+
+
+def format_table(report: dict) -> str:
+    methods = list(report["summary"])
+    lines = [f"per-head total variation (0..1) against float softmax; objective {report['objective']}, "
+             f"threshold {report['threshold']}",
+             f"{'head':>4} {'c':>6} {'B':>5} {'S':>4} {'dmax':>4} " + " ".join(f"{m:>10}" for m in methods)
+             + f" {'top1 div':>8} fallback"]
+    for ph in report["heads"]:
+        lines.append(f"{ph['head']:>4} {ph['c_float']:>6.2f} {ph['B']:>5} {ph['S']:>4} {ph['dmax']:>4} "
+                     + " ".join(f"{ph['methods'][m]['tv']:>10.4f}" for m in methods)
+                     + f" {ph['methods']['int8_div']['top1']:>8.3f} {'yes' if ph['fallback'] else 'no'}")
+    keys = list(report["summary"][methods[0]])
+    lines += ["", "mean over heads", f"{'method':>10} " + " ".join(f"{k:>11}" for k in keys)]
+    for m in methods:
+        lines.append(f"{m:>10} " + " ".join(f"{report['summary'][m][k]:>11.4f}" for k in keys))
+    return "\n".join(lines)
+
+
+def write_plots(report: dict, out_dir: Path) -> list[Path]:
+    """tv_per_head.png, row_sums.png, example_rows.png; matplotlib is imported here (Agg backend)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(report["summary"])
+    heads = [ph["head"] for ph in report["heads"]]
+    paths = []
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        ax.bar(np.array(heads) + i * width, [ph["methods"][m]["tv"] for ph in report["heads"]], width, label=m)
+    ax.set_xlabel("head"), ax.set_ylabel("total variation vs softmax"), ax.legend(fontsize=8)
+    ax.set_title("per-head error of each normaliser")
+    paths.append(out_dir / "tv_per_head.png")
+    fig.tight_layout(), fig.savefig(paths[-1], dpi=110), plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in ("int8_div", "int8_clb", "intexp"):
+        ax.hist(report["outputs"][m].sum(axis=-1).ravel(), bins=80, alpha=0.6, label=m)
+    ax.set_xlabel("row sum (1.0 = normalised)"), ax.set_ylabel("rows"), ax.legend()
+    ax.set_title("row sums: clb rows are not normalised")
+    paths.append(out_dir / "row_sums.png")
+    fig.tight_layout(), fig.savefig(paths[-1], dpi=110), plt.close(fig)
+
+    tv = [ph["methods"]["int8_div"]["tv"] for ph in report["heads"]]
+    picks = sorted({int(np.argmin(tv)), int(np.argmax(tv))})
+    fig, axes = plt.subplots(1, len(picks), figsize=(6 * len(picks), 4), squeeze=False)
+    for ax, h in zip(axes[0], picks):
+        ax.plot(report["reference"][h, 0], "k-", lw=2, label="softmax")
+        for m in methods:
+            ax.plot(report["outputs"][m][h, 0], lw=1, label=m)
+        ax.set_title(f"head {h}, row 0"), ax.set_xlabel("column"), ax.set_ylabel("weight")
+    axes[0][0].legend(fontsize=8)
+    paths.append(out_dir / "example_rows.png")
+    fig.tight_layout(), fig.savefig(paths[-1], dpi=110), plt.close(fig)
+    return paths
+
+
+def json_report(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k not in ("params", "reference", "outputs")} | {
+        "params": report["params"].to_dict()}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_input_arguments(parser)
+    parser.add_argument("--objective", choices=sorted(calibrate.OBJECTIVES), default=calibrate.DEFAULT_OBJECTIVE)
+    parser.add_argument("--threshold", type=float, default=calibrate.DEFAULT_THRESHOLD,
+                        help="heads above this calibration error keep the exponential (default 0.3)")
+    parser.add_argument("--out-type", choices=sorted(hccs.OUT_CODES), default="uint8")
+    parser.add_argument("--out", metavar="DIR", default="build/compare", help="JSON + PNG plots (default build/compare)")
+    parser.add_argument("--save-params", metavar="FILE.yaml", help="write the calibrated parameters as YAML")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        logits, mask, values, source = _load_with_values(args)
+        report = compare(logits, mask, values, objective=args.objective, threshold=args.threshold,
+                         out=args.out_type, progress=True)
+    except (TypeError, ValueError) as exc:
+        print(f"somatile compare: {exc}")
+        return 2
+    print(f"input: {source}")
+    print(format_table(report))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "compare.json").write_text(json.dumps(json_report(report) | {"source": source}, indent=1) + "\n")
+    written = [out_dir / "compare.json"]
+    if not args.no_plots:
+        written += write_plots(report, out_dir)
+    if args.save_params:
+        report["params"].to_yaml(args.save_params)
+        written.append(Path(args.save_params))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0

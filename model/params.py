@@ -1,0 +1,176 @@
+"""Per-model HCCS parameter set: what `somatile calibrate` / `compare --save-params` write and what the device
+API ``configure()`` and the firmware load.
+
+YAML layout (one list entry per head, lists of equal length)::
+
+    format: somatile-hccs-params
+    version: 1
+    cols: 128            # row length the integers were validated for (the rules depend on it)
+    mode: div            # div | clb
+    out: uint8           # uint8 | int16
+    B: [255, 255]        # int, 1..32767
+    S: [6, 2]            # int, 0..127
+    dmax: [40, 120]      # int, 0..127
+    fallback: [false, true]   # head keeps the exponential (integer-exp softmax)
+    scale: [0.1, 0.08]   # float logit scale per int8 step (logit = x * scale)
+    c: [4.0, 12.0]       # optional: the float clip range calibrated in logit units
+    error: [0.02, 0.41]  # optional: the calibration objective's value per head
+    objective: tv        # optional: which objective produced `error`
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from somatile.model import hccs, intexp
+
+FORMAT = "somatile-hccs-params"
+VERSION = 1
+_REQUIRED = ("format", "version", "cols", "mode", "out", "B", "S", "dmax", "fallback", "scale")
+_OPTIONAL = ("c", "error", "objective", "allow_zero_floor")
+
+
+@dataclasses.dataclass(frozen=True)
+class HccsParams:
+    """Validated per-head HCCS integers plus the fallback flags and input scales of one model.
+
+    B, S, dmax: int64 (H,); fallback: bool (H,) (True = the head runs the integer-exp softmax); scale:
+    float64 (H,) logit scale per int8 step; cols: row length the integers were checked for; mode, out: the
+    HCCS normalisation and output type; c, error: optional float (H,) calibration record.
+    """
+
+    B: np.ndarray
+    S: np.ndarray
+    dmax: np.ndarray
+    fallback: np.ndarray
+    scale: np.ndarray
+    cols: int
+    mode: str = "div"
+    out: str = "uint8"
+    c: np.ndarray | None = None
+    error: np.ndarray | None = None
+    objective: str | None = None
+    allow_zero_floor: bool = False
+
+    def __post_init__(self):
+        heads = len(np.atleast_1d(self.B))
+        if not isinstance(self.cols, (int, np.integer)) or self.cols < 1:
+            raise ValueError(f"cols: expected a positive integer row length, got {self.cols!r}")
+        hccs.code_of(hccs.MODE_CODES, "mode", self.mode)
+        hccs.code_of(hccs.OUT_CODES, "out", self.out)
+        B, S, dmax = hccs.check_params(self.B, self.S, self.dmax, int(self.cols), heads,
+                                       allow_zero_floor=self.allow_zero_floor)
+        fallback = np.atleast_1d(np.asarray(self.fallback))
+        if fallback.dtype != np.bool_ or fallback.shape != (heads,):
+            raise ValueError(f"fallback: expected {heads} booleans, got {self.fallback!r}")
+        scale = np.atleast_1d(np.asarray(self.scale, np.float64))
+        if scale.shape != (heads,):
+            raise ValueError(f"scale: expected {heads} per-head scales, got {scale.size}")
+        intexp.exp_mult_from_scale(scale)
+        for name in ("c", "error"):
+            value = getattr(self, name)
+            if value is not None:
+                arr = np.atleast_1d(np.asarray(value, np.float64))
+                if arr.shape != (heads,):
+                    raise ValueError(f"{name}: expected {heads} per-head values, got {arr.size}")
+                object.__setattr__(self, name, arr)
+        for name, value in (("B", B), ("S", S), ("dmax", dmax), ("fallback", fallback), ("scale", scale)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "cols", int(self.cols))
+
+    @property
+    def heads(self) -> int:
+        return len(self.B)
+
+    @property
+    def exp_mult(self) -> np.ndarray:
+        """Integer input scale M per head for the integer-exp softmax (derived from ``scale``)."""
+        return intexp.exp_mult_from_scale(self.scale)
+
+    def apply_int(self, x: np.ndarray, mask=None, *, impl: str = "numba") -> np.ndarray:
+        """Run the deployed integer normaliser on int8 logits (H, R, N): HCCS per head, integer-exp softmax
+        on fallback heads. Returns ``out`` dtype; rows of length != cols are rejected by the rules check."""
+        x3, valid3, _ = hccs.as_heads(x, mask)
+        if x3.shape[0] != self.heads or x3.ndim != 3 or x.ndim != 3:
+            raise ValueError(f"x: expected ({self.heads}, R, N) logits for {self.heads} heads, got {x.shape}")
+        if x3.shape[-1] != self.cols:
+            raise ValueError(f"x: rows have {x3.shape[-1]} elements, the parameters were checked for cols = "
+                             f"{self.cols}")
+        y = hccs.hccs_int(x, self.B, self.S, self.dmax, mode=self.mode, out=self.out, mask=mask, impl=impl,
+                          allow_zero_floor=self.allow_zero_floor)
+        fb = np.flatnonzero(self.fallback)
+        if fb.size:
+            y[fb] = intexp.intexp_softmax(np.ascontiguousarray(x[fb]), self.exp_mult[fb], out=self.out,
+                                          mask=None if mask is None else mask[fb], impl=impl)
+        return y
+
+    def to_dict(self) -> dict:
+        d = {"format": FORMAT, "version": VERSION, "cols": self.cols, "mode": self.mode, "out": self.out,
+             "B": self.B.tolist(), "S": self.S.tolist(), "dmax": self.dmax.tolist(),
+             "fallback": self.fallback.tolist(), "scale": self.scale.tolist()}
+        if self.c is not None:
+            d["c"] = self.c.tolist()
+        if self.error is not None:
+            d["error"] = self.error.tolist()
+        if self.objective is not None:
+            d["objective"] = self.objective
+        if self.allow_zero_floor:
+            d["allow_zero_floor"] = True
+        return d
+
+    def to_yaml(self, path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None))
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "params") -> "HccsParams":
+        """Build from a mapping in the YAML layout; errors name ``source`` and the key at fault."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a mapping with keys {list(_REQUIRED)}, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
+        if unknown:
+            raise ValueError(f"{source}: unknown key {unknown[0]!r} (known: {list(_REQUIRED + _OPTIONAL)})")
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"{source}: missing key {missing[0]!r}")
+        if d["format"] != FORMAT or d["version"] != VERSION:
+            raise ValueError(f"{source}: key 'format'/'version': expected {FORMAT!r} version {VERSION}, got "
+                             f"{d['format']!r} version {d['version']!r}")
+        lists = {}
+        for key, kind in (("B", int), ("S", int), ("dmax", int), ("fallback", bool), ("scale", float),
+                          ("c", float), ("error", float)):
+            if key not in d:
+                continue
+            value = d[key]
+            if not isinstance(value, list) or not value:
+                raise ValueError(f"{source}: key {key!r}: expected a non-empty list (one per head), got {value!r}")
+            for i, v in enumerate(value):
+                ok = isinstance(v, bool) if kind is bool else (
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer()))
+                if not ok:
+                    raise ValueError(f"{source}: key {key!r}: head {i}: expected {kind.__name__}, got {v!r}")
+            lists[key] = value
+        lengths = {k: len(v) for k, v in lists.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"{source}: per-head lists differ in length: {lengths}")
+        try:
+            return cls(B=np.array(lists["B"], np.int64), S=np.array(lists["S"], np.int64),
+                       dmax=np.array(lists["dmax"], np.int64), fallback=np.array(lists["fallback"], bool),
+                       scale=np.array(lists["scale"], np.float64), cols=d["cols"], mode=d["mode"], out=d["out"],
+                       c=lists.get("c"), error=lists.get("error"), objective=d.get("objective"),
+                       allow_zero_floor=bool(d.get("allow_zero_floor", False)))
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from exc
+
+    @classmethod
+    def from_yaml(cls, path) -> "HccsParams":
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"{path}: cannot read HCCS parameters: {exc}") from exc
+        return cls.from_dict(data, str(path))
