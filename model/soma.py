@@ -253,8 +253,9 @@ class SomaConfig:
 
 
 def __getattr__(name):
-    """Integer helpers live in soma_int (loaded on first use): integer_config, quantize, scales_for."""
-    if name in ("integer_config", "quantize", "scales_for"):
+    """Integer helpers live in soma_int (loaded on first use): integer_config, integer_attention, quantize,
+    scales_for."""
+    if name in ("integer_config", "integer_attention", "quantize", "scales_for"):
         from somatile.model import soma_int
         return getattr(soma_int, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -158,6 +158,24 @@ def scales_for(x, name: str = "x") -> np.ndarray:
     return np.where(m > 0, m / INT8_MAX, 1.0)
 
 
+def integer_attention(cfg: SomaConfig, q, k, v, *, impl: str = "numba"):
+    """Float q (T, H, D), k, v (T, Hkv, D) through the integer path with scales taken from these tensors.
+
+    Dynamic symmetric quantisation: per-head ``scales_for`` of q, k and v; the output scale of query head h
+    covers what its output can reach, ``v_scale + |alpha| * field_scale`` of its KV head (attention output
+    is a convex combination of values, the far field adds at most alpha times the field's source). ``cfg``
+    is a float config; its normaliser becomes "hccs_int" unless it is already an integer one. Returns
+    (float output (T, H, D) = int8 output * out_scale, the integer config used, the integer state).
+    """
+    from somatile.model.soma import prefill
+    qs, ks, vs = scales_for(q, "q"), scales_for(k, "k"), scales_for(v, "v")
+    kv = np.arange(cfg.n_heads) // cfg.group
+    out_scale = vs[kv] + abs(cfg.alpha) * (ks if cfg.field_source == "keys" else vs)[kv]
+    icfg = integer_config(cfg, q_scale=qs, k_scale=ks, v_scale=vs, out_scale=out_scale)
+    out, state = prefill(icfg, quantize(q, qs, "q"), quantize(k, ks, "k"), quantize(v, vs, "v"), impl=impl)
+    return out * out_scale[:, None], icfg, state
+
+
 def normalise_int(cfg: SomaConfig, x3: np.ndarray, valid3: np.ndarray) -> np.ndarray:
     """uint8-valued probabilities (int32) of int8 logits (n_heads, R, N) over bool ``valid3`` of the same
     shape, through the numba row kernels (parameters were checked for rows of ``cfg.slots`` valid entries)."""

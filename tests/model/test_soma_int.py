@@ -154,6 +154,17 @@ def test_integer_path_tracks_float_path_within_quantisation(rng, preset, normali
     assert np.corrcoef(out.ravel(), ref.ravel())[0, 1] > 0.999
 
 
+def test_integer_attention_from_float_tensors(rng):
+    cfg = SomaConfig.preset("seed", n_heads=4, n_kv_heads=2, head_dim=32, normaliser="exp_int", logit_scale=1 / 16)
+    q, k, v = rng.standard_normal((50, 4, 32)), rng.standard_normal((50, 2, 32)), rng.standard_normal((50, 2, 32))
+    ref, _ = prefill(cfg, q, k, v)
+    out, icfg, state = soma_int.integer_attention(cfg, q, k, v)
+    assert icfg.integer and icfg.normaliser == "exp_int" and state.step == 50
+    assert out.shape == ref.shape and out.dtype == np.float64
+    # int8 output steps here are about max|v| / 127 ~ 0.03: a mean error of a step, far below the spread.
+    assert np.abs(out - ref).mean() < 0.03 and np.corrcoef(out.ravel(), ref.ravel())[0, 1] > 0.995
+
+
 def test_state_layout_and_roundtrip(rng):
     cfg = make("gated_field")
     _, state = prefill(cfg, *int_qkv(rng, 11, cfg))
