@@ -38,6 +38,16 @@ T threadgroup_sum(T value, Scratch scratch, RowThreads t) {
   return result;
 }
 
+// Max of the valid int8 elements of a row of `cols` at x (HCCS_NO_MAX when none is valid), shared by every
+// thread of the threadgroup; valid[c] != 0 marks the elements that take part when `masked`.
+template <typename XPtr, typename ValidPtr, typename Scratch>
+int masked_row_max(XPtr x, ValidPtr valid, bool masked, int cols, Scratch scratch, RowThreads t) {
+  int m = HCCS_NO_MAX;
+  for (uint c = t.index; c < uint(cols); c += t.count)
+    if (!masked || valid[c]) m = max(m, int(x[c]));
+  return threadgroup_max(m, scratch, t);
+}
+
 // floor(log2(v)) for v >= 1: the leading-bit count of the CLB normaliser.
 inline int floor_log2(int v) { return 31 - int(clz(uint(v))); }
 

@@ -26,10 +26,7 @@ inline int exp_of_distance(int m, int x, int mult) {
 template <bool Uint8Out, typename XPtr, typename ValidPtr, typename OutPtr, typename Scratch>
 void intexp_normalise(XPtr x, ValidPtr valid, bool masked, int cols, int mult, OutPtr out, Scratch scratch,
                       RowThreads t) {
-  int m = HCCS_NO_MAX;
-  for (uint c = t.index; c < uint(cols); c += t.count)
-    if (!masked || valid[c]) m = max(m, int(x[c]));
-  m = threadgroup_max(m, scratch, t);
+  const int m = masked_row_max(x, valid, masked, cols, scratch, t);
 
   int partial = 0;
   for (uint c = t.index; c < uint(cols); c += t.count)

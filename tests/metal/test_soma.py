@@ -35,14 +35,17 @@ def assert_same_state(a, b):
         assert np.array_equal(x, y), f"state {name} differs"
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_decode_matches_model_through_ring_wraparound(runner, rng, name):
-    cfg = integer_config(name)
-    q, k, v = tokens(rng, cfg, 2 * cfg.ring + 5)
+def assert_prefill_matches_model(runner, cfg, q, k, v):
     expected, expected_state = soma.prefill(cfg, q, k, v)
     got, state = metal_backend.soma_prefill(runner, cfg, q, k, v)
     assert np.array_equal(got, expected)
     assert_same_state(state, expected_state)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decode_matches_model_through_ring_wraparound(runner, rng, name):
+    cfg = integer_config(name)
+    assert_prefill_matches_model(runner, cfg, *tokens(rng, cfg, 2 * cfg.ring + 5))
 
 
 @pytest.mark.parametrize("order", tuple(metal_emu.THREAD_ORDERS))
@@ -63,10 +66,7 @@ def test_adversarial_tokens_saturate_like_the_model(runner):
                 ((cfg.n_heads, 127), (cfg.n_kv_heads, -128), (cfg.n_kv_heads, 127))]
     same = [np.full((T, h, cfg.head_dim), 5, np.int8) for h in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads)]
     for q, k, v in (extremes, same):
-        expected, expected_state = soma.prefill(cfg, q, k, v)
-        got, state = metal_backend.soma_prefill(runner, cfg, q, k, v)
-        assert np.array_equal(got, expected)
-        assert_same_state(state, expected_state)
+        assert_prefill_matches_model(runner, cfg, q, k, v)
 
 
 def test_decode_step_continues_a_loaded_state(runner, rng):
