@@ -198,15 +198,13 @@ def calibrate_float(logits: np.ndarray, mask=None, *, c_range=DEFAULT_C_RANGE, s
     lo, hi = (float(v) for v in c_range)
     if not (0 < lo <= hi and math.isfinite(hi)) or steps < 1:
         raise ValueError(f"c_range/steps: expected 0 < lo <= hi and steps >= 1, got {c_range}, {steps}")
-    x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
+    dist, valid, squeeze = hccs.float_distances(logits, mask)
     candidates = np.linspace(lo, hi, int(steps))
-    q = hccs.softmax(x3, valid3)
-    valid_all = np.ones(x3.shape, bool) if valid3 is None else valid3
-    xm = np.where(valid_all, x3.astype(np.float64), -np.inf)
-    dist = np.where(valid_all, xm.max(axis=-1, keepdims=True) - xm, np.inf)
-    n_valid = valid_all.sum(axis=-1)
-    curve = np.empty((x3.shape[0], candidates.size))
-    for h in _heads_progress(x3.shape[0], progress, "calibrate (float)"):
+    q = hccs.softmax(logits, mask)
+    q = q[None] if squeeze else q
+    n_valid = valid.sum(axis=-1)
+    curve = np.empty((dist.shape[0], candidates.size))
+    for h in _heads_progress(dist.shape[0], progress, "calibrate (float)"):
         order = np.argsort(dist[h], axis=-1, kind="stable")
         _float_grid(np.take_along_axis(dist[h], order, -1), np.take_along_axis(q[h], order, -1), n_valid[h],
                     candidates, code, curve[h])
@@ -214,30 +212,13 @@ def calibrate_float(logits: np.ndarray, mask=None, *, c_range=DEFAULT_C_RANGE, s
 
 
 def int_candidates(cols: int, dmax_values=None, floors=(0.0,)) -> np.ndarray:
-    """Integer grid (K, 3) of (B, S, dmax) legal for ``cols``, ordered by floor fraction then dmax.
-
-    For each floor fraction f (the score of a clipped token relative to the top score; 0 = the seed's
-    zero floor) and each dmax: S = the largest slope with S*dmax <= (1 - f) * B_cap (B_cap = 32767 // cols,
-    S <= 127) and B = S*dmax + max(round(f/(1 - f) * S*dmax), floor-mass minimum). Setting B from S this way
-    keeps the floor fraction smooth along dmax (with B fixed at B_cap the floor would jump with the rounding
-    of S, and so would the objective)."""
-    b_cap, floor_min = quant.max_b(cols), quant.min_floor(cols)
-    d_cap = min(hccs.DMAX_MAX, b_cap - floor_min)
-    if d_cap < 1:
-        raise ValueError(f"cols = {cols}: no legal HCCS parameters for rows this long")
+    """Integer grid (K, 3) of (B, S, dmax) legal for ``cols``, ordered by floor fraction then dmax: one
+    :func:`quant.int_params_for` per floor fraction f (0 = the seed's zero floor, raised to the floor-mass
+    minimum) and dmax in ``dmax_values`` (default 1..:func:`quant.dmax_cap`)."""
+    d_cap = quant.dmax_cap(cols)
     dmax_values = range(1, d_cap + 1) if dmax_values is None else [int(d) for d in dmax_values if 1 <= d <= d_cap]
-    rows = []
-    for f in floors:
-        if not 0.0 <= f < 1.0:
-            raise ValueError(f"floors: expected fractions in [0, 1), got {f}")
-        for d in dmax_values:
-            s = min(int((1.0 - f) * b_cap) // d, hccs.S_MAX)
-            while s >= 1:
-                b = s * d + max(round(f / (1.0 - f) * s * d), floor_min)
-                if b <= b_cap:
-                    rows.append((b, s, d))
-                    break
-                s -= 1
+    rows = [params for f in floors for d in dmax_values
+            if (params := quant.int_params_for(d, f, cols)) is not None]
     if not rows:
         raise ValueError(f"cols = {cols}: the grid (dmax {list(dmax_values)}, floors {list(floors)}) is empty")
     return np.array(rows, np.int64)
@@ -324,10 +305,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from somatile.model.compare import load_input
-    logits, mask, source = load_input(args)
-    params = calibrate_params(logits, mask, search=args.search, mode=args.mode, out=args.out_type,
-                              objective=args.objective, threshold=args.threshold, c_range=args.c_range,
-                              steps=args.steps, progress=True)
+    try:
+        logits, mask, source = load_input(args)
+        params = calibrate_params(logits, mask, search=args.search, mode=args.mode, out=args.out_type,
+                                  objective=args.objective, threshold=args.threshold, c_range=args.c_range,
+                                  steps=args.steps, progress=True)
+    except (TypeError, ValueError) as exc:
+        print(f"somatile calibrate: {exc}")
+        return 2
     params.to_yaml(args.output)
     print(f"calibrated {params.heads} heads on {source} ({args.search} search, objective {args.objective})")
     print(f"{'head':>4} {'B':>6} {'S':>4} {'dmax':>5} {'c':>7} {args.objective:>9} fallback")

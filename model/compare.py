@@ -236,7 +236,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, default=calibrate.DEFAULT_THRESHOLD,
                         help="heads above this calibration error keep the exponential (default 0.3)")
     parser.add_argument("--out-type", choices=sorted(hccs.OUT_CODES), default="uint8")
-    parser.add_argument("--out", metavar="DIR", default="build/compare", help="JSON + PNG plots (default build/compare)")
+    parser.add_argument("--out", metavar="DIR", default="build/compare",
+                        help="JSON + PNG plots (default build/compare)")
     parser.add_argument("--save-params", metavar="FILE.yaml", help="write the calibrated parameters as YAML")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 

@@ -314,12 +314,15 @@ def _normalise(score: np.ndarray, valid: np.ndarray, empty_row: str) -> np.ndarr
     return np.where(has_valid, score / np.where(has_valid, total, 1.0), fill)
 
 
-def _float_rows(logits, mask):
+def float_distances(logits, mask):
+    """Check float logits (see :func:`as_heads`); return (dist, valid, squeeze) with dist = row max - x as
+    float64 (H, R, N) (inf where masked) and valid the bool mask (all True without one)."""
     x3, valid3, squeeze = as_heads(logits, mask, "logits", floating=True)
     valid = np.ones(x3.shape, bool) if valid3 is None else valid3
     x = np.where(valid, x3.astype(np.float64), -np.inf)
     m = x.max(axis=-1, keepdims=True)
-    dist = np.where(valid, m - x, np.inf)
+    with np.errstate(invalid="ignore"):  # -inf - -inf in fully-masked rows; replaced by inf below
+        dist = np.where(valid, m - x, np.inf)
     return dist, valid, squeeze
 
 
@@ -329,7 +332,7 @@ def softmax(logits: np.ndarray, mask=None, *, empty_row: str = "zeros") -> np.nd
     mask: bool, True = element takes part (masked elements get 0 and take no part in the max); a row with no
     valid element becomes zeros (``empty_row="zeros"``) or 1/N (``"uniform"``, the seed's safe_normalize).
     """
-    dist, valid, squeeze = _float_rows(logits, mask)
+    dist, valid, squeeze = float_distances(logits, mask)
     p = _normalise(np.where(valid, np.exp(-np.where(valid, dist, 0.0)), 0.0), valid, empty_row)
     return p[0] if squeeze else p
 
@@ -341,7 +344,7 @@ def hccs_float(logits: np.ndarray, c, mask=None, *, empty_row: str = "zeros") ->
     empty_row as :func:`softmax`. Rows always have the max element at weight c > 0, so only rows without a
     valid element need the empty-row policy (the seed adds 1e-8 to the denominator instead; not needed here).
     """
-    dist, valid, squeeze = _float_rows(logits, mask)
+    dist, valid, squeeze = float_distances(logits, mask)
     c = _float_per_head("c", c, dist.shape[0], positive=True)[:, None, None]
     score = np.where(valid, c - np.minimum(dist, c), 0.0)
     p = _normalise(score, valid, empty_row)
@@ -354,7 +357,7 @@ def hccs_float_bsd(logits: np.ndarray, B, S, dmax, mask=None, *, empty_row: str 
     B, S, dmax: floats in logit units (one or per head) with B - S*dmax >= 0 and B > 0. With S = 1 and
     B = dmax = c it equals :func:`hccs_float`. This is what the integer kernel computes before its rounding.
     """
-    dist, valid, squeeze = _float_rows(logits, mask)
+    dist, valid, squeeze = float_distances(logits, mask)
     heads = dist.shape[0]
     B = _float_per_head("B", B, heads, positive=True)
     S = _float_per_head("S", S, heads)

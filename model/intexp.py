@@ -109,8 +109,8 @@ def exp2_frac(r):
 
 @numba.njit(cache=True, nogil=True)
 def _row_exp(m, x, mult):
-    """E = round_half_up(e(r) / 2**z) for distance m - x (0 once z >= 16); the row sum is recomputed rather than stored so
-    that a narrow out_row never holds an intermediate."""
+    """E = round_half_up(e(r) / 2**z) for distance m - x (0 once z >= 16). The caller recomputes E rather
+    than storing it, so that a narrow out_row never holds an intermediate."""
     u = (m - np.int64(x)) * mult
     z = u >> EXP_FRAC_BITS
     if z >= EXP_ZERO_SHIFT:

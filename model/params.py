@@ -149,8 +149,8 @@ class HccsParams:
             if not isinstance(value, list) or not value:
                 raise ValueError(f"{source}: key {key!r}: expected a non-empty list (one per head), got {value!r}")
             for i, v in enumerate(value):
-                ok = isinstance(v, bool) if kind is bool else (
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer()))
+                number = isinstance(v, (int, float)) and not isinstance(v, bool)
+                ok = isinstance(v, bool) if kind is bool else number and (kind is float or float(v).is_integer())
                 if not ok:
                     raise ValueError(f"{source}: key {key!r}: head {i}: expected {kind.__name__}, got {v!r}")
             lists[key] = value

@@ -54,38 +54,56 @@ def min_floor(cols: int) -> int:
     return -(-hccs.MIN_FLOOR_MASS // cols)
 
 
+def int_params_for(dmax: int, floor_fraction: float, cols: int) -> tuple[int, int, int] | None:
+    """Integer (B, S, dmax) for a clip of ``dmax`` int8 steps whose clipped tokens score ``floor_fraction`` of
+    the top score, legal for ``cols``; None when no S >= 1 fits.
+
+    S is the largest slope with S*dmax <= (1 - f) * B_cap (B_cap = 32767 // cols, S <= 127) and
+    B = S*dmax + max(round(f / (1 - f) * S*dmax), floor-mass minimum): B follows S, so the floor fraction
+    stays close to f for every dmax (with B fixed at B_cap it would jump with the rounding of S).
+    """
+    if not 0.0 <= floor_fraction < 1.0:
+        raise ValueError(f"floor_fraction: expected a fraction in [0, 1), got {floor_fraction}")
+    b_cap, floor_min = max_b(cols), min_floor(cols)
+    s = min(int((1.0 - floor_fraction) * b_cap) // dmax, hccs.S_MAX)
+    while s >= 1:
+        b = s * dmax + max(round(floor_fraction / (1.0 - floor_fraction) * s * dmax), floor_min)
+        if b <= b_cap:
+            return b, s, dmax
+        s -= 1
+    return None
+
+
+def dmax_cap(cols: int) -> int:
+    """Largest dmax with a legal S >= 1 for rows of ``cols`` elements; ValueError when there is none."""
+    cap = min(hccs.DMAX_MAX, max_b(cols) - min_floor(cols))
+    if cap < 1:
+        raise ValueError(f"cols = {cols}: no legal HCCS parameters (rows longer than "
+                         f"{hccs.MAX_ROW_MASS // (1 + min_floor(cols))} elements break the row-mass rule)")
+    return cap
+
+
 def int_params_from_float(B, S, dmax, scale, cols: int):
     """Float (B, S, dmax) of :func:`hccs.hccs_float_bsd` in logit units -> integer (B, S, dmax) per head.
 
-    Returns three int64 arrays (H,) that pass :func:`hccs.check_params` for ``cols``. dmax in int8 steps is
-    round(dmax / scale) clamped to 1..min(127, max_b(cols) - min_floor(cols)) (a cap of 0 would make every
-    score equal); the integer slope keeps the float ratio S*scale/B with B as large as the row-mass rule
-    allows (finest resolution) and at least 1 (the coarsest slope the kernel can express is 1/B per int8
-    step: rows longer than 255 elements limit B and with it the clip range); the floor B - S*dmax is raised to the floor-mass minimum where needed (the
-    seed's zero floor becomes ceil(256/cols)). Raises ValueError when cols leaves no legal parameters.
+    Returns three int64 arrays (H,) that pass :func:`hccs.check_params` for ``cols``: dmax in int8 steps is
+    round(dmax / scale) clamped to 1..:func:`dmax_cap` (0 would make every score equal; long rows limit B and
+    with it the clip), and B, S come from :func:`int_params_for` with the float floor fraction
+    (B - S*dmax) / B, so the zero floor of the seed's form becomes the floor-mass minimum.
     """
     heads = np.broadcast(np.atleast_1d(B), np.atleast_1d(S), np.atleast_1d(dmax), np.atleast_1d(scale)).shape[0]
     Bf, Sf, Df, sc = (np.broadcast_to(np.atleast_1d(np.asarray(v, np.float64)), (heads,)) for v in (B, S, dmax, scale))
-    b_cap, floor = max_b(cols), min_floor(cols)
-    d_cap = min(hccs.DMAX_MAX, b_cap - floor)
-    if d_cap < 1:
-        raise ValueError(f"cols = {cols}: no legal HCCS parameters (rows longer than "
-                         f"{hccs.MAX_ROW_MASS // (1 + min_floor(cols))} elements break the row-mass rule)")
+    d_cap = dmax_cap(cols)
     out = np.zeros((3, heads), np.int64)
     for h in range(heads):
-        if not (Bf[h] > 0 and Sf[h] >= 0 and Df[h] >= 0 and sc[h] > 0):
-            raise ValueError(f"head {h}: expected B > 0, S >= 0, dmax >= 0, scale > 0; got "
+        if not (Bf[h] > 0 and Sf[h] >= 0 and Df[h] >= 0 and sc[h] > 0 and Bf[h] >= Sf[h] * Df[h]):
+            raise ValueError(f"head {h}: expected B > 0, S >= 0, dmax >= 0, scale > 0, B >= S*dmax; got "
                              f"{Bf[h]}, {Sf[h]}, {Df[h]}, {sc[h]}")
         d = int(min(max(round(Df[h] / sc[h]), 1), d_cap))
-        slope = Sf[h] * sc[h] / Bf[h]  # score drop per int8 step, relative to B
-        if b_cap * slope > hccs.S_MAX:
-            b = min(max(round(hccs.S_MAX / slope), d + floor), b_cap)
-            s = hccs.S_MAX
-        else:
-            b, s = b_cap, round(b_cap * slope)
-        # A positive float slope keeps at least one step per int8 step: S = 0 would make every score equal.
-        s = max(min(s, (b - floor) // d), 1 if slope > 0 else 0)
-        out[:, h] = b, s, d
+        params = int_params_for(d, min((Bf[h] - Sf[h] * Df[h]) / Bf[h], 0.999), cols)
+        if params is None:
+            raise ValueError(f"head {h}: no legal integer parameters for dmax {d} at cols = {cols}")
+        out[:, h] = params
     hccs.check_params(out[0], out[1], out[2], cols, heads)
     return out[0], out[1], out[2]
 

@@ -1,0 +1,96 @@
+"""`somatile compare`: the report's numbers, the files it writes, and its errors on bad input."""
+
+import argparse
+import re
+import json
+
+import numpy as np
+import pytest
+
+from somatile.model import compare, hccs, intexp, quant, synth
+from somatile.model.params import HccsParams
+
+
+@pytest.fixture(scope="module")
+def small_report():
+    logits, mask, _ = synth.synthetic_logits(4, 150, 48, peaked=2, seed=1, padding=True)
+    values = np.random.default_rng(2).normal(size=(4, 48, 8))
+    return logits, mask, values, compare.compare(logits, mask, values)
+
+
+def test_report_methods_and_metrics(small_report):
+    logits, mask, values, report = small_report
+    assert set(report["summary"]) == set(compare.METHODS)
+    for ph in report["heads"]:
+        m = ph["methods"]
+        assert m["int8_div"]["rowsum_max"] <= 1.0 and m["hccs_float"]["rowsum_min"] > 1 - 1e-12
+        assert m["intexp"]["rowsum_max"] <= 1.0
+        for name in compare.METHODS:
+            assert 0 <= m[name]["tv"] <= 1 and 0 <= m[name]["top1"] <= 1 and m[name]["out_err"] >= 0
+    # clb divides by a power of two at or below the row sum: rows are not normalised.
+    assert max(ph["methods"]["int8_clb"]["rowsum_max"] for ph in report["heads"]) > 1.2
+    # The exponential keeps the peaked heads that the integer HCCS cannot follow.
+    assert all(ph["methods"]["intexp"]["tv"] < ph["methods"]["int8_div"]["tv"] for ph in report["heads"][:2])
+
+
+def test_report_outputs_are_the_kernels(small_report):
+    logits, mask, _, report = small_report
+    params = report["params"]
+    xq = quant.quantize_logits(logits, params.scale, mask)
+    div = hccs.hccs_int(xq, params.B, params.S, params.dmax, mask=mask)
+    assert np.array_equal(report["outputs"]["int8_div"], div / 255.0)
+    fb = params.fallback
+    deployed = report["outputs"]["deployed"]
+    assert np.array_equal(deployed[~fb], div[~fb] / 255.0)
+    if fb.any():
+        assert np.array_equal(deployed[fb], intexp.intexp_softmax(xq[fb], params.exp_mult[fb], mask=mask[fb]) / 255.0)
+    q = hccs.softmax(logits, mask)
+    tv = 0.5 * np.abs(report["outputs"]["int8_div"][0] - q[0]).sum(-1)
+    rows = mask[0].any(-1)
+    assert np.isclose(report["heads"][0]["methods"]["int8_div"]["tv"], tv[rows].mean(), rtol=1e-12)
+
+
+def run_cli(argv):
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    return compare.run(parser.parse_args(argv))
+
+
+def test_cli_on_an_npz_writes_json_plots_and_params(tmp_path, capsys):
+    logits, mask, _ = synth.synthetic_logits(3, 80, 32, peaked=1, seed=4, padding=True)
+    values = np.random.default_rng(0).normal(size=(3, 32, 4)).astype(np.float32)
+    path = tmp_path / "in.npz"
+    np.savez(path, logits=np.where(mask, logits, -np.inf).astype(np.float32), mask=mask, values=values)
+    out = tmp_path / "out"
+    assert run_cli(["--logits", str(path), "--out", str(out), "--save-params", str(out / "p.yaml")]) == 0
+    text = capsys.readouterr().out
+    assert "int8_div" in text and "mean over heads" in text
+    report = json.loads((out / "compare.json").read_text())
+    assert len(report["heads"]) == 3 and "out_err" in report["summary"]["int8_div"]
+    for png in ("tv_per_head.png", "row_sums.png", "example_rows.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert HccsParams.from_yaml(out / "p.yaml").heads == 3
+
+
+@pytest.mark.parametrize("arrays,message", [
+    (dict(scores=np.zeros((2, 3, 4), np.float32)), "missing array 'logits'"),
+    (dict(logits=np.zeros((3, 4), np.float32)), r"'logits' must be float \(H, R, N\)"),
+    (dict(logits=np.zeros((2, 3, 4), np.int8)), r"'logits' must be float \(H, R, N\), got int8"),
+    (dict(logits=np.full((2, 3, 4), np.nan, np.float32)), "non-finite value nan"),
+    (dict(logits=np.zeros((2, 3, 0), np.float32)), "rows are empty"),
+    (dict(logits=np.zeros((2, 3, 4), np.float32), mask=np.ones((2, 3, 5), bool)), "mask: expected the shape"),
+    (dict(logits=np.zeros((2, 3, 4), np.float32), values=np.zeros((2, 5, 8))), r"'values' must be float \(H, N, D\)"),
+    (dict(logits=np.zeros((2, 3, 4), np.float32), extra=np.zeros(1)), "unknown array 'extra'"),
+])
+def test_cli_bad_input_names_file_and_array(tmp_path, capsys, arrays, message):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    assert run_cli(["--logits", str(path), "--out", str(tmp_path / "o"), "--no-plots"]) == 2
+    text = capsys.readouterr().out
+    assert str(path) in text
+    assert re.search(message, text), text
+
+
+def test_cli_missing_file(tmp_path, capsys):
+    assert run_cli(["--logits", str(tmp_path / "none.npz"), "--no-plots"]) == 2
+    assert "no such file" in capsys.readouterr().out
