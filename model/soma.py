@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -40,7 +40,8 @@ INT_MULT_MAX = (1 << 15) - 1
 INT_SHIFT_MAX = 47
 GAMMA_Q15_ONE = 1 << 15
 FIELD_FRAC_BITS = 7
-GATE_ONE = 128
+GATE_FRAC_BITS = 7
+GATE_ONE = 1 << GATE_FRAC_BITS
 COUNTER_MAX = (1 << 31) - 1
 MAX_INT_HEAD_DIM = 256
 
@@ -72,11 +73,13 @@ class SomaConfig:
     -> normaliser int8 input), ``recency_int`` (int8 logit units per token of distance), ``hccs_B``,
     ``hccs_S``, ``hccs_dmax``, ``hccs_mode`` (normaliser "hccs_int"; left at None they are derived from
     ``hccs_c`` and ``logit_scale`` for rows of ``sinks + ring`` slots), ``exp_mult`` (integer input scale M
-    of somatile.model.intexp, normaliser "exp_int"; None derives it from ``logit_scale``), ``out_mult``/``out_shift`` (int32 P.V -> int8 output),
-    ``alpha_mult``/``alpha_shift`` (field, 7 fraction bits -> int8 output units), ``gate_mult``/
-    ``gate_shift`` (gate logit -> Q7 gate); ``gamma_q15`` (defaults to round(gamma * 2^15)). Multipliers
-    are in [0, 2^15 - 1], shifts in [0, 47]. Per-head fields accept a scalar (broadcast) or one value per
-    query head and are stored as tuples. :func:`integer_config` derives them from float scales.
+    of somatile.model.intexp, normaliser "exp_int"; None derives it from ``logit_scale``), ``out_mult``/
+    ``out_shift`` (int32 P.V -> int8 output), ``alpha_mult``/``alpha_shift`` (field, 7 fraction bits ->
+    int8 output units), ``gate_mult``/``gate_shift`` (gate logit -> Q7 gate); ``gamma_q15`` (defaults to
+    round(gamma * 2^15)). Multipliers are in [0, 2^15 - 1], shifts in [0, 47]. Per-head fields accept a
+    scalar (broadcast) or one value per query head and are stored as tuples. :func:`integer_config`
+    (somatile.model.soma_int) derives them from float scales; the Soma section of docs/numerics.md is the
+    bit-exact contract.
     """
 
     n_heads: int = 1

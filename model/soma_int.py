@@ -13,13 +13,12 @@ import math
 import numpy as np
 
 from somatile.model import hccs, intexp
-from somatile.model.soma import (FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_ONE, INT_MULT_MAX, INT_SHIFT_MAX,
-                                 SomaConfig, SomaState, _write, ring_distances)
+from somatile.model.soma import (FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_FRAC_BITS, GATE_ONE, INT_MULT_MAX,
+                                 INT_SHIFT_MAX, SomaConfig, SomaState, _write, ring_distances)
 
 INT8_MIN, INT8_MAX = -128, 127
 INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
 GATE_HALF = GATE_ONE // 2
-GATE_FRAC_BITS = 7
 NORM_HCCS = 0
 NORM_EXP = 1
 NORM_CODES = {"hccs_int": NORM_HCCS, "exp_int": NORM_EXP}

@@ -11,15 +11,13 @@ import numba
 import numpy as np
 
 from somatile.model import hccs, intexp
-from somatile.model.soma import COUNTER_MAX, SomaConfig, SomaState
-from somatile.model.soma_int import (GATE_FRAC_BITS, GATE_HALF, INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN,
+from somatile.model.soma import (COUNTER_MAX, FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_FRAC_BITS, GATE_ONE, SomaConfig,
+                                 SomaState)
+from somatile.model.soma_int import (GATE_HALF, INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN,
                                      NORM_CODES, NORM_HCCS, PARAM_ROWS, param_table)
 
 (_SCORE_MULT, _SCORE_SHIFT, _RECENCY, _B, _S, _DMAX, _EXP_MULT, _OUT_MULT, _OUT_SHIFT, _ALPHA_MULT,
  _ALPHA_SHIFT, _GATE_MULT, _GATE_SHIFT) = range(len(PARAM_ROWS))
-_GAMMA_ONE = 1 << 15
-_FIELD_FRAC = 7
-_GATE_ONE = 1 << GATE_FRAC_BITS
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -66,7 +64,7 @@ def _write(ring_k, ring_v, sink_k, sink_v, counters, k, v):
 def _field_update(f, x, gamma_q15):
     for c in range(f.shape[0]):
         for d in range(f.shape[1]):
-            acc = gamma_q15 * np.int64(f[c, d]) + (_GAMMA_ONE - gamma_q15) * (np.int64(x[c, d]) << _FIELD_FRAC)
+            acc = gamma_q15 * np.int64(f[c, d]) + (GAMMA_Q15_ONE - gamma_q15) * (np.int64(x[c, d]) << FIELD_FRAC_BITS)
             f[c, d] = _rshift_round(acc, 15)
 
 
@@ -115,12 +113,12 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
                 else:
                     for d in range(D):
                         acc[d] += pj * np.int64(ring_v[c, j - sinks, d])
-            gate = np.int64(_GATE_ONE)
+            gate = np.int64(GATE_ONE)
             if gated:
                 z = np.int64(0)
                 for d in range(D):
                     z += np.int64(q[t, h, d]) * np.int64(gate_field[c, d])
-                gate = _clamp(GATE_HALF + _rshift_round(z * p[_GATE_MULT, h], p[_GATE_SHIFT, h]), 0, _GATE_ONE)
+                gate = _clamp(GATE_HALF + _rshift_round(z * p[_GATE_MULT, h], p[_GATE_SHIFT, h]), 0, GATE_ONE)
             for d in range(D):
                 near = _clamp(_rshift_round(acc[d] * p[_OUT_MULT, h], p[_OUT_SHIFT, h]), INT16_MIN, INT16_MAX)
                 far = _clamp(_rshift_round(np.int64(field[c, d]) * p[_ALPHA_MULT, h] * gate,
