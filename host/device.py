@@ -27,6 +27,8 @@ an in-memory loopback). It only moves bytes; framing, CRC, sequence numbers and 
 from __future__ import annotations
 
 import abc
+import os
+import struct
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -168,3 +170,241 @@ class Transport(abc.ABC):
             parts.append(chunk)
             have += len(chunk)
         return b"".join(parts)
+
+
+def head_register_values(cfg, head: int) -> list[int]:
+    """The head parameter registers (``somatile.hw.regmap.HEAD_PARAMS`` order) of query head ``head`` of an
+    integer ``somatile.model.soma.SomaConfig``; fields the config leaves at None take the power-on value."""
+    from somatile.hw import regmap
+
+    values = []
+    for p in regmap.HEAD_PARAMS:
+        value = getattr(cfg, p.name)
+        if isinstance(value, (tuple, list)):
+            value = value[head]
+        if value is None:
+            value = p.default
+        elif p.choices:
+            if value not in p.choices:
+                raise ValueError(f"SomaConfig.{p.name} = {value!r}: the tile supports {', '.join(map(str, p.choices))}")
+            value = p.choices.index(value)
+        values.append(int(value))
+    return values
+
+
+class TileDevice(Device):
+    """The host driver of the tile command layer over the wire protocol (`somatile.host.protocol.WireLink`).
+
+    Written once for every byte transport: emu:// (in-process), tcp://, serial:// and sim:// all construct
+    this class around their own `Transport`. ``progress``: show tqdm bars for chunked transfers (None: only
+    when more than ``progress_min`` chunks).
+    """
+
+    def __init__(self, link, backend: str, *, progress: bool | None = None, progress_min: int = 8):
+        from somatile.hw import regmap
+
+        self._rm = regmap
+        self.link = link
+        self.backend = backend
+        self.progress, self.progress_min = progress, progress_min
+        info = link.hello()
+        link.max_payload = info["max_payload"]
+        self._info = info
+        self.heads = info["heads"] * info["n_tiles"]
+        self.tile_heads = info["heads"]
+        self.head_dim = info["head_dim"]
+        self._values = [[p.default for p in regmap.HEAD_PARAMS] for _ in range(self.heads)]
+        self._configured: list[bool] = [False] * self.heads
+        self._hccs_dtype = np.dtype(["uint8", "int16"][info["hccs_out"]]).newbyteorder("<")
+
+    def info(self) -> DeviceInfo:
+        i = self._info
+        room = i["max_payload"] - 4 - self._rm.HEADER_BYTES
+        return DeviceInfo(backend=self.backend, board=i["board"], api_level=i["api_level"], lanes=i["lanes"],
+                          heads=self.heads, kv_heads=self.heads, head_dim=i["head_dim"], ring=i["ring"],
+                          sinks=i["sinks"], n_max=i["n_max"], capacity=min(i["staging_bytes"], room),
+                          max_payload=i["max_payload"],
+                          extra={k: i[k] for k in ("stream_width", "n_tiles", "state_bytes", "staging_bytes")})
+
+    def close(self) -> None:
+        self.link.transport.close()
+
+    def _tile(self, tile: int, opcode, head: int = 0, count: int = 0, payload: bytes = b"", arg0: int = 0,
+              arg1: int = 0):
+        from somatile.host import protocol
+
+        rm = self._rm
+        frame = protocol.TILE_PREFIX.pack(tile) + rm.pack_command(opcode, head, count, payload, arg0, arg1)
+        answer = self.link.request(protocol.Opcode.TILE, frame)
+        try:
+            response = rm.unpack_response(answer)
+        except ValueError as exc:
+            raise ProtocolError(f"tile {tile} {rm.Opcode(opcode).name}: {exc}") from None
+        if response.error:
+            code = rm.ErrorCode(response.error)
+            raise DeviceError(rm.Opcode(opcode).name, int(code), code.name, response.result,
+                              f"tile {tile}, head {head}: {rm.ERROR_TEXT[code]}")
+        return response
+
+    def _chunks(self, items, what: str):
+        items = list(items)
+        show = self.progress if self.progress is not None else len(items) > self.progress_min
+        if not show:
+            return items
+        from tqdm import tqdm
+
+        return tqdm(items, desc=f"{self.backend} {what}", unit="chunk", leave=False)
+
+    def configure(self, params: Any) -> None:
+        """Set per-head parameters. ``params``: an integer `SomaConfig` with this device's geometry (every
+        head), an `HccsParams` or the path of its YAML (HCCS integers; fallback heads get the integer exp),
+        or a mapping ``{register name: value or one value per head}``. Unnamed registers keep their values."""
+        from somatile.host import protocol
+
+        updates = self._parameter_updates(params)
+        for head in range(self.heads):
+            values = list(self._values[head])
+            for name, per_head in updates.items():
+                values[self._rm.HEAD_INDEX[name]] = int(per_head[head])
+            payload = struct.pack(f"<I{len(values)}I", head, *values)
+            try:
+                self.link.request(protocol.Opcode.CONFIGURE, payload)
+            except DeviceError as exc:
+                if exc.code_name == "TILE_REFUSED":
+                    code = self._rm.ErrorCode(exc.detail)
+                    raise DeviceError("CONFIGURE", exc.code, exc.code_name, exc.detail,
+                                      f"head {head} refused its parameters ({code.name}: "
+                                      f"{self._rm.ERROR_TEXT[code]}): {self._rm.head_fields(values)}") from None
+                raise
+            self._values[head] = values
+            self._configured[head] = True
+
+    def _parameter_updates(self, params: Any) -> dict[str, list[int]]:
+        from somatile.model import soma
+        from somatile.model.params import HccsParams
+
+        if isinstance(params, (str, bytes, os.PathLike)):
+            params = HccsParams.from_yaml(params)
+        if isinstance(params, soma.SomaConfig):
+            for field, want in (("n_heads", self.heads), ("head_dim", self.head_dim), ("ring", self._info["ring"]),
+                                ("sinks", self._info["sinks"])):
+                if getattr(params, field) != want:
+                    raise ValueError(f"SomaConfig.{field} = {getattr(params, field)}: this device has {want}")
+            if not params.integer or params.n_kv_heads != params.n_heads:
+                raise ValueError("SomaConfig: the tile runs integer configs with n_kv_heads == n_heads")
+            blocks = [head_register_values(params, h) for h in range(self.heads)]
+            return {p.name: [b[i] for b in blocks] for i, p in enumerate(self._rm.HEAD_PARAMS)}
+        if isinstance(params, HccsParams):
+            if params.heads != self.heads:
+                raise ValueError(f"HccsParams: {params.heads} heads, this device has {self.heads}")
+            fallback = np.asarray(params.fallback)
+            return {"hccs_B": list(params.B), "hccs_S": list(params.S), "hccs_dmax": list(params.dmax),
+                    "hccs_mode": [self._rm.HEAD_PARAMS[self._rm.HEAD_INDEX["hccs_mode"]].choices.index(params.mode)]
+                    * self.heads,
+                    "normaliser": [1 if f else 0 for f in fallback], "exp_mult": list(params.exp_mult)}
+        if isinstance(params, Mapping):
+            out = {}
+            for name, value in params.items():
+                if name not in self._rm.HEAD_INDEX:
+                    raise ValueError(f"configure: unknown head parameter {name!r}; expected one of "
+                                     f"{', '.join(self._rm.HEAD_INDEX)}")
+                p = self._rm.HEAD_PARAMS[self._rm.HEAD_INDEX[name]]
+                per_head = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * self.heads
+                if len(per_head) != self.heads:
+                    raise ValueError(f"configure: {name} has {len(per_head)} values, expected 1 or {self.heads}")
+                out[name] = [p.choices.index(v) if p.choices and isinstance(v, str) else int(v) for v in per_head]
+            return out
+        raise TypeError(f"configure: expected SomaConfig, HccsParams, a YAML path or a mapping, got {type(params)}")
+
+    def hccs(self, x: np.ndarray, head: int = 0, mask: np.ndarray | None = None) -> np.ndarray:
+        """Integer HCCS of int8 rows with the parameters of ``head``; chunked to the tile's staging memory."""
+        if mask is not None:
+            raise ValueError("hccs: mask is not supported by the tile's HCCS command (API level "
+                             f"{self._info['api_level']}); pass rows without masked elements")
+        if not 0 <= head < self.heads:
+            raise ValueError(f"hccs: head {head} outside 0..{self.heads - 1}")
+        rows = as_int8("x", x, (1, 2))
+        flat = rows.reshape(-1, rows.shape[-1])
+        n = flat.shape[1]
+        if not 1 <= n <= self._info["n_max"]:
+            raise ValueError(f"tensor x: rows of {n} elements; the device takes 1..{self._info['n_max']}")
+        n_pad = self._rm.padded(n)
+        out_row = n_pad * self._hccs_dtype.itemsize
+        room = self._info["max_payload"] - 4 - self._rm.HEADER_BYTES
+        per_chunk = max(1, min(self._info["staging_bytes"] // n_pad, room // n_pad, room // out_row))
+        tile, local = divmod(head, self.tile_heads)
+        padded = np.zeros((flat.shape[0], n_pad), np.int8)
+        padded[:, :n] = flat
+        out = np.empty((flat.shape[0], n), self._hccs_dtype.newbyteorder("="))
+        for start in self._chunks(range(0, flat.shape[0], per_chunk), "hccs"):
+            block = padded[start:start + per_chunk]
+            response = self._tile(tile, self._rm.Opcode.HCCS, local, 0, block.tobytes(), len(block), n)
+            got = np.frombuffer(response.payload, self._hccs_dtype).reshape(len(block), n_pad)
+            out[start:start + len(block)] = got[:, :n]
+        return out.reshape(rows.shape)
+
+    def decode(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """One decode step per token for every head: q, k, v int8 (heads, head_dim) or (T, heads, head_dim)."""
+        shape = (self.heads, self.head_dim)
+        q8, k8, v8 = (as_int8(name, t, (2, 3), shape) for name, t in (("q", q), ("k", k), ("v", v)))
+        if not q8.shape == k8.shape == v8.shape:
+            raise ValueError(f"tensors q, k, v: shapes {q8.shape}, {k8.shape}, {v8.shape} differ")
+        steps = q8.reshape(-1, *shape), k8.reshape(-1, *shape), v8.reshape(-1, *shape)
+        out = np.empty_like(steps[0])
+        n_tiles, th = self._info["n_tiles"], self.tile_heads
+        qkv = np.stack(steps, axis=2)  # (T, heads, 3, D): the DECODE payload order per head
+        for t in self._chunks(range(len(out)), "decode"):
+            for tile in range(n_tiles):
+                heads = slice(tile * th, (tile + 1) * th)
+                response = self._tile(tile, self._rm.Opcode.DECODE, 0, th, qkv[t, heads].tobytes())
+                out[t, heads] = np.frombuffer(response.payload[:th * self.head_dim], np.int8).reshape(th, -1)
+        return out.reshape(q8.shape)
+
+    def read_state(self) -> dict[str, np.ndarray]:
+        """The Soma state of all heads as ``SomaState.to_arrays()`` of an n_heads config (heads in step)."""
+        from somatile.hw import tile_model
+
+        params = self._tile_params()
+        per_head = []
+        for head in range(self.heads):
+            tile, local = divmod(head, self.tile_heads)
+            data = self._tile(tile, self._rm.Opcode.READ_STATE, local).payload[:self._info["state_bytes"]]
+            per_head.append(tile_model.state_to_arrays(params, data, self._gated(head)))
+        out = {}
+        for name in per_head[0]:
+            if per_head[0][name].ndim == 0:
+                values = {int(a[name]) for a in per_head}
+                if len(values) != 1:
+                    raise ProtocolError(f"read_state: heads disagree on {name} ({sorted(values)})")
+                out[name] = per_head[0][name]
+            else:
+                out[name] = np.concatenate([a[name] for a in per_head])
+        return out
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Load a state in the layout of ``read_state()`` into every head."""
+        from somatile.hw import tile_model
+
+        params = self._tile_params()
+        for head in range(self.heads):
+            arrays = {}
+            for name, value in state.items():
+                value = np.asarray(value)
+                arrays[name] = value if value.ndim == 0 else value[head:head + 1]
+            data = bytes(tile_model.arrays_to_state(params, arrays))
+            tile, local = divmod(head, self.tile_heads)
+            self._tile(tile, self._rm.Opcode.LOAD_STATE, local, 0, data)
+
+    def reset(self) -> None:
+        from somatile.host import protocol
+
+        self.link.request(protocol.Opcode.RESET)
+
+    def _gated(self, head: int) -> bool:
+        gating = self._rm.HEAD_PARAMS[self._rm.HEAD_INDEX["gating"]]
+        return gating.choices[self._values[head][self._rm.HEAD_INDEX["gating"]]] != "none"
+
+    def _tile_params(self):
+        fields = {f.name: self._info[f.name] for f in dataclasses.fields(self._rm.TileParams)}
+        fields["hccs_out"] = ["uint8", "int16"][fields["hccs_out"]]
+        return self._rm.TileParams(**fields)

@@ -1,0 +1,229 @@
+"""emu://: the golden tile model in-process, behind the same wire protocol and host driver as a real board.
+
+`ReferenceFirmware` is the firmware's request handling written in Python over `TileModel` instances: the
+reference the C firmware (firmware/src/dispatch.c) is checked against byte for byte, and the device end of
+the in-process link. `LoopbackTransport` connects the host driver to it without sockets, so emu:// runs the
+exact host code path of tcp:// and serial://.
+
+The same module serves the tile models to the firmware's host build (`serve_tiles`, the tile-bus framing of
+firmware/hal/host/hal_host.c): ``python -m somatile.host.emu --serve-tiles 0 [--board NAME]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import struct
+import sys
+import threading
+import urllib.parse
+
+from somatile.host import protocol, url_options
+from somatile.host.device import Transport
+from somatile.host.protocol import CommandError, LinkError, Opcode
+
+
+def board_params(board: str):
+    """(TileParams, board name) of a board config (``somatile.boards.load``)."""
+    from somatile import boards
+    from somatile.hw.regmap import TileParams
+
+    config = boards.load(board)
+    return TileParams(**config.array_kwargs()), config.name
+
+
+class ReferenceFirmware:
+    """The firmware's handlers over a list of tile ports (``port(frame bytes) -> answer bytes``).
+
+    ``tiles`` defaults to one `TileModel` per tile of ``params``. ``endpoint`` is the protocol's device end.
+    """
+
+    def __init__(self, params, board: str, *, max_payload: int = protocol.DEFAULT_MAX_PAYLOAD, tiles=None):
+        from somatile.hw import regmap
+
+        self.regmap = regmap
+        self.params = params
+        self.board = board
+        self.max_payload = max_payload
+        if tiles is None:
+            from somatile.hw.tile_model import TileModel
+
+            tiles = [TileModel(params, i).command for i in range(params.n_tiles)]
+        self.tiles = list(tiles)
+        self.address = {r.name: r.address for r in regmap.registers(params)}
+        self.endpoint = protocol.DeviceEndpoint(regmap.API_LEVEL, {
+            Opcode.HELLO: self.hello, Opcode.TILE: self.tile, Opcode.CONFIGURE: self.configure,
+            Opcode.RESET: self.reset}, max_payload)
+
+    @property
+    def total_heads(self) -> int:
+        return self.params.heads * self.params.n_tiles
+
+    def _own_command(self, tile: int, opcode: int, head: int = 0, count: int = 0, arg0: int = 0,
+                     payload: bytes = b"") -> int:
+        """A command the firmware makes itself; returns the result word, raises on a refused command."""
+        rm = self.regmap
+        answer = self.tiles[tile](rm.pack_command(opcode, head, count, payload, arg0=arg0))
+        if len(answer) != rm.HEADER_BYTES or answer[0] != rm.FRAME_MAGIC:
+            raise CommandError(LinkError.TILE_BAD_ANSWER, len(answer))
+        if answer[3]:
+            raise CommandError(LinkError.TILE_REFUSED, answer[3])
+        return int.from_bytes(answer[8:12], "little")
+
+    def hello(self, payload: bytes) -> bytes:
+        rm = self.regmap
+        if payload:
+            raise CommandError(LinkError.BAD_LENGTH, 0)
+        for tile in range(self.params.n_tiles):
+            level = self._own_command(tile, rm.Opcode.REG_READ, arg0=self.address["API_LEVEL"])
+            if level != rm.API_LEVEL:
+                raise CommandError(LinkError.WRONG_API_LEVEL, level)
+        info = {"api_level": rm.API_LEVEL, "max_payload": self.max_payload}
+        for name in protocol.TILE_INFO_REGISTERS:
+            info[name] = self._own_command(0, rm.Opcode.REG_READ, arg0=self.address[f"INFO_{name.upper()}"])
+        return protocol.pack_info(info, self.board)
+
+    def tile(self, payload: bytes) -> bytes:
+        rm = self.regmap
+        if len(payload) < protocol.TILE_PREFIX.size + rm.HEADER_BYTES:
+            raise CommandError(LinkError.BAD_LENGTH, protocol.TILE_PREFIX.size + rm.HEADER_BYTES)
+        (tile,) = protocol.TILE_PREFIX.unpack_from(payload)
+        if tile >= self.params.n_tiles:
+            raise CommandError(LinkError.BAD_TILE, self.params.n_tiles)
+        if (len(payload) - protocol.TILE_PREFIX.size) % self.params.stream_bytes:
+            raise CommandError(LinkError.BAD_LENGTH, self.params.stream_bytes)
+        answer = self.tiles[tile](payload[protocol.TILE_PREFIX.size:])
+        if len(answer) > self.max_payload:
+            raise CommandError(LinkError.TILE_OVERFLOW, self.max_payload)
+        return answer
+
+    def configure(self, payload: bytes) -> bytes:
+        rm = self.regmap
+        expected = 4 + 4 * len(rm.HEAD_PARAMS)
+        if len(payload) != expected:
+            raise CommandError(LinkError.BAD_LENGTH, expected)
+        head = int.from_bytes(payload[:4], "little")
+        if head >= self.total_heads:
+            raise CommandError(LinkError.BAD_TILE, self.total_heads)
+        tile, local = divmod(head, self.params.heads)
+        self._own_command(tile, rm.Opcode.CONFIGURE_HEAD, local, payload=payload[4:])
+        return b""
+
+    def reset(self, payload: bytes) -> bytes:
+        rm = self.regmap
+        if payload:
+            raise CommandError(LinkError.BAD_LENGTH, 0)
+        for tile in range(self.params.n_tiles):
+            self._own_command(tile, rm.Opcode.CLEAR_ERROR)
+            self._own_command(tile, rm.Opcode.RESET_STATE, 0, self.params.heads)
+        return b""
+
+
+class LoopbackTransport(Transport):
+    """An in-process byte stream to a `protocol.DeviceEndpoint`.
+
+    Reading when no answer is pending stands for the host waiting longer than the device's inter-byte
+    timeout: the endpoint drops a partial frame (and answers TRUNCATED), as the firmware would.
+    """
+
+    def __init__(self, endpoint: protocol.DeviceEndpoint):
+        self.endpoint = endpoint
+        self._pending = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self._pending += self.endpoint.feed(bytes(data))
+
+    def read(self, n: int, timeout: float) -> bytes:
+        if not self._pending and timeout > 0:
+            self._pending += self.endpoint.expire()
+        out = bytes(self._pending[:n])
+        del self._pending[:n]
+        return out
+
+
+def open_url(parts: urllib.parse.SplitResult, **options):
+    """emu://[?board=NAME] -> a `TileDevice` on the golden tile model of that board (default "sim")."""
+    from somatile.host.device import TileDevice
+
+    query = url_options(parts)
+    unknown = set(query) - {"board"}
+    if unknown:
+        raise ValueError(f"device URL {parts.geturl()!r}: unknown option(s) {sorted(unknown)}; emu:// takes board")
+    params, board = board_params(query.get("board", "sim"))
+    firmware = ReferenceFirmware(params, board)
+    return TileDevice(protocol.WireLink(LoopbackTransport(firmware.endpoint), firmware.endpoint.api_level,
+                                        **options), backend=f"emu://{parts.netloc}?board={board}")
+
+
+TILE_BUS_REQUEST = struct.Struct("<BBHI")
+TILE_BUS_KIND_COMMAND = 1
+
+
+def serve_tile_bus(connection: socket.socket, tiles) -> None:
+    """Answer tile-bus requests on one connection until it closes (framing: firmware/hal/host/hal_host.c)."""
+    stream = connection.makefile("rb")
+    while True:
+        head = stream.read(TILE_BUS_REQUEST.size)
+        if len(head) < TILE_BUS_REQUEST.size:
+            return
+        kind, tile, _, length = TILE_BUS_REQUEST.unpack(head)
+        frame = stream.read(length)
+        if kind != TILE_BUS_KIND_COMMAND or tile >= len(tiles) or len(frame) != length:
+            raise ConnectionError(f"tile bus: bad request (kind {kind}, tile {tile}, length {length})")
+        answer = tiles[tile](frame)
+        connection.sendall(struct.pack("<I", len(answer)) + answer)
+
+
+def serve_tiles(params, host: str = "127.0.0.1", port: int = 0, ready=None) -> None:
+    """Serve golden tile models to firmware host builds, one connection at a time, forever.
+
+    ``ready(address)`` is called with the bound (host, port) once the server listens.
+    """
+    from somatile.hw.tile_model import TileModel
+
+    with socket.create_server((host, port)) as server:
+        if ready is not None:
+            ready(server.getsockname()[:2])
+        while True:
+            connection, _ = server.accept()
+            with connection:
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # A new firmware process sees tiles fresh from reset, as after a power cycle.
+                tiles = [TileModel(params, i).command for i in range(params.n_tiles)]
+                try:
+                    serve_tile_bus(connection, tiles)
+                except ConnectionError as exc:
+                    print(f"somatile tile server: {exc}", file=sys.stderr)
+
+
+def start_tile_server(params) -> tuple[str, int]:
+    """Serve golden tile models from a daemon thread of this process; returns the address."""
+    bound: list = []
+    event = threading.Event()
+
+    def ready(address):
+        bound.append(address)
+        event.set()
+
+    threading.Thread(target=serve_tiles, args=(params,), kwargs={"ready": ready}, daemon=True).start()
+    if not event.wait(10):
+        raise RuntimeError("tile server did not start within 10 s")
+    return bound[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = argparse.ArgumentParser(description="serve golden tile models to the firmware's host build")
+    cli.add_argument("--serve-tiles", type=int, required=True, metavar="PORT", help="TCP port (0: any free one)")
+    cli.add_argument("--board", default="sim")
+    args = cli.parse_args(argv)
+    params, _ = board_params(args.board)
+
+    def ready(address):
+        print(f"tiles {address[0]}:{address[1]}", flush=True)
+
+    serve_tiles(params, port=args.serve_tiles, ready=ready)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
