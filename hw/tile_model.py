@@ -294,3 +294,47 @@ class TileModel:
         out = np.zeros((rows, n_pad), probs.dtype)
         out[:, :n] = probs
         return out.astype(probs.dtype.newbyteorder("<")).tobytes()
+
+
+def configure_frame(head: int, values) -> bytes:
+    """CONFIGURE_HEAD frame for a parameter block in HEAD_PARAMS order (see :func:`head_values`)."""
+    return regmap.pack_command(Opcode.CONFIGURE_HEAD, head, payload=struct.pack(f"<{len(values)}I", *values))
+
+
+def head_values(cfg, head: int = 0) -> list[int]:
+    """The parameter block (HEAD_PARAMS order) of query head ``head`` of an integer SomaConfig."""
+    values = []
+    for p in regmap.HEAD_PARAMS:
+        value = getattr(cfg, p.name)
+        if isinstance(value, tuple):
+            value = value[head]
+        if value is None:  # a parameter the config's normaliser does not use
+            value = p.choices[p.default] if p.choices else p.default
+        values.append(p.choices.index(value) if p.choices else int(value))
+    return values
+
+
+def decode_frame(head: int, q, k, v) -> bytes:
+    """DECODE frame for heads ``head .. head + len(q) - 1``; q, k, v int8 (count, head_dim)."""
+    q, k, v = (np.asarray(a, np.int8) for a in (q, k, v))
+    payload = np.stack([q, k, v], axis=1).tobytes()
+    return regmap.pack_command(Opcode.DECODE, head, len(q), payload)
+
+
+def load_state_frame(params: TileParams, head: int, arrays) -> bytes:
+    """LOAD_STATE frame from the arrays of ``SomaState.to_arrays()`` (one KV head)."""
+    return regmap.pack_command(Opcode.LOAD_STATE, head, payload=bytes(arrays_to_state(params, arrays)))
+
+
+def hccs_frame(head: int, x) -> bytes:
+    """HCCS frame for int8 rows ``x`` (rows, n), each row zero-padded to the granule."""
+    x = np.asarray(x, np.int8)
+    rows, n = x.shape
+    padded = np.zeros((rows, regmap.padded(n)), np.int8)
+    padded[:, :n] = x
+    return regmap.pack_command(Opcode.HCCS, head, payload=padded.tobytes(), arg0=rows, arg1=n)
+
+
+def reg_read_frame(name: str) -> bytes:
+    """REG_READ frame of a global register by name."""
+    return regmap.pack_command(Opcode.REG_READ, arg0=_GLOBAL_INDEX[name] * regmap.REGISTER_BYTES)

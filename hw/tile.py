@@ -1,0 +1,562 @@
+"""An AI-Engine-style compute tile: AXI4-Stream in and out, a local data memory, the command layer of
+:mod:`somatile.hw.regmap`, the Soma decode unit and the row normaliser.
+
+Ports (flat names, so that ``AxiStreamBus.from_prefix(dut, "s_axis")`` binds): ``s_axis_tdata``
+(``stream_width`` bits), ``s_axis_tvalid``, ``s_axis_tready``, ``s_axis_tlast`` in; ``m_axis_*`` out; and
+``error`` (STATUS bit 0, for a board LED). Frames are little-endian byte strings, ``tlast`` on the last
+beat; the behaviour, frame for frame, is that of :class:`somatile.hw.tile_model.TileModel` (its docstring
+lists the checks and the fault rules) except that CYCLES_LAST counts real cycles.
+
+Contract:
+
+- Latency and throughput: the tile works one frame at a time. It accepts the header and the payload at one
+  beat per cycle, executes, then sends the response at one beat per cycle; ``s_axis_tready`` is low while
+  it executes and responds. :func:`expected_decode_cycles` gives the cycles of a DECODE frame of ``count``
+  heads without stalls, first header beat to last response beat; it depends on the tile parameters and
+  ``count`` only (not on the sequence position).
+- Backpressure: ``m_axis_tready`` low holds the response beat; ``s_axis_tvalid`` low pauses the intake; both
+  only add cycles.
+- Reset (synchronous ``rst``) at any point, also in the middle of a frame: the tile drops the frame, clears
+  every head's state in local memory (``heads * state_bytes / word`` cycles with ``s_axis_tready`` low), marks
+  the heads unconfigured and clears the error and counters; the next frame starts from a clean state.
+- Elaboration raises ValueError when the heads' state plus the staging area do not fit ``local_memory_bytes``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from somatile.hw import regmap
+from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
+from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
+from somatile.model import hccs
+
+
+def log2(value: int) -> int:
+    if value & (value - 1):
+        raise ValueError(f"{value} is not a power of two")
+    return value.bit_length() - 1
+
+
+def tile_params(**kwargs) -> TileParams:
+    """TileParams from the keyword arguments of :class:`Tile` (``BoardConfig.tile_kwargs()``)."""
+    return TileParams(**kwargs)
+
+
+def expected_decode_cycles(params: TileParams, count: int) -> int:
+    """Cycles of a DECODE frame for ``count`` heads with no idle input and no output backpressure, from the
+    cycle the first header beat is accepted through the cycle the last response beat is accepted: header
+    beats, one check cycle, payload beats, one execute cycle, ``count`` decode steps with one cycle between
+    them, response header and payload beats. Independent of the sequence position."""
+    sb = params.stream_bytes
+    header = regmap.HEADER_BYTES // sb
+    intake = header + 1 + 3 * params.head_dim * count // sb
+    execute = 1 + count * expected_cycles(params) + (count - 1)
+    respond = header + params.head_dim * count // sb
+    return intake + execute + respond
+
+
+class Tile(wiring.Component):
+    """One tile; keyword arguments are the fields of :class:`somatile.hw.regmap.TileParams` plus
+    ``tile_index`` (its position in an array, reported by INFO)."""
+
+    def __init__(self, *, tile_index: int = 0, **kwargs):
+        self.params = tile_params(**kwargs)
+        regmap.check_fits(self.params)
+        self.tile_index = tile_index
+        sw = self.params.stream_width
+        super().__init__({
+            "s_axis_tdata": In(sw), "s_axis_tvalid": In(1), "s_axis_tready": Out(1), "s_axis_tlast": In(1),
+            "m_axis_tdata": Out(sw), "m_axis_tvalid": Out(1), "m_axis_tready": In(1), "m_axis_tlast": Out(1),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        SB, W, D = p.stream_bytes, p.word_bytes, p.head_dim
+        SW = 8 * SB
+        HB = regmap.HEADER_BYTES // SB
+        beats_per_word = W // SB
+        dw = D // W
+        state_words = regmap.state_bytes(p) // W
+        stage_word = p.heads * state_words
+        mem_words = p.local_memory_bytes // W
+        out_word = stage_word + 3 * p.heads * dw
+        out_bytes = 2 if p.hccs_out == "int16" else 1
+
+        m.submodules.mem = mem = Memory(shape=unsigned(8 * W), depth=mem_words, init=[])
+        rd = mem.read_port()
+        wr = mem.write_port(granularity=8)
+        m.submodules.decode = dec = SomaDecode(p, mem_words)
+        m.submodules.norm = norm = RowNormaliser(p.n_max)
+
+        s_beat = self.s_axis_tvalid & self.s_axis_tready
+        m_beat = self.m_axis_tvalid & self.m_axis_tready
+
+        # Command header and its fields.
+        header = Signal(8 * regmap.HEADER_BYTES)
+        magic, opcode, head, count = (header.word_select(i, 8) for i in range(4))
+        length, arg0, arg1 = (header.word_select(i, 32) for i in (1, 2, 3))
+        header_beat = Signal(range(HB + 1))
+        header_last = Signal()
+
+        # Registers.
+        error_latched = Signal()
+        error_code = Signal(8)
+        error_opcode = Signal(8)
+        cycles_last = Signal(32)
+        cycles_run = Signal(32)
+        commands = Signal(32)
+        tokens = Signal(32)
+        scratch = Signal(32)
+        configured = Signal(p.heads)
+        head_regs = [[Signal(range(hp.hi + 1), name=f"head{h}_{hp.name}", init=hp.default) for hp in HEAD_PARAMS]
+                     for h in range(p.heads)]
+        m.d.comb += self.error.eq(error_latched)
+
+        # Response fields.
+        resp_opcode = Signal(8)
+        resp_head = Signal(8)
+        resp_error = Signal(8)
+        resp_length = Signal(32)
+        resp_result = Signal(32)
+        response_header = Cat(Const(regmap.FRAME_MAGIC, 8), resp_opcode, resp_head, resp_error, resp_length,
+                              resp_result, Const(0, 32))
+
+        # Header checks (combinational on the captured header), in the order of tile_model.
+        is_head_op = Signal()
+        is_counted = (opcode == Opcode.DECODE) | (opcode == Opcode.RESET_STATE)
+        known = Signal()
+        m.d.comb += known.eq(0)
+        with m.Switch(opcode):
+            for op in Opcode:
+                with m.Case(int(op)):
+                    m.d.comb += known.eq(1)
+                    if op in (Opcode.CONFIGURE_HEAD, Opcode.LOAD_STATE, Opcode.READ_STATE, Opcode.DECODE,
+                              Opcode.HCCS, Opcode.RESET_STATE):
+                        m.d.comb += is_head_op.eq(1)
+        head_end = head + Mux(is_counted, count, 1)
+        bad_head = is_head_op & ((head >= p.heads) | (head_end > p.heads) | (is_counted & (count == 0)))
+
+        # Register read decode.
+        reg_value = Signal(32)
+        reg_ok = Signal()
+        address = arg0
+        info = regmap.info_values(p, self.tile_index)
+        with m.If(address[:2] == 0):
+            for i, (name, _, _) in enumerate(regmap.GLOBAL_REGISTERS):
+                value = {"ID": regmap.ID_VALUE, "API_LEVEL": regmap.API_LEVEL, "STATUS": error_latched,
+                         "ERROR_CODE": error_code, "ERROR_OPCODE": error_opcode, "CYCLES_LAST": cycles_last,
+                         "COMMANDS": commands, "TOKENS": tokens, "CONFIGURED": configured,
+                         "SCRATCH": scratch}[name]
+                with m.If(address == i * regmap.REGISTER_BYTES):
+                    m.d.comb += [reg_value.eq(value), reg_ok.eq(1)]
+            for i, value in enumerate(info):
+                with m.If(address == regmap.INFO_BASE + i * regmap.REGISTER_BYTES):
+                    m.d.comb += [reg_value.eq(value), reg_ok.eq(1)]
+            for h in range(p.heads):
+                for i in range(len(HEAD_PARAMS)):
+                    with m.If(address == regmap.head_register(h, i)):
+                        m.d.comb += [reg_value.eq(head_regs[h][i]), reg_ok.eq(1)]
+        scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
+
+        # HCCS command arguments and the HCCS parameter rules of hccs.check_params.
+        n_pad = Signal(range(regmap.padded(p.n_max) + 1))
+        m.d.comb += n_pad.eq((arg1[:16] + regmap.FRAME_GRANULE - 1) & ~(regmap.FRAME_GRANULE - 1))
+        rows = arg0
+        hccs_bytes = Signal(48)
+        m.d.comb += hccs_bytes.eq(rows * n_pad)
+        bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
+                         (hccs_bytes > regmap.staging_bytes(p)))
+
+        def hccs_rules_ok(B, S, dmax, cols):
+            floor = B.as_signed() - S * dmax
+            return ((floor >= 0) & (cols * floor >= hccs.MIN_FLOOR_MASS) &
+                    (cols * B <= hccs.MAX_ROW_MASS))
+
+        def head_field(h_index, name):
+            return Array(head_regs[h][HEAD_INDEX[name]] for h in range(p.heads))[h_index]
+
+        cmd_head_ok = head < p.heads
+        hccs_param_ok = hccs_rules_ok(head_field(head, "hccs_B"), head_field(head, "hccs_S"),
+                                      head_field(head, "hccs_dmax"), arg1[:16])
+        heads_configured = Signal()
+        mask = Signal(p.heads)
+        for h in range(p.heads):
+            m.d.comb += mask[h].eq((h >= head) & (h < head_end))
+        m.d.comb += heads_configured.eq((configured & mask) == mask)
+
+        expected = Signal(32)
+        with m.Switch(opcode):
+            with m.Case(Opcode.CONFIGURE_HEAD):
+                m.d.comb += expected.eq(regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS)))
+            with m.Case(Opcode.LOAD_STATE):
+                m.d.comb += expected.eq(regmap.state_bytes(p))
+            with m.Case(Opcode.DECODE):
+                m.d.comb += expected.eq(3 * D * count)
+            with m.Case(Opcode.HCCS):
+                m.d.comb += expected.eq(hccs_bytes)
+
+        check_error = Signal(8)
+        with m.If(magic != regmap.FRAME_MAGIC):
+            m.d.comb += check_error.eq(ErrorCode.BAD_MAGIC)
+        with m.Elif(~known):
+            m.d.comb += check_error.eq(ErrorCode.UNKNOWN_OPCODE)
+        with m.Elif(bad_head):
+            m.d.comb += check_error.eq(ErrorCode.BAD_HEAD)
+        with m.Elif(((opcode == Opcode.REG_READ) & ~reg_ok) |
+                    ((opcode == Opcode.REG_WRITE) & (address != scratch_address))):
+            m.d.comb += check_error.eq(ErrorCode.BAD_REGISTER)
+        with m.Elif((opcode == Opcode.HCCS) & bad_hccs_args):
+            m.d.comb += check_error.eq(ErrorCode.BAD_ARGUMENT)
+        with m.Elif(((opcode == Opcode.DECODE) | (opcode == Opcode.HCCS)) & ~heads_configured):
+            m.d.comb += check_error.eq(ErrorCode.NOT_CONFIGURED)
+        with m.Elif((opcode == Opcode.HCCS) & cmd_head_ok & ~hccs_param_ok):
+            m.d.comb += check_error.eq(ErrorCode.BAD_ARGUMENT)
+        with m.Elif(length != expected):
+            m.d.comb += check_error.eq(ErrorCode.BAD_LENGTH)
+
+        # CONFIGURE_HEAD: the parameter block as received, its range checks and the SomaConfig rules.
+        config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
+        config = Signal(8 * config_bytes)
+        config_values = [config.word_select(i, 32) for i in range(len(HEAD_PARAMS))]
+        config_ok = Signal()
+        ranges_ok = Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]).all()
+        cv = {hp.name: v for hp, v in zip(HEAD_PARAMS, config_values)}
+        choice = {name: HEAD_PARAMS[HEAD_INDEX[name]].choices for name in ("gating", "field_source", "normaliser")}
+        gating_ok = (cv["gating"] != choice["gating"].index("query")) | \
+                    (cv["field_source"] == choice["field_source"].index("values"))
+        uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
+        config_hccs_ok = hccs_rules_ok(cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8], p.slots)
+        m.d.comb += config_ok.eq(ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok))
+
+        # Error latch.
+        def fail(code, detail=0, echo=True):
+            m.d.sync += [resp_error.eq(code), resp_result.eq(detail), resp_length.eq(0)]
+            if not echo:
+                m.d.sync += [resp_opcode.eq(0), resp_head.eq(0)]
+            with m.If(~error_latched):
+                m.d.sync += [error_latched.eq(1), error_code.eq(code), error_opcode.eq(opcode if echo else 0)]
+
+        # Byte counter of the payload and where its beats go.
+        byte_count = Signal(32)
+        payload_base = Signal(range(mem_words))
+        counters_bad = Signal()
+        counter_offset = dict((n, o) for n, o, _, _ in regmap.state_layout(p))["counters"]
+        counter_limits = (p.ring - 1, p.ring, (1 << 31) - 1)
+        beat_counters_bad = Signal()
+        for i, limit in enumerate(counter_limits):
+            offset = counter_offset + 4 * i
+            value = self.s_axis_tdata.word_select((offset % SB) // 4, 32)
+            with m.If((byte_count == offset - offset % SB) & (value > limit)):
+                m.d.comb += beat_counters_bad.eq(1)
+
+        # The decode loop over heads and the memory clear sweep.
+        cur = Signal(8)
+        last = Signal(8)
+        clear_word = Signal(range(mem_words + 1))
+        clear_end = Signal(range(mem_words + 1))
+        clear_then_error = Signal(8)
+
+        # Response payload streaming: memory words (READ_STATE, DECODE), INFO words, or HCCS rows.
+        resp_beat = Signal(range(HB + 1))
+        resp_word = Signal(range(mem_words + 1))
+        resp_words = Signal(range(mem_words + 1))
+        resp_base = Signal(range(mem_words))
+        word_beat = Signal(range(beats_per_word + 1))
+        info_bytes = struct.pack(f"<{len(info)}I", *info)
+        info_beats = regmap.padded(len(info_bytes)) // SB
+        info_payload = Const(int.from_bytes(info_bytes, "little"), 8 * SB * info_beats)
+        info_beat = Signal(range(info_beats + 1))
+
+        # HCCS rows: row r's bytes sit at stage_word + r * n_pad / W; the output is packed into beats.
+        row = Signal(32)
+        row_index = Signal(range(regmap.padded(p.n_max) + 1))
+        elems_per_beat = SB // out_bytes
+        beat_data = Signal(SW)
+        beat_fill = Signal(range(elems_per_beat + 1))
+        hccs_active = Signal()
+        row_start = Signal(32)
+        fetch_valid = Signal()
+
+        # Normaliser: driven by the decode unit, or by the HCCS command.
+        for name in ("start", "count", "use_exp", "clb", "out16", "row_we", "row_index", "row_x", "row_valid",
+                     "prob_index"):
+            m.d.comb += getattr(norm, name).eq(Mux(hccs_active, 0, getattr(dec, f"n_{name}")))
+        m.d.comb += [dec.n_done.eq(norm.done), dec.n_prob.eq(norm.prob)]
+        hccs_start = Signal()
+        hccs_row_we = Signal()
+        hccs_row_x = Signal(8)
+        hccs_prob_index = Signal(range(p.n_max + 1))
+        with m.If(hccs_active):
+            m.d.comb += [norm.start.eq(hccs_start), norm.count.eq(arg1), norm.use_exp.eq(0),
+                         norm.clb.eq(head_field(head, "hccs_mode") == 1), norm.out16.eq(out_bytes == 2),
+                         norm.row_we.eq(hccs_row_we), norm.row_index.eq(row_index), norm.row_x.eq(hccs_row_x),
+                         norm.row_valid.eq(1), norm.prob_index.eq(hccs_prob_index)]
+        for name in ("B", "S", "dmax", "exp_mult"):
+            m.d.comb += getattr(norm, name).eq(head_field(Mux(hccs_active, head, cur), f"hccs_{name}"
+                                                          if name != "exp_mult" else "exp_mult"))
+
+        # Decode unit: parameters of the current head, addresses, memory ports.
+        for hp in HEAD_PARAMS:
+            m.d.comb += getattr(dec, f"p_{hp.name}").eq(head_field(cur, hp.name))
+        m.d.comb += [dec.state_base.eq(cur * state_words),
+                     dec.stage_base.eq(stage_word + (cur - head) * 3 * dw),
+                     dec.out_base.eq(out_word + (cur - head) * dw),
+                     dec.rd_data.eq(rd.data)]
+        dec_start = Signal()
+        m.d.comb += dec.start.eq(dec_start)
+
+        # Memory port defaults: the read address follows the response stream; writes come from the payload,
+        # the clear sweep or the decode unit.
+        advance = Signal()
+        m.d.comb += rd.addr.eq(resp_base + resp_word + advance)
+        with m.If(dec.busy):
+            m.d.comb += [rd.addr.eq(dec.rd_addr), wr.addr.eq(dec.wr_addr), wr.data.eq(dec.wr_data),
+                         wr.en.eq(dec.wr_en)]
+
+        m.d.sync += cycles_run.eq(cycles_run + 1)
+
+        def start_response(words=0, base=0):
+            m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0), info_beat.eq(0),
+                         resp_words.eq(words), resp_base.eq(base)]
+            m.next = "RESPOND_HEADER"
+
+        def finish():
+            m.d.sync += [cycles_last.eq(cycles_run + 1), commands.eq(commands + 1), header_beat.eq(0)]
+            m.next = "HEADER"
+
+        with m.FSM(init="CLEAR"):
+            with m.State("CLEAR"):
+                # After reset, and for RESET_STATE / a faulting LOAD_STATE: zero [clear_word, clear_end).
+                m.d.comb += [wr.addr.eq(clear_word), wr.data.eq(0), wr.en.eq((1 << W) - 1)]
+                m.d.sync += clear_word.eq(clear_word + 1)
+                with m.If(clear_word + 1 >= Mux(clear_end == 0, p.heads * state_words, clear_end)):
+                    with m.If(clear_end == 0):
+                        m.d.sync += header_beat.eq(0)
+                        m.next = "HEADER"
+                    with m.Else():
+                        with m.If(clear_then_error != 0):
+                            fail(clear_then_error, Mux(clear_then_error == ErrorCode.BAD_LENGTH, expected, 0))
+                        start_response()
+
+            with m.State("HEADER"):
+                m.d.comb += self.s_axis_tready.eq(1)
+                with m.If(s_beat):
+                    with m.If(header_beat == 0):
+                        m.d.sync += cycles_run.eq(1)
+                    m.d.sync += [header.word_select(header_beat, SW).eq(self.s_axis_tdata),
+                                 header_beat.eq(header_beat + 1)]
+                    with m.If(header_beat == HB - 1):
+                        m.d.sync += header_last.eq(self.s_axis_tlast)
+                        m.next = "CHECK"
+                    with m.Elif(self.s_axis_tlast):
+                        m.d.sync += [resp_opcode.eq(0), resp_head.eq(0)]
+                        fail(ErrorCode.BAD_LENGTH, 0, echo=False)
+                        start_response()
+
+            with m.State("CHECK"):
+                m.d.sync += [resp_opcode.eq(opcode), resp_head.eq(head), resp_error.eq(0), resp_result.eq(0),
+                             resp_length.eq(0), byte_count.eq(0), counters_bad.eq(0)]
+                with m.If(check_error != 0):
+                    with m.If(header_last):
+                        fail(check_error, Mux(check_error == ErrorCode.BAD_LENGTH, expected, 0))
+                        start_response()
+                    with m.Else():
+                        m.d.sync += clear_then_error.eq(check_error)
+                        m.next = "DRAIN"
+                with m.Elif(header_last != (expected == 0)):
+                    # The frame ends where the payload should start, or carries one the opcode forbids.
+                    with m.If(header_last):
+                        with m.If(opcode == Opcode.LOAD_STATE):
+                            m.d.sync += [clear_word.eq(head * state_words), clear_end.eq((head + 1) * state_words),
+                                         clear_then_error.eq(ErrorCode.BAD_LENGTH)]
+                            m.next = "CLEAR"
+                        with m.Else():
+                            fail(ErrorCode.BAD_LENGTH, expected)
+                            start_response()
+                    with m.Else():
+                        m.d.sync += clear_then_error.eq(ErrorCode.BAD_LENGTH)
+                        m.next = "DRAIN"
+                with m.Else():
+                    with m.Switch(opcode):
+                        with m.Case(Opcode.LOAD_STATE):
+                            m.d.sync += payload_base.eq(head * state_words)
+                        with m.Default():
+                            m.d.sync += payload_base.eq(stage_word)
+                    with m.If(header_last):
+                        m.next = "EXECUTE"
+                    with m.Else():
+                        m.next = "PAYLOAD"
+
+            with m.State("PAYLOAD"):
+                m.d.comb += self.s_axis_tready.eq(1)
+                with m.If(s_beat):
+                    m.d.sync += byte_count.eq(byte_count + SB)
+                    with m.If(byte_count < expected):
+                        with m.If(opcode == Opcode.CONFIGURE_HEAD):
+                            m.d.sync += config.word_select(byte_count[:8] >> log2(SB), SW).eq(self.s_axis_tdata)
+                        with m.Else():
+                            lane = (byte_count >> log2(SB)) % beats_per_word if beats_per_word > 1 else 0
+                            m.d.comb += [wr.addr.eq(payload_base + (byte_count >> log2(W))),
+                                         wr.data.eq(Cat(*[self.s_axis_tdata] * beats_per_word)),
+                                         wr.en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
+                        with m.If((opcode == Opcode.LOAD_STATE) & beat_counters_bad):
+                            m.d.sync += counters_bad.eq(1)
+                    with m.If(self.s_axis_tlast):
+                        length_ok = byte_count + SB == expected
+                        with m.If(opcode == Opcode.LOAD_STATE):
+                            with m.If(~length_ok | counters_bad | beat_counters_bad):
+                                m.d.sync += [clear_word.eq(head * state_words),
+                                             clear_end.eq((head + 1) * state_words),
+                                             clear_then_error.eq(Mux(length_ok, ErrorCode.BAD_ARGUMENT,
+                                                                     ErrorCode.BAD_LENGTH))]
+                                m.next = "CLEAR"
+                            with m.Else():
+                                m.next = "EXECUTE"
+                        with m.Elif(length_ok):
+                            m.next = "EXECUTE"
+                        with m.Else():
+                            fail(ErrorCode.BAD_LENGTH, expected)
+                            start_response()
+
+            with m.State("DRAIN"):
+                m.d.comb += self.s_axis_tready.eq(1)
+                with m.If(s_beat & self.s_axis_tlast):
+                    fail(clear_then_error, Mux(clear_then_error == ErrorCode.BAD_LENGTH, expected, 0))
+                    start_response()
+
+            with m.State("EXECUTE"):
+                with m.Switch(opcode):
+                    with m.Case(Opcode.INFO):
+                        m.d.sync += resp_length.eq(info_beats * SB)
+                        start_response()
+                    with m.Case(Opcode.REG_READ):
+                        m.d.sync += resp_result.eq(reg_value)
+                        start_response()
+                    with m.Case(Opcode.REG_WRITE):
+                        m.d.sync += scratch.eq(arg1)
+                        start_response()
+                    with m.Case(Opcode.CLEAR_ERROR):
+                        m.d.sync += [error_latched.eq(0), error_code.eq(0), error_opcode.eq(0)]
+                        start_response()
+                    with m.Case(Opcode.CONFIGURE_HEAD):
+                        with m.If(config_ok):
+                            for h in range(p.heads):
+                                with m.If(head == h):
+                                    m.d.sync += [reg.eq(value) for reg, value in zip(head_regs[h], config_values)]
+                                    m.d.sync += configured[h].eq(1)
+                        with m.Else():
+                            fail(ErrorCode.BAD_ARGUMENT)
+                        start_response()
+                    with m.Case(Opcode.LOAD_STATE):
+                        start_response()
+                    with m.Case(Opcode.READ_STATE):
+                        m.d.sync += resp_length.eq(state_words * W)
+                        start_response(state_words, head * state_words)
+                    with m.Case(Opcode.RESET_STATE):
+                        m.d.sync += [clear_word.eq(head * state_words), clear_end.eq(head_end * state_words),
+                                     clear_then_error.eq(0)]
+                        m.next = "CLEAR"
+                    with m.Case(Opcode.DECODE):
+                        m.d.sync += [cur.eq(head), last.eq(head_end - 1)]
+                        m.d.comb += dec_start.eq(1)
+                        m.next = "DECODE"
+                    with m.Case(Opcode.HCCS):
+                        m.d.sync += [resp_length.eq(hccs_bytes * out_bytes), row.eq(0), hccs_active.eq(1)]
+                        start_response()
+
+            with m.State("DECODE"):
+                with m.If(dec.done):
+                    m.d.sync += tokens.eq(tokens + 1)
+                    with m.If(cur == last):
+                        m.d.sync += resp_length.eq(count * D)
+                        start_response(count * dw, out_word)
+                    with m.Else():
+                        m.d.sync += cur.eq(cur + 1)
+                        m.next = "DECODE_NEXT"
+            with m.State("DECODE_NEXT"):
+                m.d.comb += dec_start.eq(1)
+                m.next = "DECODE"
+
+            with m.State("RESPOND_HEADER"):
+                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(response_header.word_select(resp_beat, SW)),
+                             self.m_axis_tlast.eq((resp_beat == HB - 1) & (resp_length == 0))]
+                with m.If(m_beat):
+                    m.d.sync += resp_beat.eq(resp_beat + 1)
+                    with m.If(resp_beat == HB - 1):
+                        with m.If(resp_length == 0):
+                            finish()
+                        with m.Elif(hccs_active):
+                            m.d.sync += [row_index.eq(0), row_start.eq(0), fetch_valid.eq(0)]
+                            m.next = "HCCS_LOAD"
+                        with m.Elif(opcode == Opcode.INFO):
+                            m.next = "RESPOND_INFO"
+                        with m.Else():
+                            m.next = "RESPOND_WORDS"
+
+            with m.State("RESPOND_INFO"):
+                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(info_payload.word_select(info_beat, SW)),
+                             self.m_axis_tlast.eq(info_beat == info_beats - 1)]
+                with m.If(m_beat):
+                    m.d.sync += info_beat.eq(info_beat + 1)
+                    with m.If(info_beat == info_beats - 1):
+                        finish()
+
+            with m.State("RESPOND_WORDS"):
+                last_beat_of_word = word_beat == beats_per_word - 1
+                final = last_beat_of_word & (resp_word == resp_words - 1)
+                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(rd.data.word_select(word_beat, SW)),
+                             self.m_axis_tlast.eq(final), advance.eq(m_beat & last_beat_of_word)]
+                with m.If(m_beat):
+                    m.d.sync += word_beat.eq(Mux(last_beat_of_word, 0, word_beat + 1))
+                    with m.If(last_beat_of_word):
+                        m.d.sync += resp_word.eq(resp_word + 1)
+                    with m.If(final):
+                        finish()
+
+            with m.State("HCCS_LOAD"):
+                # Read the row's words from staging and write its n elements into the normaliser, one a cycle.
+                element = row_start + row_index
+                m.d.comb += rd.addr.eq(stage_word + (element >> log2(W)))
+                m.d.sync += fetch_valid.eq(1)
+                with m.If(fetch_valid):
+                    m.d.comb += [hccs_row_we.eq(1), hccs_row_x.eq(rd.data.word_select(element[:log2(W)], 8)),
+                                 rd.addr.eq(stage_word + ((element + 1) >> log2(W)))]
+                    m.d.sync += row_index.eq(row_index + 1)
+                    with m.If(row_index == arg1 - 1):
+                        m.d.comb += hccs_start.eq(1)
+                        m.next = "HCCS_RUN"
+            with m.State("HCCS_RUN"):
+                with m.If(norm.done):
+                    m.d.sync += [row_index.eq(0), beat_fill.eq(0), beat_data.eq(0)]
+                    m.next = "HCCS_PACK"
+            with m.State("HCCS_PACK"):
+                m.d.comb += hccs_prob_index.eq(row_index)
+                value = Mux(row_index < arg1, norm.prob, 0)[:8 * out_bytes]
+                m.d.sync += [beat_data.word_select(beat_fill, 8 * out_bytes).eq(value),
+                             beat_fill.eq(beat_fill + 1), row_index.eq(row_index + 1)]
+                with m.If(beat_fill == elems_per_beat - 1):
+                    m.next = "HCCS_SEND"
+            with m.State("HCCS_SEND"):
+                row_done = row_index == n_pad
+                final = row_done & (row == rows - 1)
+                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(beat_data), self.m_axis_tlast.eq(final)]
+                with m.If(m_beat):
+                    m.d.sync += [beat_fill.eq(0), beat_data.eq(0)]
+                    with m.If(final):
+                        m.d.sync += hccs_active.eq(0)
+                        finish()
+                    with m.Elif(row_done):
+                        m.d.sync += [row.eq(row + 1), row_index.eq(0), row_start.eq(row_start + n_pad),
+                                     fetch_valid.eq(0)]
+                        m.next = "HCCS_LOAD"
+                    with m.Else():
+                        m.next = "HCCS_PACK"
+        return m
