@@ -337,16 +337,65 @@ def sfa_apply(runner, cfg, state, layer: int, x):
     return (out[0] if x.ndim == 1 else out), state
 
 
-def open_url(parts: urllib.parse.SplitResult, **options):
-    """``somatile.host.open("metal://...")``: see the module docstring for the URL options."""
-    from somatile.host import url_options
+def tile_class():
+    """`MetalTile`: the golden tile model of somatile.hw.tile_model with its two compute steps (the Soma
+    decode step of one head, HCCS rows) running on a Metal runner. Everything else (frames, parameter
+    registers, state bytes, error codes) is the tile model's own, so metal:// answers every command exactly
+    as emu:// does. Built on first use: the tile model is not loaded for kernel-only use of this module."""
+    from somatile.hw import regmap
+    from somatile.hw.tile_model import TileModel, arrays_to_state, state_to_arrays
 
-    query = {**url_options(parts), **{k: str(v) for k, v in options.items()}}
-    unknown = set(query) - {"api", "emulate", "order", "seed"}
+    class MetalTile(TileModel):
+        def __init__(self, params, tile_index: int, runner):
+            super().__init__(params, tile_index)
+            self.runner = runner
+
+        def _decode(self, head: int, q, k, v) -> bytes:
+            from somatile.model import soma
+
+            cfg = self._configs[head]
+            record = self.heads[head]
+            state = soma.SomaState.from_arrays(cfg, state_to_arrays(self.params, record.state, cfg.gated))
+            out, state = soma_decode_step(self.runner, cfg, state, q[None], k[None], v[None])
+            arrays_to_state(self.params, state.to_arrays(), into=record.state)
+            return out.astype(np.int8).tobytes()
+
+        def _hccs(self, head: int, rows: int, n: int, payload: bytes) -> bytes:
+            values = self._hccs_params(head, n)
+            n_pad = regmap.padded(n)
+            x = np.ascontiguousarray(np.frombuffer(payload, np.int8).reshape(rows, n_pad)[:, :n])
+            probs = hccs(self.runner, x, values["hccs_B"], values["hccs_S"], values["hccs_dmax"],
+                         mode=values["hccs_mode"], out=self.params.hccs_out)
+            padded = np.zeros((rows, n_pad), probs.dtype.newbyteorder("<"))
+            padded[:, :n] = probs
+            return padded.tobytes()
+
+    return MetalTile
+
+
+def open_url(parts: urllib.parse.SplitResult, **options):
+    """``somatile.host.open("metal://...")``: the host driver of every backend (`TileDevice`) over the
+    firmware's reference request handling, whose tiles compute on Metal. Options (URL query or keywords):
+    ``api`` (mlx, pyobjc), ``emulate``, ``order``, ``seed`` (see the module docstring), ``board`` (the
+    geometry, default "sim"); other keywords (timeout, retries, progress) go to the driver."""
+    from somatile.host import protocol, url_options
+    from somatile.host.device import TileDevice
+    from somatile.host.emu import LoopbackTransport, ReferenceFirmware, board_params
+
+    ours = {"api", "emulate", "order", "seed", "board"}
+    query = {**url_options(parts), **{k: str(v) for k, v in options.items() if k in ours}}
+    unknown = set(query) - ours
     if unknown:
         raise ValueError(f"device URL {parts.geturl()!r}: unknown option(s) {sorted(unknown)}; "
-                         f"expected api, emulate, order, seed")
+                         f"expected {', '.join(sorted(ours))}")
     emulate = query.get("emulate", "0").lower() in ("1", "true", "yes")
     runner = make_runner(query.get("api", "mlx"), emulate=emulate, order=query.get("order", "forward"),
                          seed=int(query.get("seed", "0")))
-    raise NotImplementedError(f"metal:// device over {runner.api}: the device class arrives with the Soma kernels")
+    params, board = board_params(query.get("board", "sim"))
+    metal_tile = tile_class()
+    firmware = ReferenceFirmware(params, board, tiles=[metal_tile(params, i, runner).command
+                                                       for i in range(params.n_tiles)])
+    link = protocol.WireLink(LoopbackTransport(firmware.endpoint), firmware.endpoint.api_level,
+                             **{k: v for k, v in options.items() if k not in ours})
+    where = "CPU emulation" if emulate else "GPU"
+    return TileDevice(link, backend=f"metal://?api={runner.api}&board={board} ({where})")
