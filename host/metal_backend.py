@@ -8,14 +8,20 @@ Two dispatch paths run the same kernel text (somatile.host.metal_kernels):
   switched off, buffers in shared storage, one command buffer per dispatch.
 
 Both take the module they drive (``mlx.core`` or PyObjC's ``Metal``) as an argument, so tests inject the CPU
-stand-ins of somatile.host.metal_emu and run this dispatch code on Linux. URLs:
+stand-ins of somatile.host.metal_emu and run this dispatch code on Linux.
+
+Kernel calls mirror the model's entry points and validate with the model's own checks: `hccs` (hccs_int),
+`intexp` (intexp_softmax), `soma_prefill` / `soma_decode_step` (integer Soma), `sfa_apply` (float SFA).
+Integer results are bit-identical to somatile.model, SFA floats agree within float32 rounding (tests/metal).
+
+The device (`somatile.host.open`) is the host driver of every backend, `TileDevice`, over the firmware's
+reference request handling whose tiles compute on Metal (`tile_class`), so it behaves exactly like emu://.
+URLs:
 
 - ``metal://`` or ``metal://?api=mlx``: MLX on the Apple GPU; ``metal://?api=pyobjc``: PyObjC.
-- ``metal://?emulate=1[&api=...][&order=random&seed=N]``: the same dispatch code over the CPU emulator (any
-  platform with g++; slow, for tests and for comparing backends).
-
-Kernel calls (`hccs`, `intexp`) validate their arguments with the model's own checks and raise the model's
-errors. Every integer result is bit-identical to somatile.model (tests/metal).
+- ``metal://?emulate=1[&api=...][&order=random&seed=N]``: the same dispatch code over the CPU emulator
+  (Linux with g++; slow, for tests and for comparing backends).
+- ``&board=NAME``: the geometry (heads, head_dim, ring, sinks) of a board config, default "sim".
 """
 
 from __future__ import annotations
