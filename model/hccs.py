@@ -207,50 +207,56 @@ def leading_bit(v):
 
 
 @numba.njit(cache=True, nogil=True)
-def _score(m, x, B, S, dmax):
-    d = m - np.int64(x)
-    if d > dmax:
-        d = dmax
-    return B - S * d
+def _reciprocal(total, mode_code, out_code):
+    """Steps 6a-6e of docs/numerics.md for a positive row total."""
+    numerator = np.int64(UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR)
+    if mode_code == MODE_DIV:
+        return numerator // total
+    return numerator >> leading_bit(total)
 
 
 @numba.njit(cache=True, nogil=True)
 def hccs_row(x_row, valid_row, B, S, dmax, mode_code, out_code, out_row):
     """HCCS of one row, callable from other ``@njit`` code; writes ``out_row`` and returns the row total.
 
-    x_row: any integer array of length N with values in int8 range; valid_row: bool array of length N
-    (True = element takes part) or of length 0 (every element takes part); B, S, dmax: validated integers
-    (see :func:`check_params`); mode_code: MODE_DIV / MODE_CLB; out_code: OUT_UINT8 / OUT_INT16; out_row:
-    integer array of length N (int32, or the dtype of out_code), receives 0 at masked positions and the
-    whole row 0 when no element takes part. Arithmetic is int64 inside, bit-equal to the int32 spec.
+    x_row: int8 array of length N (or any integer array holding int8 values); valid_row: bool array of
+    length N (True = element takes part) or of length 0 (every element takes part); B, S, dmax: integers that
+    passed :func:`check_params` for this N; mode_code: MODE_DIV / MODE_CLB; out_code: OUT_UINT8 / OUT_INT16;
+    out_row: integer array of length N (int32, or the dtype of out_code), receives 0 at masked positions and
+    the whole row 0 when no element takes part.
+
+    Speed: every intermediate fits int32 under the parameter rules (docs/numerics.md widths), so the loops
+    cast each step back to int32; numba would otherwise widen to int64 and halve the SIMD lanes.
     """
     n = x_row.shape[0]
     every = valid_row.shape[0] == 0
-    m = masked_row_max(x_row, valid_row)
-    total = np.int64(0)
+    floor_value = np.int32(-(1 << (INPUT_BITS - 1)))
+    m = floor_value
+    count = 0
     for i in range(n):
-        if every or valid_row[i]:
-            total += _score(m, x_row[i], B, S, dmax)
-    if total <= 0:
+        v = np.int32(x_row[i]) if every or valid_row[i] else floor_value
+        m = v if v > m else m
+        count += 1 if every or valid_row[i] else 0
+    if count == 0:
         for i in range(n):
             out_row[i] = 0
-        return total
-    if mode_code == MODE_DIV:
-        numerator = UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR
-        inv = np.int64(numerator) // total
-    else:
-        k = leading_bit(total)
-        inv = (np.int64(UINT8_NUMERATOR) if out_code == OUT_UINT8 else np.int64(INT16_NUMERATOR)) >> k
+        return np.int64(0)
+    b32, s32, d32 = np.int32(B), np.int32(S), np.int32(dmax)
+    dsum = np.int32(0)
     for i in range(n):
-        if every or valid_row[i]:
-            p = _score(m, x_row[i], B, S, dmax) * inv
-            if out_code == OUT_UINT8:
-                p = min(p >> INV_SHIFT, UINT8_MAX)
-            else:
-                p = min(p, INT16_MAX)
-            out_row[i] = p
-        else:
-            out_row[i] = 0
+        d = np.int32(m - np.int32(x_row[i]))
+        d = d if d < d32 else d32
+        dsum = np.int32(dsum + (d if every or valid_row[i] else 0))
+    total = np.int64(b32) * count - np.int64(s32) * dsum
+    inv = np.int32(_reciprocal(total, mode_code, out_code))
+    shift = np.int32(INV_SHIFT if out_code == OUT_UINT8 else 0)
+    cap = np.int32(UINT8_MAX if out_code == OUT_UINT8 else INT16_MAX)
+    for i in range(n):
+        d = np.int32(m - np.int32(x_row[i]))
+        d = d if d < d32 else d32
+        p = np.int32(np.int32(np.int32(b32 - np.int32(s32 * d)) * inv) >> shift)
+        p = p if p < cap else cap
+        out_row[i] = p if every or valid_row[i] else 0
     return total
 
 

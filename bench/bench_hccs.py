@@ -1,0 +1,72 @@
+"""HCCS throughput: numba integer HCCS against numpy float32 softmax on the same rows, single thread.
+
+Rows of 4096 x 128 and 4096 x 512 int8 logits (and their float32 values for softmax); each figure is the best
+of several repeats after a warm-up call (numba compiled and cached). Target (issue 2): the numba integer HCCS
+at least 3x the numpy float32 softmax throughput. Also: numba against the numpy spec, and the integer-exp
+softmax (the fallback heads' kernel) against the same softmax.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numba
+import numpy as np
+
+from somatile.model import hccs, intexp, quant
+
+ROWS = 4096
+SHAPES = (128, 512)
+REPEATS = 7
+
+
+def best_seconds(fn, repeats: int = REPEATS) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def softmax_f32(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def run() -> list[dict]:
+    numba.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    rows = []
+    for cols in SHAPES:
+        logits = rng.normal(0, 2.5, size=(ROWS, cols)).astype(np.float32)
+        scale = float(quant.choose_scales(logits)[0])
+        x = quant.quantize_logits(logits, scale)
+        B, S, dmax = (int(v[0]) for v in quant.int_params_from_clip(3.0, scale, cols))
+        soft = best_seconds(lambda: softmax_f32(logits))
+        fast = best_seconds(lambda: hccs.hccs_int(x, B, S, dmax))
+        spec = best_seconds(lambda: hccs.hccs_int(x, B, S, dmax, impl="numpy"), repeats=3)
+        clb = best_seconds(lambda: hccs.hccs_int(x, B, S, dmax, mode="clb"))
+        mult = int(intexp.exp_mult_from_scale(scale)[0])
+        iexp = best_seconds(lambda: intexp.intexp_softmax(x, mult))
+        shape = f"{ROWS}x{cols}"
+        note = f"B={B} S={S} dmax={dmax}; softmax numpy float32 {ROWS / soft:.3g} rows/s"
+        rows += [
+            {"name": f"hccs_int div numba vs numpy float32 softmax, {shape}", "value": ROWS / fast,
+             "unit": "rows/s", "baseline": ROWS / soft, "ratio": soft / fast, "target": ">= 3x",
+             "met": soft / fast >= 3.0, "notes": note},
+            {"name": f"hccs_int clb numba vs numpy float32 softmax, {shape}", "value": ROWS / clb,
+             "unit": "rows/s", "baseline": ROWS / soft, "ratio": soft / clb, "target": ">= 3x",
+             "met": soft / clb >= 3.0},
+            {"name": f"hccs_int div numba vs numpy spec, {shape}", "value": ROWS / fast, "unit": "rows/s",
+             "baseline": ROWS / spec, "ratio": spec / fast},
+            {"name": f"intexp numba vs numpy float32 softmax, {shape}", "value": ROWS / iexp, "unit": "rows/s",
+             "baseline": ROWS / soft, "ratio": soft / iexp},
+        ]
+    return rows
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(row)
