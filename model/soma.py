@@ -129,6 +129,9 @@ class SomaConfig:
             bad("n_kv_heads", f"a divisor of n_heads={self.n_heads} (grouped-query attention)", self.n_kv_heads)
         if not isinstance(self.sinks, (int, np.integer)) or not 0 <= self.sinks <= self.ring:
             bad("sinks", f"an integer in [0, ring={self.ring}]", self.sinks)
+        for name in ("include_self", "integer"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                bad(name, "True or False", getattr(self, name))
         if not (isinstance(self.gamma, (int, float)) and 0.0 <= self.gamma < 1.0):
             bad("gamma", "a number in [0, 1)", self.gamma)
         if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)):

@@ -64,6 +64,20 @@ def test_decode_after_prefill_equals_prefill_of_whole_sequence(cfg, T, split, se
         np.testing.assert_allclose(state.to_arrays()[name], value, rtol=0, atol=ATOL, err_msg=name)
 
 
+@pytest.mark.parametrize("cfg", [
+    SomaConfig(n_heads=2, head_dim=4, ring=300, sinks=3, recency=0.01, alpha=0.2, gating="query"),
+    SomaConfig(n_heads=4, n_kv_heads=2, head_dim=4, ring=40, sinks=40, include_self=False, field_source="keys",
+               alpha=0.1),
+])
+def test_multi_block_prefill_equals_steps(rng, cfg):
+    """600 tokens: the vectorised prefill runs three query blocks of 256, each over its own key window."""
+    q, k, v = qkv(rng, 600, cfg)
+    whole, _ = prefill(cfg, q, k, v)
+    state = SomaState.empty(cfg, np.float64)
+    stepped = np.stack([decode_step(cfg, state, q[t], k[t], v[t])[0] for t in range(600)])
+    np.testing.assert_allclose(stepped, whole, rtol=0, atol=ATOL)
+
+
 @pytest.mark.parametrize("kv,group", [(1, 1), (2, 3), (1, 4)])
 def test_full_ring_no_sinks_no_field_is_causal_attention(rng, kv, group):
     T = 50
@@ -195,7 +209,7 @@ def test_state_bytes_formula_and_seed_ratio():
     (dict(gating="query", field_source="keys"), "field_source"), (dict(normaliser="relu"), "normaliser"),
     (dict(recency=-1.0), "recency"), (dict(alpha=float("nan")), "alpha"), (dict(logit_scale=(1.0,)), "logit_scale"),
     (dict(integer=True, normaliser="softmax"), "normaliser"), (dict(head_dim=0), "head_dim"),
-    (dict(hccs_B=10), "hccs_B"),
+    (dict(hccs_B=10), "hccs_B"), (dict(include_self="no"), "include_self"), (dict(integer=1), "integer"),
 ])
 def test_config_errors_name_the_field(changes, field):
     with pytest.raises(ValueError, match=f"SomaConfig.{field}"):
