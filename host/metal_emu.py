@@ -35,6 +35,8 @@ SHIM_DIR = METAL_DIR / "shim"
 CXX_FLAGS = ("-std=c++17", "-fsigned-char", "-Wno-attributes", "-O2", "-fPIC", "-shared")
 THREAD_ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 DEFAULT_MARKER = 0xA5
+GUARD = np.frombuffer(b"somatile-guard!!" * 4, np.uint8)
+"""Bytes placed before and after every buffer of an emulated dispatch (64, not a multiple of any element)."""
 
 # MSL element type -> numpy dtype of the buffer bound to a pointer of that type.
 ELEMENT_DTYPES = {
@@ -208,7 +210,10 @@ class EmulatedLibrary:
                 raise EmulationError(f"kernel {name}: buffer {index} ({param.name}) is {param.element}*, expected "
                                      f"dtype {np.dtype(dtype)}, got {array.dtype}")
         dims = [tuple(int(v) for v in d) + (1,) * (3 - len(d)) for d in (grid, threadgroup)]
-        pointers = (ctypes.c_void_p * max(1, len(buffers)))(*[a.ctypes.data for a in buffers])
+        # Each buffer runs in a copy fenced by guard bytes on both sides: a write outside the buffer
+        # changes a guard and fails the dispatch (reads outside it are not detected).
+        fenced = [np.concatenate([GUARD, a.view(np.uint8).reshape(-1), GUARD]) for a in buffers]
+        pointers = (ctypes.c_void_p * max(1, len(buffers)))(*[f.ctypes.data + GUARD.size for f in fenced])
         grid3, group3 = ((ctypes.c_uint * 3)(*d) for d in dims)
         error = ctypes.create_string_buffer(512)
         fn = getattr(self._lib, f"somatile_emu_{name}")
@@ -216,6 +221,11 @@ class EmulatedLibrary:
         status = fn(pointers, grid3, group3, THREAD_ORDERS[order], ctypes.c_ulonglong(seed), marker, error, 512)
         if status != 0:
             raise EmulationError(f"kernel {name}: {error.value.decode()}")
+        for index, (array, copy) in enumerate(zip(buffers, fenced)):
+            if not (np.array_equal(copy[:GUARD.size], GUARD) and np.array_equal(copy[copy.size - GUARD.size:], GUARD)):
+                raise EmulationError(f"kernel {name}: wrote outside buffer {index} ({wanted[index].name}, "
+                                     f"{array.nbytes} bytes)")
+            array.view(np.uint8).reshape(-1)[...] = copy[GUARD.size:copy.size - GUARD.size]
 
 
 def compile_library(source: str, build_dir: Path | None = None) -> EmulatedLibrary:

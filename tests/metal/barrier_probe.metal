@@ -2,7 +2,8 @@
 // memory and reads its mirror thread's value. `mirror_ok` has the barrier between the store and the load;
 // `mirror_missing_barrier` does not, and the emulator must make it fail (the mirror has not stored yet when
 // the threads run one after another, so the load sees the marker byte). `barrier_in_branch` lets only the
-// even threads reach a barrier, which must be reported as a deadlock rather than hang.
+// even threads reach a barrier, which must be reported as a deadlock rather than hang; `write_past_end`
+// writes one element beyond its output, which the emulator's guard bytes must report.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -44,4 +45,8 @@ kernel void simd_reductions(const device int* x [[buffer(0)]], const device floa
     out[3 * (i / 32) + 2] = lo;
     out_float[i / 32] = f;
   }
+}
+
+kernel void write_past_end(device int* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i + 1] = int(i);
 }

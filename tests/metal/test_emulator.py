@@ -65,6 +65,15 @@ def test_partial_threadgroups_at_the_grid_edge(libraries):
     assert np.array_equal(out, x)
 
 
+def test_a_write_outside_a_buffer_is_reported(libraries):
+    out = np.zeros(16, np.int32)
+    with pytest.raises(metal_emu.EmulationError, match=r"wrote outside buffer 0 \(out, 64 bytes\)"):
+        libraries["barrier_probe"].dispatch("write_past_end", [out], (16,), (16,))
+    inside = np.zeros(17, np.int32)
+    libraries["barrier_probe"].dispatch("write_past_end", [inside], (16,), (16,))
+    assert np.array_equal(inside, np.concatenate([[0], np.arange(16)]))
+
+
 def test_buffer_checks_name_the_buffer(libraries):
     lib = libraries["barrier_probe"]
     x = np.arange(64, dtype=np.int32)
