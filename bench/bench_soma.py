@@ -20,19 +20,14 @@ import time
 
 import numpy as np
 
-from somatile.model.soma import SomaConfig, SomaState, decode_step, prefill
+from somatile.model.soma import SomaConfig, SomaState, prefill
+from somatile.model.soma_demo import interleaved_step_us
 
 SHAPE = dict(n_heads=9, n_kv_heads=3, head_dim=64)
 
 
-def _median_step_seconds(cfg, state, tokens, impl=None) -> float:
-    kwargs = {} if impl is None else {"impl": impl}
-    times = []
-    for q, k, v in tokens:
-        t0 = time.perf_counter()
-        decode_step(cfg, state, q, k, v, **kwargs)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _median_step_seconds(cfg, state, tokens, impl="numba") -> float:
+    return interleaved_step_us(cfg, [state], tokens, impl=impl)[0] / 1e6
 
 
 def _int_tokens(rng, cfg, n):
@@ -59,9 +54,7 @@ def integer_rows(rng) -> list[dict]:
     late = _state_at(cfg, rng, 65536)
     tokens = _int_tokens(rng, cfg, 300)
     _median_step_seconds(cfg, early.copy(), tokens[:5])  # compile outside the timing
-    # Interleaved token by token, so that load from other jobs on the machine hits both sides alike.
-    paired = [(_median_step_seconds(cfg, early, [tok]), _median_step_seconds(cfg, late, [tok])) for tok in tokens]
-    t_early, t_late = (statistics.median(side) for side in zip(*paired))
+    t_early, t_late = (t / 1e6 for t in interleaved_step_us(cfg, [early, late], tokens))
     t_spec = _median_step_seconds(cfg, _state_at(cfg, rng, 65536), tokens[:60], impl="numpy")
     ratio = t_late / t_early
     return [
