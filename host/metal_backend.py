@@ -155,13 +155,16 @@ class PyObjCRunner:
                 for b, n, (s, d) in zip(out_buffers, sizes, outputs)]
 
 
-def make_runner(api: str = "mlx", *, emulate: bool = False, order: str = "forward", seed: int = 0):
-    """A runner for ``api`` ("mlx" or "pyobjc"): on the Apple GPU, or with ``emulate`` on the CPU emulator."""
+def make_runner(api: str = "mlx", *, emulate: bool = False, order: str = "forward", seed: int = 0,
+                marker: int | None = None):
+    """A runner for ``api`` ("mlx" or "pyobjc"): on the Apple GPU, or with ``emulate`` on the CPU emulator
+    (``order``, ``seed`` and ``marker`` as in somatile.host.metal_emu.EmulatedLibrary.dispatch)."""
     if api not in ("mlx", "pyobjc"):
         raise ValueError(f"api: expected 'mlx' or 'pyobjc', got {api!r}")
     if emulate:
         from somatile.host import metal_emu
-        stand_in = (metal_emu.EmulatedMLX if api == "mlx" else metal_emu.EmulatedMetal)(order=order, seed=seed)
+        stand_in = (metal_emu.EmulatedMLX if api == "mlx" else metal_emu.EmulatedMetal)(
+            order=order, seed=seed, marker=metal_emu.DEFAULT_MARKER if marker is None else marker)
         return MlxRunner(stand_in) if api == "mlx" else PyObjCRunner(stand_in)
     if sys.platform != "darwin":
         raise _unavailable(api, "mlx" if api == "mlx" else "pyobjc-framework-Metal")

@@ -305,21 +305,23 @@ class _EmulatedMlxKernel:
                    np.frombuffer(bytes([DEFAULT_MARKER]) * (int(np.prod(s)) * d.itemsize), d).reshape(s).copy()
                    for s, d in zip(output_shapes, dtypes)]
         library = self.owner.library(self.signature(arrays, dtypes))
-        library.dispatch(self.name, arrays + outputs, grid, threadgroup, order=self.owner.order, seed=self.owner.seed)
+        library.dispatch(self.name, arrays + outputs, grid, threadgroup, order=self.owner.order, seed=self.owner.seed,
+                         marker=self.owner.marker)
         self.owner.dispatches += 1
         return outputs
 
 
 class EmulatedMLX:
     """Stand-in for ``mlx.core`` as somatile.host.metal_backend uses it: numpy arrays for ``mx.array``, dtype
-    names, and ``mx.fast.metal_kernel`` whose kernels run on the CPU emulator. ``order``/``seed`` choose the
-    thread order of every dispatch (see `EmulatedLibrary.dispatch`)."""
+    names, and ``mx.fast.metal_kernel`` whose kernels run on the CPU emulator. ``order``/``seed``/``marker``
+    go to every dispatch (see `EmulatedLibrary.dispatch`)."""
 
     int8, uint8, int16, uint16, int32, uint32, float32 = (np.dtype(t) for t in (
         np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.float32))
 
-    def __init__(self, order: str = "forward", seed: int = 0, build_dir: Path | None = None):
-        self.order, self.seed, self.build_dir = order, seed, build_dir
+    def __init__(self, order: str = "forward", seed: int = 0, marker: int = DEFAULT_MARKER,
+                 build_dir: Path | None = None):
+        self.order, self.seed, self.marker, self.build_dir = order, seed, marker, build_dir
         self.dispatches = 0
         self._libraries: dict[str, EmulatedLibrary] = {}
         self.fast = type("fast", (), {"metal_kernel": staticmethod(self.metal_kernel)})
@@ -443,7 +445,7 @@ class _CommandBuffer:
         for function, views, grid, group in self.work:
             try:
                 function.library.dispatch(function.name, views, grid, group, order=self.owner.order,
-                                          seed=self.owner.seed)
+                                          seed=self.owner.seed, marker=self.owner.marker)
             except EmulationError as err:
                 self._error = str(err)
                 return
@@ -498,8 +500,9 @@ class EmulatedMetal:
 
     MTLResourceStorageModeShared = 0
 
-    def __init__(self, order: str = "forward", seed: int = 0, build_dir: Path | None = None):
-        self.order, self.seed, self.build_dir = order, seed, build_dir
+    def __init__(self, order: str = "forward", seed: int = 0, marker: int = DEFAULT_MARKER,
+                 build_dir: Path | None = None):
+        self.order, self.seed, self.marker, self.build_dir = order, seed, marker, build_dir
         self.dispatches = 0
         self.MTLCompileOptions = _CompileOptions
 

@@ -43,11 +43,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=["mlx", "pyobjc", pytest.param("gpu-mlx", marks=pytest.mark.metal),
                         pytest.param("gpu-pyobjc", marks=pytest.mark.metal)])
 def runner(request):
-    """A dispatch path of the metal:// backend: over the CPU stand-ins (threads in a seeded random order), or
-    on the Apple GPU (the ``gpu-`` parameters, marked ``metal``)."""
+    """A dispatch path of the metal:// backend: over the CPU stand-ins (threads in a seeded random order;
+    threadgroup memory starts as 0xA5 bytes, a negative int, for MLX and 0x5A, a positive one, for PyObjC, so
+    that a read before the write cannot pass a max or a min by luck), or on the Apple GPU (the ``gpu-``
+    parameters, marked ``metal``)."""
     if request.param.startswith("gpu-"):
         return metal_backend.make_runner(request.param.removeprefix("gpu-"))
     if not EMULATOR_PLATFORM:
         pytest.skip("the CPU emulator needs Linux (ELF sections and ucontext); the metal-marked tests cover this "
                     "platform's GPU")
-    return metal_backend.make_runner(request.param, emulate=True, order="random", seed=7)
+    return metal_backend.make_runner(request.param, emulate=True, order="random", seed=7,
+                                     marker=0xA5 if request.param == "mlx" else 0x5A)

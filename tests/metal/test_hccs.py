@@ -7,7 +7,7 @@ metal:// backend (MLX body-only kernels, PyObjC full kernels) over the emulator'
 import numpy as np
 import pytest
 
-from somatile.host import metal_backend, metal_emu
+from somatile.host import metal_backend, metal_emu, metal_kernels
 from somatile.model import hccs, intexp
 
 ORDERS = tuple(metal_emu.THREAD_ORDERS)
@@ -132,3 +132,24 @@ def test_backend_rejects_bad_input_with_the_models_errors(runner):
         metal_backend.hccs(runner, x, 100, 1, 10, mode="fast")
     with pytest.raises(ValueError, match="mult: head 0 M = 0"):
         metal_backend.intexp(runner, x, 0)
+
+
+@pytest.mark.parametrize("reduction", ["threadgroup_max", "threadgroup_sum"])
+def test_removing_a_reduction_barrier_breaks_the_kernel(rng, reduction):
+    """The production reductions' first barrier is load-bearing, and the emulator shows it: without it a
+    simdgroup reads the other simdgroups' slots before they are written (marker bytes chosen so that the
+    stale value wins a max: 0x5A5A5A5A)."""
+    source = metal_kernels.library_source("hccs")
+    start = source.index(f"T {reduction}(")
+    barrier = "  threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+    cut = source.index(barrier, start)
+    broken = metal_emu.compile_library(source[:cut] + source[cut + len(barrier):])
+    x = rng.integers(-128, 128, size=(1, 6, 300)).astype(np.int8)
+    expected = hccs.hccs_int(x, 100, 1, 40)
+    for order, marker in (("forward", 0x5A), ("reverse", 0x5A)):
+        got = np.zeros(x.shape, np.uint8)
+        threads = metal_backend.row_threads(300)
+        broken.dispatch("hccs_uint8", [x, np.ones(1, np.uint8), np.array([300, 6, 0, 0], np.int32),
+                                       np.array([[100, 1, 40]], np.int32), got], (threads, 6), (threads, 1),
+                        order=order, marker=marker)
+        assert not np.array_equal(got, expected), order
