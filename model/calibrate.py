@@ -287,6 +287,40 @@ def calibrate_params(logits: np.ndarray, mask=None, *, search: str = "int", mode
                       out=out, c=c, error=cal.error, objective=objective)
 
 
+def study_objectives(logits: np.ndarray, mask=None, values=None, *, search: str = "int",
+                     threshold: float = DEFAULT_THRESHOLD, progress: bool = False) -> list[dict]:
+    """Evidence for the default objective: calibrate with each objective on the first half of the rows and
+    measure the result on the second half (held out) with every metric of `somatile compare`.
+
+    Returns one dict per objective: mean over heads of tv, kl_eps, kl_seed, top1, out_err (when values are
+    given) for the deployed-style output (integer div kernel for ``search="int"``, float HCCS for
+    ``"float"``), and the number of heads marked fallback at ``threshold``.
+    """
+    from somatile.model.compare import head_metrics
+    x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
+    half = x3.shape[1] // 2
+    if half < 1:
+        raise ValueError(f"logits: need at least 2 rows per head to hold half out, got {x3.shape[1]}")
+    valid = np.ones(x3.shape, bool) if valid3 is None else valid3
+    train, test = (x3[:, :half], valid[:, :half]), (x3[:, half:], valid[:, half:])
+    q = hccs.softmax(*test)
+    rows = []
+    for objective in sorted(OBJECTIVES):
+        params = calibrate_params(*train, search=search, objective=objective, threshold=threshold,
+                                  progress=progress)
+        if search == "int":
+            xq = quant.quantize_logits(test[0], params.scale, test[1])
+            p = hccs.hccs_int(xq, params.B, params.S, params.dmax, mask=test[1]) / 255.0
+        else:
+            p = hccs.hccs_float(test[0], params.c, test[1])
+        per_head = [head_metrics(q[h], p[h], test[1][h], None if values is None else values[h])
+                    for h in range(x3.shape[0])]
+        rows.append({"objective": objective, "fallback_heads": int(params.fallback.sum())}
+                    | {k: float(np.mean([m[k] for m in per_head])) for k in per_head[0]
+                       if not k.startswith("rowsum")})
+    return rows
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from somatile.model.compare import add_input_arguments
     add_input_arguments(parser)
@@ -300,13 +334,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="float search: grid steps (default 80)")
     parser.add_argument("--mode", choices=sorted(hccs.MODE_CODES), default="div")
     parser.add_argument("--out-type", choices=sorted(hccs.OUT_CODES), default="uint8")
-    parser.add_argument("-o", "--output", required=True, help="YAML file for the calibrated parameters")
+    parser.add_argument("-o", "--output", help="YAML file for the calibrated parameters (required unless --study)")
+    parser.add_argument("--study", action="store_true",
+                        help="instead of writing parameters: calibrate with every objective on half the rows, "
+                             "measure on the other half, print a markdown table (docs/calibration.md)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from somatile.model.compare import load_input
+    from somatile.model.compare import load_input_with_values
+    if not args.study and not args.output:
+        print("somatile calibrate: -o/--output FILE.yaml is required (or --study)")
+        return 2
     try:
-        logits, mask, source = load_input(args)
+        logits, mask, values, source = load_input_with_values(args)
+        if args.study:
+            print(f"objective study on {source} ({args.search} search, threshold {args.threshold}); "
+                  f"calibrated on the first half of the rows, measured on the second half")
+            print(format_study(study_objectives(logits, mask, values, search=args.search, threshold=args.threshold,
+                                                progress=True)))
+            return 0
         params = calibrate_params(logits, mask, search=args.search, mode=args.mode, out=args.out_type,
                                   objective=args.objective, threshold=args.threshold, c_range=args.c_range,
                                   steps=args.steps, progress=True)
@@ -321,3 +367,13 @@ def run(args: argparse.Namespace) -> int:
               f"{params.error[h]:>9.4f} {'yes' if params.fallback[h] else 'no'}")
     print(f"wrote {args.output}")
     return 0
+
+
+def format_study(rows: list[dict]) -> str:
+    """Markdown table of :func:`study_objectives` rows."""
+    keys = [k for k in rows[0] if k != "objective"]
+    lines = ["| objective | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for r in rows:
+        lines.append(f"| {r['objective']} | " + " | ".join(
+            str(r[k]) if isinstance(r[k], int) else f"{r[k]:.4f}" for k in keys) + " |")
+    return "\n".join(lines)

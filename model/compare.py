@@ -11,7 +11,8 @@ Methods, each turned into probabilities (uint8 outputs / 255):
 - ``intexp``: the integer-exp softmax on the int8 logits;
 - ``deployed``: int8_div on HCCS heads and intexp on the heads marked fallback (what hardware would run).
 
-Per head and method: TV, KL (eps-smoothed and the seed's clamped form), max |p - q|, top-1 agreement, row-sum
+Per head and method: TV, KL (eps-smoothed and the seed's clamped form), max |p - q|, top-1 agreement (softmax's
+top element among p's maxima; strict: p's unique maximum), row-sum
 mean/min/max (clb rows are not normalised), and with values the relative attention-output error
 ||(P - Q) V|| / ||Q V||. Prints a table, writes ``compare.json`` and PNG plots to ``--out``.
 """
@@ -85,11 +86,12 @@ def load_npz(path) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
 
 def load_input(args) -> tuple[np.ndarray, np.ndarray | None, str]:
     """Logits and mask from --logits or the synthetic generator; plus a description of the source."""
-    logits, mask, _, source = _load_with_values(args)
+    logits, mask, _, source = load_input_with_values(args)
     return logits, mask, source
 
 
-def _load_with_values(args):
+def load_input_with_values(args):
+    """As :func:`load_input`, plus values (H, N, D) or None (synthetic input gets seeded N(0, 1) values)."""
     if args.logits:
         logits, mask, values = load_npz(args.logits)
         return logits, mask, values, args.logits
@@ -120,14 +122,17 @@ def head_metrics(q, p, valid, values=None) -> dict[str, float]:
     rows = valid.any(axis=-1)
     q, p, valid = q[rows], p[rows], valid[rows]
     sums = p.sum(axis=-1)
+    at_top = np.take_along_axis(p, np.argmax(np.where(valid, q, -1), -1)[:, None], -1)[:, 0]
+    p_max = np.where(valid, p, -1).max(axis=-1)
     metrics = {
         "tv": float(np.mean(calibrate.objective_per_row(q, p, valid, "tv"))),
         "kl_eps": float(np.mean(calibrate.objective_per_row(q, p, valid, "kl_eps"))),
         "kl_seed": float(np.mean(calibrate.objective_per_row(q, p, valid, "kl_seed"))),
         "max_abs": float(np.max(np.abs(p - q))),
-        # Ties are common in uint8 outputs: the row agrees when softmax's top element is among p's maxima.
-        "top1": float(np.mean(np.take_along_axis(p, np.argmax(np.where(valid, q, -1), -1)[:, None], -1)[:, 0]
-                              >= np.where(valid, p, -1).max(axis=-1))),
+        # Ties are common in uint8 outputs: "top1" counts a row when softmax's top element is among p's
+        # maxima, "top1_strict" only when it is p's unique maximum.
+        "top1": float(np.mean(at_top >= p_max)),
+        "top1_strict": float(np.mean((at_top >= p_max) & ((np.where(valid, p, -1) == p_max[:, None]).sum(-1) == 1))),
         "rowsum_mean": float(sums.mean()), "rowsum_min": float(sums.min()), "rowsum_max": float(sums.max()),
     }
     if values is not None:
@@ -244,7 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        logits, mask, values, source = _load_with_values(args)
+        logits, mask, values, source = load_input_with_values(args)
         report = compare(logits, mask, values, objective=args.objective, threshold=args.threshold,
                          out=args.out_type, progress=True)
     except (TypeError, ValueError) as exc:
