@@ -48,6 +48,7 @@ MAX_INT_HEAD_DIM = 256
 _PER_HEAD_INT_FIELDS = ("score_mult", "score_shift", "out_mult", "out_shift", "alpha_mult", "alpha_shift",
                         "gate_mult", "gate_shift", "recency_int", "hccs_B", "hccs_S", "hccs_dmax", "exp_mult")
 _PER_HEAD_FLOAT_FIELDS = ("hccs_c", "logit_scale")
+_DERIVED_FIELDS = ("hccs_B", "hccs_S", "hccs_dmax", "exp_mult", "gamma_q15")
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,9 @@ class SomaConfig:
     def __post_init__(self):
         def bad(name, expected, value):
             raise ValueError(f"SomaConfig.{name}: expected {expected}, got {value!r}")
+
+        # Fields left at None and derived below; replace() derives them again from the changed config.
+        object.__setattr__(self, "_derived", frozenset(n for n in _DERIVED_FIELDS if getattr(self, n) is None))
 
         for name in ("n_heads", "head_dim", "ring"):
             value = getattr(self, name)
@@ -219,8 +223,10 @@ class SomaConfig:
         return self.gating == "query"
 
     def replace(self, **changes) -> "SomaConfig":
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again). Fields that were derived (gamma_q15 from gamma,
+        the integer normaliser's parameters from hccs_c / logit_scale / slots) are derived again unless given."""
+        rederive = {name: None for name in self._derived if name not in changes}
+        return dataclasses.replace(self, **rederive, **changes)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "SomaConfig":

@@ -216,6 +216,18 @@ def test_config_errors_name_the_field(changes, field):
         SomaConfig(**{**dict(n_heads=2, head_dim=8, ring=8), **changes})
 
 
+def test_replace_derives_derived_fields_again():
+    cfg = SomaConfig(n_heads=2, head_dim=8, ring=252, sinks=4, normaliser="hccs_int")
+    assert cfg.replace(gamma=0.5).gamma_q15 == 16384
+    short = cfg.replace(ring=12)
+    assert short.hccs_B == SomaConfig(n_heads=2, head_dim=8, ring=12, sinks=4, normaliser="hccs_int").hccs_B
+    assert short.hccs_B != cfg.hccs_B
+    fixed = cfg.replace(gamma_q15=100)
+    assert fixed.replace(gamma=0.5).gamma_q15 == 100, "an explicit value stays"
+    exp = cfg.replace(normaliser="exp_int")
+    assert exp.replace(logit_scale=0.25).exp_mult == (11819, 11819)
+
+
 def test_preset_unknown_name():
     with pytest.raises(ValueError, match="unknown preset 'fast'"):
         SomaConfig.preset("fast")
