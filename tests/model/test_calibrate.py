@@ -125,3 +125,19 @@ def test_calibrate_cli_writes_loadable_yaml(tmp_path, capsys):
     params = HccsParams.from_yaml(out)
     assert params.heads == 3 and params.cols == 32 and params.objective == "tv"
     assert "wrote" in capsys.readouterr().out
+
+
+def test_study_objectives_holds_rows_out(rng, capsys):
+    logits = rng.normal(0, 2, size=(2, 40, 16))
+    rows = calibrate.study_objectives(logits, values=rng.normal(size=(2, 16, 4)))
+    assert [r["objective"] for r in rows] == sorted(calibrate.OBJECTIVES)
+    for r in rows:
+        assert 0 <= r["tv"] <= 1 and r["out_err"] >= 0 and 0 <= r["fallback_heads"] <= 2
+    table = calibrate.format_study(rows)
+    assert table.splitlines()[0].startswith("| objective | fallback_heads | tv |") and len(table.splitlines()) == 5
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        calibrate.study_objectives(logits[:, :1])
+    parser = argparse.ArgumentParser()
+    calibrate.add_arguments(parser)
+    assert calibrate.run(parser.parse_args(["--heads", "2", "--rows", "20", "--cols", "16"])) == 2
+    assert "-o/--output FILE.yaml is required" in capsys.readouterr().out
