@@ -11,7 +11,10 @@ per head three integers (B, S, Dmax); for a row x of int8 logits,
     clb:    k = floor(log2 total); inv = (255 << 15) >> k (uint8) or 32767 >> k (int16)
     out_i   = min((score_i * inv) >> SHIFT, OUT_MAX)  SHIFT = 15 (uint8) or 0 (int16); floor rounding
 
-Two implementations that agree bit for bit: ``impl="numpy"`` is the readable spec, ``impl="numba"`` (the
+Float references beside it: :func:`softmax`, :func:`hccs_float` (seed 003's single-c form) and
+:func:`hccs_float_bsd` (the paper's three-parameter family), with the same mask semantics.
+
+Two implementations of the integer kernel that agree bit for bit: ``impl="numpy"`` is the readable spec, ``impl="numba"`` (the
 default) the fast path built from the row kernel :func:`hccs_row`, which other ``@njit`` code (the Soma decode
 step) calls directly. Every width and range lives in the module constants below; RTL, firmware and host code
 import them instead of re-declaring them.
