@@ -136,9 +136,8 @@ def integer_config(cfg: SomaConfig, *, q_scale, k_scale, v_scale, out_scale, log
     for n in ("score", "out", "alpha", "gate"):
         fields[f"{n}_mult"] = tuple(m for m, _ in params[n])
         fields[f"{n}_shift"] = tuple(s for _, s in params[n])
-    keep = {} if cfg.normaliser in NORM_CODES else dict(hccs_B=None, hccs_S=None, hccs_dmax=None)
     return cfg.replace(integer=True, normaliser=normaliser, logit_scale=tuple(ls), recency_int=tuple(recency),
-                       **keep, **fields)
+                       **fields)
 
 
 def quantize(x, scale, name: str = "x") -> np.ndarray:
