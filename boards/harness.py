@@ -1,0 +1,71 @@
+"""The board wrapper used for place-and-route: PLL clock, reset, and a serial shift harness around a unit.
+
+A tile or an HCCS unit has far more port bits than a board has pins, and a port left unconnected lets
+synthesis delete the logic behind it. :class:`ShiftHarness` therefore drives every input bit of the unit from
+a shift register fed by one pin (the UART receive pin) and captures every output bit into a register that
+is shifted out on one pin (the UART transmit pin), reloaded every 2**CAPTURE_BITS cycles. Nothing is
+optimised away, all timing paths of the unit are register to register, and the harness adds exactly
+``in_bits + out_bits`` flip-flops (plus ``out_bits`` 2:1 muxes and a CAPTURE_BITS counter), which the report
+states so the unit's own figures can be read off.
+
+This wrapper measures resources and Fmax. It is not a host link: the firmware reaches a tile through its
+AXI4-Stream command layer, not through this harness.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, ClockDomain, ClockSignal, Elaboratable, Module, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.cdc import ResetSynchronizer
+
+from .pll import Pll, PllSetting
+
+CAPTURE_BITS = 10
+
+
+def port_bits(unit: wiring.Component) -> tuple[int, int]:
+    """(input bits, output bits) of a component's signature."""
+    ins, outs = _split_ports(unit)
+    return sum(len(v) for v in ins), sum(len(v) for v in outs)
+
+
+def _split_ports(unit: wiring.Component) -> tuple[list[Value], list[Value]]:
+    ins, outs = [], []
+    for _path, member, value in unit.signature.flatten(unit):
+        (ins if member.flow == wiring.In else outs).append(Value.cast(value))
+    return ins, outs
+
+
+class ShiftHarness(Elaboratable):
+    """``unit`` on a board: PLL-made ``sync`` clock at ``pll.achieved_mhz``, reset held until the PLL locks,
+    ports reached through one serial-in and one serial-out pin (see the module docstring)."""
+
+    def __init__(self, unit: wiring.Component, pll: PllSetting):
+        self.unit = unit
+        self.pll = pll
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.pll = pll = Pll(self.pll, platform.request(platform.default_clk, dir="-"))
+        m.domains.sync = ClockDomain("sync")
+        m.d.comb += ClockSignal("sync").eq(pll.clk)
+        m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="sync")
+
+        uart = platform.request("uart", 0)
+        m.submodules.unit = unit = self.unit
+        ins, outs = _split_ports(unit)
+        inputs, outputs = Cat(*ins), Cat(*outs)
+
+        shift_in = Signal(len(inputs))
+        m.d.sync += shift_in.eq(Cat(uart.rx.i, shift_in[:-1]))
+        m.d.comb += inputs.eq(shift_in)
+
+        shift_out = Signal(len(outputs))
+        capture = Signal(CAPTURE_BITS)
+        m.d.sync += capture.eq(capture + 1)
+        with m.If(capture == 0):
+            m.d.sync += shift_out.eq(outputs)
+        with m.Else():
+            m.d.sync += shift_out.eq(shift_out >> 1)
+        m.d.comb += uart.tx.o.eq(shift_out[0])
+        return m
