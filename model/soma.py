@@ -182,11 +182,13 @@ class SomaConfig:
 
     def _derive_normaliser_params(self, bad):
         """Fill the integer normaliser's parameters left at None from hccs_c and logit_scale."""
-        from somatile.model import soma_int
         given = [getattr(self, n) is not None for n in ("hccs_B", "hccs_S", "hccs_dmax")]
         if any(given) and not all(given):
             bad("hccs_B/hccs_S/hccs_dmax", "all three or none (derived from hccs_c and logit_scale)",
                 (self.hccs_B, self.hccs_S, self.hccs_dmax))
+        if self.normaliser not in ("hccs_int", "exp_int"):
+            return
+        from somatile.model import soma_int  # loads numba: only configs with an integer normaliser need it
         if self.normaliser == "hccs_int":
             if not any(given):
                 for name, values in zip(("hccs_B", "hccs_S", "hccs_dmax"), soma_int.default_hccs_params(self)):
