@@ -8,7 +8,8 @@ packed before the run and unpacked after it. This relies on the unit's contract 
 ``o.valid``/``o.payload`` depend on internal state only (never combinationally on ``i`` or ``o.ready``), so
 values read at the falling edge decide the handshakes of the next rising edge.
 
-The test writes ``out`` (the unit's rows, int32 of shape (R, N)), ``framing_errors`` and ``cycles`` (first
+The simulator process imports only numpy and cocotb until a strict check needs the model. The test writes
+``out`` (the unit's rows, int32 of shape (R, N)), ``framing_errors`` and ``cycles`` (first
 input beat accepted to last output beat taken, inclusive) back to the caller; with ``strict`` it also fails on
 the first mismatch against the model, naming the row, head and elements.
 """
@@ -19,9 +20,8 @@ import itertools
 
 import numpy as np
 
-from somatile.model.hccs import MODE_CODES, OUT_CODES, hccs_int
-
 MAX_REPORTED = 5
+CFG_FIELDS = ("B", "S", "dmax", "mode", "out")
 
 
 def make_job(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=None, lanes: int,
@@ -30,6 +30,10 @@ def make_job(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=
     """Inputs of the ``hccs_rows`` test. x: int8 (R, N); heads: int (R,) head of each row; B, S, dmax, modes
     ("div"/"clb"), outs ("uint8"/"int16"): per head (H,); mask: bool (R, N) or None; idle/backpressure:
     probability of an idle input cycle / a cycle with ``o.ready`` low."""
+    from somatile.hw.hccs import head_params_layout
+    from somatile.model.hccs import MODE_CODES, OUT_CODES
+
+    layout = head_params_layout()
     x = np.asarray(x)
     if x.dtype != np.int8 or x.ndim != 2:
         raise ValueError(f"x: expected int8 of shape (R, N), got {x.dtype} {x.shape}")
@@ -39,11 +43,14 @@ def make_job(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=
             "mode": np.array([MODE_CODES[m] for m in modes]), "out": np.array([OUT_CODES[o] for o in outs]),
             "lanes": np.int64(lanes), "head_bits": np.int64(head_bits), "out_bits": np.int64(out_bits),
             "idle": np.float64(idle), "backpressure": np.float64(backpressure), "seed": np.int64(seed),
-            "strict": np.bool_(strict), "allow_zero_floor": np.bool_(allow_zero_floor)}
+            "strict": np.bool_(strict), "allow_zero_floor": np.bool_(allow_zero_floor),
+            "cfg_offsets": np.array([layout[name].offset for name in CFG_FIELDS])}
 
 
 def golden(job: dict[str, np.ndarray]) -> np.ndarray:
     """The model's output for every row of a job, int32 (R, N)."""
+    from somatile.model.hccs import MODE_CODES, OUT_CODES, hccs_int
+
     x, mask, heads = job["x"], job["mask"], job["heads"]
     modes = {v: k for k, v in MODE_CODES.items()}
     outs = {v: k for k, v in OUT_CODES.items()}
@@ -123,14 +130,12 @@ def unpack_rows(job: dict[str, np.ndarray], words: list[int]) -> tuple[np.ndarra
 
 
 def pack_cfg(job: dict[str, np.ndarray], head: int) -> int:
-    """Payload of one ``cfg`` write (head, then B, S, dmax, mode, out as in ``head_params_layout``)."""
-    from somatile.hw.hccs import head_params_layout
-    layout = head_params_layout()
+    """Payload of one ``cfg`` write: head, then the fields of ``head_params_layout`` at the offsets the job
+    carries (so that the simulator process needs neither Amaranth nor the model to pack it)."""
     word = head
     shift = int(job["head_bits"])
-    for name, value in (("B", job["B"][head]), ("S", job["S"][head]), ("dmax", job["dmax"][head]),
-                        ("mode", job["mode"][head]), ("out", job["out"][head])):
-        word |= int(value) << (shift + layout[name].offset)
+    for name, offset in zip(CFG_FIELDS, job["cfg_offsets"]):
+        word |= int(job[name][head]) << (shift + int(offset))
     return word
 
 

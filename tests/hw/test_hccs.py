@@ -1,0 +1,153 @@
+"""HCCS unit (hw/hccs.py) in Verilator through cocotb, bit-exact against hccs_int, cycles against
+expected_cycles. Two builds in the default run (a small 4-lane unit whose four heads cover the four
+mode/output pairs, and the boards' default 8-lane unit); wider lane counts under the slow marker."""
+
+import numpy as np
+import pytest
+
+from somatile.hw.hccs import HCCSConfig, expected_cycles, reciprocal_cycles
+from somatile.model import calibrate, quant, synth
+from somatile.model.hccs import DMAX_MAX, MAX_ROW_MASS, MIN_FLOOR_MASS, S_MAX
+from somatile.sim.run_hccs import simulate
+
+MODE_OUT = [("div", "uint8"), ("div", "int16"), ("clb", "uint8"), ("clb", "int16")]
+SMALL = {"lanes": 4, "heads": 4, "n_max": 16, "out_type": "int16"}
+BOARD = {"lanes": 8, "heads": 2, "n_max": 256, "out_type": "uint8"}
+CYCLE_TOLERANCE = 0.05
+
+
+def legal_params(rng, cols: int, zero_floor: bool = False) -> tuple[int, int, int]:
+    """(B, S, dmax) drawn over the whole range the model's rules allow for rows of ``cols`` elements."""
+    floor_min = 0 if zero_floor else -(-MIN_FLOOR_MASS // cols)
+    B = int(rng.integers(max(floor_min, 1), MAX_ROW_MASS // cols + 1))
+    dmax = int(rng.integers(0, DMAX_MAX + 1))
+    s_limit = S_MAX if dmax == 0 else min(S_MAX, (B - floor_min) // dmax)
+    return B, int(rng.integers(0, s_limit + 1)), dmax
+
+
+def per_head_params(rng, heads: int, cols: int):
+    B, S, dmax = zip(*(legal_params(rng, cols) for _ in range(heads)))
+    return list(B), list(S), list(dmax)
+
+
+def assert_bit_exact(run):
+    assert not run.framing_errors, run.framing_errors[:5]
+    assert not run.mismatches, f"{len(run.mismatches)} rows differ: {run.mismatches[:5]}"
+    assert np.array_equal(run.out, run.expected)
+
+
+@pytest.mark.parametrize("cols,rows", [(16, 4000), (13, 6000), (1, 4000)])
+def test_random_rows_are_bit_exact_under_idles_and_backpressure(rng, cols, rows):
+    x = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+    mask = rng.random((rows, cols)) < 0.75
+    mask[::37] = False
+    heads = rng.integers(0, 4, rows)
+    B, S, dmax = per_head_params(rng, 4, cols)
+    modes, outs = zip(*MODE_OUT)
+    run = simulate(x, heads, B, S, dmax, modes=modes, outs=outs, mask=mask, unit=SMALL, idle=0.3,
+                   backpressure=0.4, seed=cols)
+    assert_bit_exact(run)
+    assert run.status == {"overflow": 0, "framing": 0, "bad_head": 0}
+
+
+def adversarial_rows(cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that stress max, clipping and saturation, each once unmasked and once with masks."""
+    ramp = np.arange(cols) * (255 // max(cols - 1, 1)) - 128
+    rows = np.array([
+        np.zeros(cols), np.full(cols, 127), np.full(cols, -128),
+        np.r_[127, np.full(cols - 1, -128)], np.r_[np.full(cols - 1, -128), 127],
+        np.where(np.arange(cols) % 2, -128, 127), ramp, ramp[::-1],
+        np.r_[np.full(cols - 1, 5), 6], np.r_[-127, np.full(cols - 1, -128)],
+    ]).astype(np.int8)
+    masks = np.ones(rows.shape, bool)
+    only_one = np.zeros(rows.shape, bool)
+    only_one[np.arange(len(rows)), np.arange(len(rows)) % cols] = True  # one valid element: clb saturates
+    none = np.zeros(rows.shape, bool)
+    return np.concatenate([rows] * 3), np.concatenate([masks, only_one, none])
+
+
+@pytest.mark.parametrize("zero_floor", [False, True], ids=["paper-rules", "seed-single-c"])
+def test_adversarial_rows_and_edge_parameters_are_bit_exact(rng, zero_floor):
+    cols = SMALL["n_max"]
+    x, mask = adversarial_rows(cols)
+    if zero_floor:
+        # The seed's form S = 1, B = dmax = c (no floor): reciprocals up to 23 bits.
+        B, S, dmax = [1, 2, 16, 127], [1, 1, 1, 1], [1, 2, 16, 127]
+    else:
+        b_max, floor_min = MAX_ROW_MASS // cols, -(-MIN_FLOOR_MASS // cols)
+        B, S, dmax = [b_max, b_max, floor_min, 127 * 7 + floor_min], [0, 127, 0, 127], [0, 7, 127, 7]
+    copies = 6
+    x = np.tile(x, (copies * 4, 1))
+    mask = np.tile(mask, (copies * 4, 1))
+    heads = np.arange(len(x)) % 4
+    modes, outs = zip(*MODE_OUT)
+    # Every head under every mode/output pair: rotate the parameter sets over the heads in four runs.
+    for shift in range(4):
+        run = simulate(x, heads, np.roll(B, shift), np.roll(S, shift), np.roll(dmax, shift), modes=modes,
+                       outs=outs, mask=mask, unit=SMALL, idle=0.1, backpressure=0.5, seed=shift,
+                       allow_zero_floor=zero_floor)
+        assert_bit_exact(run)
+
+
+def test_real_looking_logits_back_to_back_are_bit_exact_at_the_expected_cycles():
+    rows, cols = 500, BOARD["n_max"]
+    logits, mask, _ = synth.synthetic_logits(heads=2, rows=rows, cols=cols, padding=True, seed=11)
+    params = calibrate.calibrate_params(logits, mask, mode="div")
+    x = quant.quantize_logits(logits, params.scale, mask)
+    heads = np.repeat([0, 1], rows)
+    run = simulate(x.reshape(-1, cols), heads, params.B, params.S, params.dmax, modes=["div", "clb"],
+                   outs=["uint8", "uint8"], mask=mask.reshape(-1, cols), unit=BOARD)
+    assert_bit_exact(run)
+    # Heads run one after the other; both modes reach one beat per cycle on 32-beat rows.
+    config = HCCSConfig(**BOARD)
+    expected = expected_cycles(config, 2 * rows, cols, mode="div")
+    assert abs(run.cycles - expected) <= CYCLE_TOLERANCE * expected, (run.cycles, expected)
+    assert run.cycles < 1.01 * 2 * rows * cols / config.lanes
+
+
+def test_short_rows_run_at_the_rate_expected_cycles_states():
+    rows, cols = 1000, 40  # 5 beats: the div reciprocal (13 cycles) bounds the rate
+    rng = np.random.default_rng(40)
+    x = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+    B, S, dmax = per_head_params(rng, 2, cols)
+    run = simulate(x, np.zeros(rows, int), B, S, dmax, modes=["div", "div"], outs=["uint8", "uint8"], unit=BOARD)
+    assert_bit_exact(run)
+    config = HCCSConfig(**BOARD)
+    expected = expected_cycles(config, rows, cols, mode="div")
+    assert abs(run.cycles - expected) <= CYCLE_TOLERANCE * expected, (run.cycles, expected)
+    assert expected > rows * reciprocal_cycles(config, "div", "uint8") > rows * 5
+
+
+def test_expected_cycles_closed_form_period():
+    config = HCCSConfig(lanes=8, n_max=256, div_bits=2)
+    for beats, mode in ((32, "div"), (5, "div"), (1, "clb"), (2, "clb")):
+        d = reciprocal_cycles(config, mode)
+        period = max(beats, d, (3 * beats + d + 2) / 4)
+        n = beats * config.lanes
+        measured = expected_cycles(config, 2001, n, mode=mode) - expected_cycles(config, 1001, n, mode=mode)
+        assert measured == pytest.approx(1000 * period, rel=0.01), (beats, mode)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"lanes": 3}, "lanes: expected one of"), ({"n_max": 12, "lanes": 8}, "n_max: expected a positive multiple"),
+    ({"out_type": "float"}, "out_type: expected one of"), ({"div_bits": 5}, "div_bits: expected"),
+    ({"heads": 0}, "heads: expected an integer"),
+])
+def test_bad_configuration_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HCCSConfig(**kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lanes,n_max,out_type", [(1, 8, "uint8"), (16, 128, "int16"), (32, 256, "uint8")])
+def test_lane_sweep_is_bit_exact(rng, lanes, n_max, out_type):
+    unit = {"lanes": lanes, "heads": 4, "n_max": n_max, "out_type": out_type}
+    for cols in (n_max, n_max - 3 if n_max > 3 else 1):
+        rows = 2000
+        x = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+        mask = rng.random((rows, cols)) < 0.8
+        B, S, dmax = per_head_params(rng, 4, cols)
+        outs = [o if out_type == "int16" else "uint8" for _, o in MODE_OUT]
+        run = simulate(x, rng.integers(0, 4, rows), B, S, dmax, modes=[m for m, _ in MODE_OUT], outs=outs,
+                       mask=mask, unit=unit, idle=0.2, backpressure=0.3, seed=lanes)
+        assert_bit_exact(run)
