@@ -200,3 +200,16 @@ def test_integer_errors(rng):
         make(normaliser="exp_int", logit_scale=10.0)
     with pytest.raises(ValueError, match="exp_int"):
         make(ring=40000, sinks=0)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None)
+@given(cfg=int_configs, T=st.integers(1, 200), seed=st.integers(0, 2 ** 31),
+       extreme=st.sampled_from([None, -128, 127]))
+def test_numba_equals_numpy_spec_sweep(cfg, T, seed, extreme):
+    """The long sweep behind the default-run cases: more configurations, longer sequences, saturating keys."""
+    rng = np.random.default_rng(seed)
+    q, k, v = int_qkv(rng, T, cfg)
+    if extreme is not None:
+        k[:] = extreme
+    run_both(cfg, q, k, v)
