@@ -9,6 +9,7 @@
 // threads reach, or a simd reduction in divergent control flow, is reported as an error instead of hanging.
 #pragma once
 
+#include <setjmp.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
@@ -45,8 +46,13 @@ using Launch = void (*)(void* const* buffers, const ThreadAttrs& attrs);
 
 enum class State { ready, at_barrier, at_simd, done };
 
+// A fiber starts once through setcontext (which also restores the signal mask: one system call per
+// thread) and then switches with _setjmp/_longjmp, which leave the signal mask alone; swapcontext would make
+// two system calls per switch, and a kernel with reductions switches several times per thread.
 struct Fiber {
-  ucontext_t context;
+  ucontext_t start;
+  jmp_buf resume;
+  bool started;
   State state;
   ThreadAttrs attrs;
   unsigned simd_ops;                 // simd reductions this thread has entered
@@ -60,7 +66,7 @@ struct Runtime {
   std::vector<Fiber> fibers;
   unsigned char* stacks = nullptr;
   size_t stack_capacity = 0;  // fibers the mapping can hold
-  ucontext_t scheduler;
+  jmp_buf scheduler;
   Fiber* current = nullptr;
   unsigned active = 0;  // threads in the running threadgroup (edge threadgroups are partial)
   Launch launch = nullptr;
@@ -77,7 +83,7 @@ inline void suspend(State why) {
   Runtime& r = runtime();
   Fiber* f = r.current;
   f->state = why;
-  swapcontext(&f->context, &r.scheduler);
+  if (!_setjmp(f->resume)) _longjmp(r.scheduler, 1);
 }
 
 inline void barrier() { suspend(State::at_barrier); }
@@ -113,7 +119,7 @@ inline void fiber_main() {
   Runtime& r = runtime();
   r.launch(r.buffers, r.current->attrs);
   r.current->state = State::done;
-  swapcontext(&r.current->context, &r.scheduler);
+  _longjmp(r.scheduler, 1);
 }
 
 inline bool fail(const char* message) {
@@ -136,11 +142,12 @@ inline bool run_threadgroup(unsigned n, int order, std::mt19937_64& rng) {
   r.active = n;
   for (unsigned i = 0; i < n; ++i) {
     Fiber& f = r.fibers[i];
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = r.stacks + size_t(i) * kStackBytes;
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = nullptr;
-    makecontext(&f.context, fiber_main, 0);
+    getcontext(&f.start);
+    f.start.uc_stack.ss_sp = r.stacks + size_t(i) * kStackBytes;
+    f.start.uc_stack.ss_size = kStackBytes;
+    f.start.uc_link = nullptr;
+    makecontext(&f.start, fiber_main, 0);
+    f.started = false;
     f.state = State::ready;
     f.simd_ops = 0;
   }
@@ -149,7 +156,11 @@ inline bool run_threadgroup(unsigned n, int order, std::mt19937_64& rng) {
       Fiber& f = r.fibers[i];
       if (f.state != State::ready) continue;
       r.current = &f;
-      swapcontext(&r.scheduler, &f.context);
+      if (!_setjmp(r.scheduler)) {
+        if (f.started) _longjmp(f.resume, 1);
+        f.started = true;
+        setcontext(&f.start);
+      }
     }
     unsigned done = 0, at_barrier = 0, released = 0;
     for (unsigned first = 0; first < n; first += kSimdWidth) {
