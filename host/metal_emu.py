@@ -245,16 +245,19 @@ def compile_library(source: str, build_dir: Path | None = None) -> EmulatedLibra
     library = folder / "kernels.so"
     if not library.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "kernels.cpp").write_text(unit)
-        with tempfile.NamedTemporaryFile(dir=folder, suffix=".so", delete=False) as tmp:
-            partial = Path(tmp.name)
-        command = [cxx, *CXX_FLAGS, "-I", str(SHIM_DIR), str(folder / "kernels.cpp"), "-o", str(partial)]
+        # Every build works on its own temporary files and renames them into place (atomic), so concurrent
+        # test processes never compile or load a half-written file.
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".cpp", delete=False) as tmp:
+            tmp.write(unit)
+        source_file, partial = Path(tmp.name), Path(tmp.name).with_suffix(".so")
+        command = [cxx, *CXX_FLAGS, "-I", str(SHIM_DIR), str(source_file), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True)
+        source_file.replace(folder / "kernels.cpp")
         if result.returncode != 0:
             partial.unlink(missing_ok=True)
             raise EmulationError(f"g++ could not compile the Metal source ({folder / 'kernels.cpp'}):\n"
                                  f"{result.stderr.strip()}")
-        partial.replace(library)  # atomic: a concurrent build never loads a half-written library
+        partial.replace(library)
     return EmulatedLibrary(library, entries)
 
 
