@@ -188,15 +188,17 @@ def _hccs_spec(x3, valid3, B, S, dmax, mode: int, out: int) -> np.ndarray:
 
 @numba.njit(cache=True, nogil=True)
 def masked_row_max(x_row, valid_row):
-    """Max of the valid elements as int64 (valid_row of length 0: all valid); -256 when none is valid."""
+    """(max, count) of the valid elements as int32 (valid_row of length 0: all valid); (-128, 0) when none
+    is valid. Branch-free selects so that the loop vectorises."""
     every = valid_row.shape[0] == 0
-    m = np.int64(-(1 << INPUT_BITS))
+    lowest = np.int32(-(1 << (INPUT_BITS - 1)))
+    m = lowest
+    count = 0
     for i in range(x_row.shape[0]):
-        if every or valid_row[i]:
-            v = np.int64(x_row[i])
-            if v > m:
-                m = v
-    return m
+        v = np.int32(x_row[i]) if every or valid_row[i] else lowest
+        m = v if v > m else m
+        count += 1 if every or valid_row[i] else 0
+    return m, count
 
 
 @numba.njit(cache=True, nogil=True)
@@ -233,13 +235,7 @@ def hccs_row(x_row, valid_row, B, S, dmax, mode_code, out_code, out_row):
     """
     n = x_row.shape[0]
     every = valid_row.shape[0] == 0
-    floor_value = np.int32(-(1 << (INPUT_BITS - 1)))
-    m = floor_value
-    count = 0
-    for i in range(n):
-        v = np.int32(x_row[i]) if every or valid_row[i] else floor_value
-        m = v if v > m else m
-        count += 1 if every or valid_row[i] else 0
+    m, count = masked_row_max(x_row, valid_row)
     if count == 0:
         for i in range(n):
             out_row[i] = 0

@@ -101,50 +101,48 @@ def _intexp_spec(x3, valid3, mult, out: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def exp2_frac(r):
-    """Scalar e(r) of :func:`exp2_frac_spec` for ``@njit`` callers."""
-    w = (POLY_B - r) >> 1
-    return ((POLY_A * ((w * w) >> 13)) >> 15) + POLY_C
-
-
-@numba.njit(cache=True, nogil=True)
-def _row_exp(m, x, mult):
-    """E = round_half_up(e(r) / 2**z) for distance m - x (0 once z >= 16). The caller recomputes E rather
-    than storing it, so that a narrow out_row never holds an intermediate."""
-    u = (m - np.int64(x)) * mult
-    z = u >> EXP_FRAC_BITS
-    if z >= EXP_ZERO_SHIFT:
-        return np.int64(0)
-    return (exp2_frac(u & (EXP_ONE - 1)) + ((np.int64(1) << z) >> 1)) >> z
+def _exp_term(m, x, mult):
+    """E of steps 2-7 (docs/numerics.md) for the valid element x of a row with max m, in int32: every
+    intermediate fits (u < 2**24, w*w < 2**30), and int32 casts keep numba from widening the SIMD lanes."""
+    u = np.int32(np.int32(m - np.int32(x)) * mult)
+    z = np.int32(u >> EXP_FRAC_BITS)
+    w = np.int32(np.int32(POLY_B - np.int32(u & (EXP_ONE - 1))) >> 1)
+    e = np.int32(np.int32(np.int32(POLY_A * np.int32(np.int32(w * w) >> 13)) >> 15) + POLY_C)
+    shift = z if z < EXP_ZERO_SHIFT else np.int32(EXP_ZERO_SHIFT)
+    rounded = np.int32(np.int32(e + np.int32(np.int32(1 << shift) >> 1)) >> shift)
+    return rounded if z < EXP_ZERO_SHIFT else np.int32(0)
 
 
 @numba.njit(cache=True, nogil=True)
 def intexp_row(x_row, valid_row, mult, out_code, out_row):
     """Integer-exp softmax of one row, callable from other ``@njit`` code; returns the row sum of E.
 
-    x_row: integer array of length N (int8 range); valid_row: bool (N,) with True = takes part, or length 0
-    (every element takes part); mult: the head's integer input scale M (1..65535); out_code: OUT_UINT8 or
-    OUT_INT16; out_row: integer array (N,) receiving the output (0 at masked positions / fully-masked row).
+    x_row: int8 array of length N (or any integer array holding int8 values); valid_row: bool (N,) with
+    True = takes part, or length 0 (every element takes part); mult: the head's integer input scale M
+    (1..65535); out_code: OUT_UINT8 or OUT_INT16; out_row: integer array (N,) receiving the output (0 at
+    masked positions and in a fully-masked row). E is computed twice rather than stored, so that a narrow
+    out_row never holds an intermediate.
     """
     n = x_row.shape[0]
     every = valid_row.shape[0] == 0
-    m = masked_row_max(x_row, valid_row)
-    total = np.int64(0)
-    for i in range(n):
-        if every or valid_row[i]:
-            total += _row_exp(m, x_row[i], mult)
-    if total <= 0:
+    m, count = masked_row_max(x_row, valid_row)
+    if count == 0:
         for i in range(n):
             out_row[i] = 0
-        return total
-    pre_shift = max(leading_bit(total) - (SUM_NORM_BITS - 1), 0)
-    numerator = UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR
-    inv = np.int64(numerator) // (total >> pre_shift)
+        return np.int64(0)
+    m32 = np.int32(m)
+    mult32 = np.int32(mult)
+    total = np.int64(0)
     for i in range(n):
-        if every or valid_row[i]:
-            out_row[i] = ((_row_exp(m, x_row[i], mult) >> pre_shift) * inv) >> 15
-        else:
-            out_row[i] = 0
+        big_e = _exp_term(m32, x_row[i], mult32)
+        total += big_e if every or valid_row[i] else 0
+    pre_shift = np.int32(max(leading_bit(total) - (SUM_NORM_BITS - 1), 0))
+    numerator = UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR
+    inv = np.int32(np.int64(numerator) // (total >> pre_shift))
+    for i in range(n):
+        big_e = _exp_term(m32, x_row[i], mult32)
+        p = np.int32(np.int32(np.int32(big_e >> pre_shift) * inv) >> 15)
+        out_row[i] = p if every or valid_row[i] else 0
     return total
 
 

@@ -3,6 +3,8 @@
 import numba
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from somatile.model import hccs
 from somatile.model.hccs import hccs_int
@@ -199,3 +201,32 @@ def test_widths_table_is_consistent():
     assert hccs.DMAX_MAX * hccs.S_MAX <= hccs.B_MAX
     # clb: k = floor(log2 total) <= floor(log2 MAX_ROW_MASS) = 14 keeps the shift 15 - k non-negative.
     assert hccs.MAX_ROW_MASS.bit_length() - 1 <= hccs.INV_SHIFT
+
+
+@st.composite
+def hccs_cases(draw):
+    """Shapes and parameters from hypothesis; values from a seeded generator that favours the int8 edges."""
+    cols = draw(st.integers(1, 200))
+    rows = draw(st.integers(1, 6))
+    gen = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    pool = np.array([-128, -127, 0, 1, 126, 127], np.int8)
+    x = np.where(gen.random((rows, cols)) < 0.3, gen.choice(pool, (rows, cols)),
+                 gen.integers(-128, 128, (rows, cols))).astype(np.int8)
+    mask = gen.random((rows, cols)) < draw(st.sampled_from([0.0, 0.3, 0.9, 1.0]))
+    b = draw(st.integers(1, hccs.MAX_ROW_MASS // cols))
+    d = draw(st.integers(0, hccs.DMAX_MAX))
+    zero_floor = draw(st.booleans())
+    s_max = min(hccs.S_MAX, b // d if d else hccs.S_MAX)
+    if not zero_floor:
+        s_max = min(s_max, (b - -(-hccs.MIN_FLOOR_MASS // cols)) // d if d else hccs.S_MAX)
+        assume(b * cols >= hccs.MIN_FLOOR_MASS and s_max >= 0)
+    s = draw(st.integers(0, s_max))
+    return x, mask, b, s, d, zero_floor
+
+
+@settings(max_examples=150, deadline=None)
+@given(hccs_cases(), st.sampled_from(MODES), st.booleans())
+def test_property_numba_equals_spec(case, mode_out, use_mask):
+    x, mask, b, s, d, zero_floor = case
+    mode, out = mode_out
+    both(x, b, s, d, mode=mode, out=out, mask=mask if use_mask else None, allow_zero_floor=zero_floor)
