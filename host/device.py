@@ -274,7 +274,8 @@ class TileDevice(Device):
                     code = self._rm.ErrorCode(exc.detail)
                     raise DeviceError("CONFIGURE", exc.code, exc.code_name, exc.detail,
                                       f"head {head} refused its parameters ({code.name}: "
-                                      f"{self._rm.ERROR_TEXT[code]}): {self._rm.head_fields(values)}") from None
+                                      f"{self._rm.ERROR_TEXT[code]}): "
+                                      f"{dict(zip(self._rm.HEAD_INDEX, values))}") from None
                 raise
             self._values[head] = values
             self._configured[head] = True

@@ -171,25 +171,27 @@ def serve_tile_bus(connection: socket.socket, tiles) -> None:
 
 
 def serve_tiles(params, host: str = "127.0.0.1", port: int = 0, ready=None) -> None:
-    """Serve golden tile models to firmware host builds, one connection at a time, forever.
+    """Serve golden tile models to firmware host builds, forever; each connection (one firmware process) gets
+    its own tiles, fresh from reset as after a power cycle, and its own thread.
 
     ``ready(address)`` is called with the bound (host, port) once the server listens.
     """
     from somatile.hw.tile_model import TileModel
+
+    def serve(connection: socket.socket) -> None:
+        with connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                serve_tile_bus(connection, [TileModel(params, i).command for i in range(params.n_tiles)])
+            except (ConnectionError, OSError) as exc:
+                print(f"somatile tile server: {exc}", file=sys.stderr)
 
     with socket.create_server((host, port)) as server:
         if ready is not None:
             ready(server.getsockname()[:2])
         while True:
             connection, _ = server.accept()
-            with connection:
-                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                # A new firmware process sees tiles fresh from reset, as after a power cycle.
-                tiles = [TileModel(params, i).command for i in range(params.n_tiles)]
-                try:
-                    serve_tile_bus(connection, tiles)
-                except ConnectionError as exc:
-                    print(f"somatile tile server: {exc}", file=sys.stderr)
+            threading.Thread(target=serve, args=(connection,), daemon=True).start()
 
 
 def start_tile_server(params) -> tuple[str, int]:

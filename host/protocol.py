@@ -58,7 +58,7 @@ class LinkError(enum.IntEnum):
 
     BAD_CRC = 1  # CRC-32 mismatch: the frame was dropped; retry with the same seq
     TRUNCATED = 2  # the frame stopped arriving mid-way: dropped; retry with the same seq
-    OVERSIZE = 3  # length above max_payload (detail: max_payload): dropped unread
+    OVERSIZE = 3  # length above max_payload (detail: max_payload): header dropped, the rest hunted for magic
     WRONG_API_LEVEL = 4  # frame or tile at another API level (detail: the level the device expects)
     UNKNOWN_OPCODE = 5  # detail: the opcode
     BAD_LENGTH = 6  # payload length wrong for the opcode (detail: the expected length or granule)
@@ -70,8 +70,9 @@ class LinkError(enum.IntEnum):
     TILE_BAD_ANSWER = 12  # the tile's answer to a firmware-made command was malformed (detail: its length)
 
 
-# Errors after which the host resends the same frame (the device dropped it before executing).
-RETRYABLE = frozenset({LinkError.BAD_CRC, LinkError.TRUNCATED})
+# Errors after which the host resends the same frame: the device dropped it before executing. The host never
+# sends a length above max_payload, so OVERSIZE for its seq means the length was damaged on the way.
+RETRYABLE = frozenset({LinkError.BAD_CRC, LinkError.TRUNCATED, LinkError.OVERSIZE})
 
 # HELLO response: api_level and max_payload, then the INFO registers of tile 0 named in TILE_INFO_REGISTERS
 # (the firmware reads them through REG_READ), u32 each, then the board name (16 bytes, NUL padded).

@@ -89,15 +89,14 @@ struct fw_error {
 };
 
 /* Tile access through its command stream (src/tile.c). tile_transfer sends one command frame and receives
- * its answer; the others build small command frames and check the answer's header, leaving the tile's own
- * error code in *tile_error and the REG_READ result in *value. */
+ * its answer; the others build small command frames and check the answer's header (a tile error code there
+ * is returned as TILE_REFUSED with the code as detail; REG_READ's result goes to *value). */
 struct fw_error tile_transfer(unsigned tile, const uint8_t *command, uint32_t command_len, uint8_t *answer,
                               uint32_t answer_cap, uint32_t *answer_len);
-struct fw_error tile_reg_read(unsigned tile, uint32_t address, uint32_t *value, uint8_t *tile_error);
-struct fw_error tile_simple_command(unsigned tile, uint8_t opcode, uint8_t head, uint8_t count,
-                                    uint8_t *tile_error);
+struct fw_error tile_reg_read(unsigned tile, uint32_t address, uint32_t *value);
+struct fw_error tile_simple_command(unsigned tile, uint8_t opcode, uint8_t head, uint8_t count);
 /* A command with a payload of at most one head parameter block (CONFIGURE_HEAD). */
 struct fw_error tile_payload_command(unsigned tile, uint8_t opcode, uint8_t head, const uint8_t *payload,
-                                     uint32_t payload_len, uint8_t *tile_error);
+                                     uint32_t payload_len);
 
 #endif

@@ -53,11 +53,6 @@ static void send_refusal(struct fw_error e, uint8_t opcode, uint16_t seq)
     (void)hal_link_write(refusal_buffer, error_frame(refusal_buffer, e, opcode, seq));
 }
 
-static struct fw_error tile_refused(struct fw_error e, uint8_t tile_error)
-{
-    return e.code ? e : tile_error ? refuse(WIRE_ERR_TILE_REFUSED, tile_error) : accepted;
-}
-
 static struct fw_error hello(uint32_t length, uint8_t *out, uint32_t *out_len)
 {
     static const uint32_t info_registers[WIRE_INFO_REGISTER_COUNT] = {WIRE_INFO_REGISTERS};
@@ -69,9 +64,7 @@ static struct fw_error hello(uint32_t length, uint8_t *out, uint32_t *out_len)
     /* The tiles must speak the command-layer level this firmware was generated for. */
     for (tile = 0; tile < SOMATILE_N_TILES; tile++) {
         uint32_t level = 0;
-        uint8_t tile_error = 0;
-        struct fw_error e = tile_refused(tile_reg_read(tile, SOMATILE_REG_API_LEVEL, &level, &tile_error),
-                                         tile_error);
+        struct fw_error e = tile_reg_read(tile, SOMATILE_REG_API_LEVEL, &level);
         if (e.code)
             return e;
         if (level != SOMATILE_API_LEVEL)
@@ -82,8 +75,7 @@ static struct fw_error hello(uint32_t length, uint8_t *out, uint32_t *out_len)
     /* The capacity comes from the tile itself, so a host never trusts a header the tile disagrees with. */
     for (i = 0; i < WIRE_INFO_REGISTER_COUNT; i++) {
         uint32_t value = 0;
-        uint8_t tile_error = 0;
-        struct fw_error e = tile_refused(tile_reg_read(0, info_registers[i], &value, &tile_error), tile_error);
+        struct fw_error e = tile_reg_read(0, info_registers[i], &value);
         if (e.code)
             return e;
         fw_put_u32(out + 4 * (WIRE_INFO_FIELDS - WIRE_INFO_REGISTER_COUNT + i), value);
@@ -113,17 +105,14 @@ static struct fw_error tile_command(const uint8_t *payload, uint32_t length, uin
 static struct fw_error configure(const uint8_t *payload, uint32_t length)
 {
     uint32_t head;
-    uint8_t tile_error = 0;
 
     if (length != CONFIGURE_BYTES)
         return refuse(WIRE_ERR_BAD_LENGTH, CONFIGURE_BYTES);
     head = fw_get_u32(payload);
     if (head >= TOTAL_HEADS)
         return refuse(WIRE_ERR_BAD_TILE, TOTAL_HEADS);
-    return tile_refused(tile_payload_command(head / SOMATILE_HEADS, SOMATILE_OP_CONFIGURE_HEAD,
-                                             (uint8_t)(head % SOMATILE_HEADS), payload + 4,
-                                             4u * SOMATILE_HEAD_PARAM_COUNT, &tile_error),
-                        tile_error);
+    return tile_payload_command(head / SOMATILE_HEADS, SOMATILE_OP_CONFIGURE_HEAD, (uint8_t)(head % SOMATILE_HEADS),
+                                payload + 4, 4u * SOMATILE_HEAD_PARAM_COUNT);
 }
 
 static struct fw_error reset(uint32_t length)
@@ -133,13 +122,10 @@ static struct fw_error reset(uint32_t length)
     if (length != 0)
         return refuse(WIRE_ERR_BAD_LENGTH, 0);
     for (tile = 0; tile < SOMATILE_N_TILES; tile++) {
-        uint8_t tile_error = 0;
         /* Clear a latched error first, so that the state reset is not refused because of it. */
-        struct fw_error e = tile_refused(tile_simple_command(tile, SOMATILE_OP_CLEAR_ERROR, 0, 0, &tile_error),
-                                         tile_error);
+        struct fw_error e = tile_simple_command(tile, SOMATILE_OP_CLEAR_ERROR, 0, 0);
         if (!e.code)
-            e = tile_refused(tile_simple_command(tile, SOMATILE_OP_RESET_STATE, 0, SOMATILE_HEADS, &tile_error),
-                             tile_error);
+            e = tile_simple_command(tile, SOMATILE_OP_RESET_STATE, 0, SOMATILE_HEADS);
         if (e.code)
             return e;
     }

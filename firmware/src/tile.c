@@ -33,10 +33,9 @@ struct fw_error tile_transfer(unsigned tile, const uint8_t *command, uint32_t co
 #define PADDED(n) (((n) + SOMATILE_FRAME_GRANULE - 1u) / SOMATILE_FRAME_GRANULE * SOMATILE_FRAME_GRANULE)
 
 /* A command the firmware makes itself (payload at most one head parameter block); its answer must be a bare
- * header. */
+ * header, and a tile error code in it becomes TILE_REFUSED. */
 static struct fw_error own_command(unsigned tile, uint8_t opcode, uint8_t head, uint8_t count, uint32_t arg0,
-                                   uint32_t arg1, const uint8_t *payload, uint32_t payload_len, uint32_t *result,
-                                   uint8_t *tile_error)
+                                   uint32_t arg1, const uint8_t *payload, uint32_t payload_len, uint32_t *result)
 {
     uint8_t command[SOMATILE_HEADER_BYTES + PADDED(PARAM_BLOCK_BYTES)];
     uint8_t answer[SOMATILE_HEADER_BYTES];
@@ -61,25 +60,25 @@ static struct fw_error own_command(unsigned tile, uint8_t opcode, uint8_t head, 
         return e;
     if (answer_len != SOMATILE_HEADER_BYTES || answer[0] != SOMATILE_FRAME_MAGIC)
         return error(WIRE_ERR_TILE_BAD_ANSWER, answer_len);
-    *tile_error = answer[3];
+    if (answer[3] != 0)
+        return error(WIRE_ERR_TILE_REFUSED, answer[3]);
     if (result)
         *result = fw_get_u32(answer + 8);
     return error(0, 0);
 }
 
-struct fw_error tile_reg_read(unsigned tile, uint32_t address, uint32_t *value, uint8_t *tile_error)
+struct fw_error tile_reg_read(unsigned tile, uint32_t address, uint32_t *value)
 {
-    return own_command(tile, SOMATILE_OP_REG_READ, 0, 0, address, 0, NULL, 0, value, tile_error);
+    return own_command(tile, SOMATILE_OP_REG_READ, 0, 0, address, 0, NULL, 0, value);
 }
 
-struct fw_error tile_simple_command(unsigned tile, uint8_t opcode, uint8_t head, uint8_t count,
-                                    uint8_t *tile_error)
+struct fw_error tile_simple_command(unsigned tile, uint8_t opcode, uint8_t head, uint8_t count)
 {
-    return own_command(tile, opcode, head, count, 0, 0, NULL, 0, NULL, tile_error);
+    return own_command(tile, opcode, head, count, 0, 0, NULL, 0, NULL);
 }
 
 struct fw_error tile_payload_command(unsigned tile, uint8_t opcode, uint8_t head, const uint8_t *payload,
-                                     uint32_t payload_len, uint8_t *tile_error)
+                                     uint32_t payload_len)
 {
-    return own_command(tile, opcode, head, 0, 0, 0, payload, payload_len, NULL, tile_error);
+    return own_command(tile, opcode, head, 0, 0, 0, payload, payload_len, NULL);
 }

@@ -1,0 +1,155 @@
+"""The device API: the same tensors through every backend available here, compared exactly with the model
+and with each other; state transfer; errors that name what is wrong."""
+
+import numpy as np
+import pytest
+
+import somatile.host
+from somatile.host.device import DeviceError, DeviceTimeout, TileDevice
+from somatile.model import hccs, soma
+from somatile.model.params import HccsParams
+
+HEADS, HEAD_DIM, RING, SINKS = 2, 64, 64, 4  # the "sim" board
+
+
+def config(**overrides):
+    base = dict(n_heads=HEADS, head_dim=HEAD_DIM, ring=RING, sinks=SINKS, integer=True, normaliser="hccs_int",
+                alpha=0.1, alpha_mult=5, alpha_shift=3, score_shift=(5, 6), out_shift=(7, 8))
+    base.update(overrides)
+    return soma.SomaConfig(**base)
+
+
+def tokens(rng, steps):
+    return tuple(rng.integers(-128, 128, (steps, HEADS, HEAD_DIM)).astype(np.int8) for _ in range(3))
+
+
+@pytest.fixture(scope="module")
+def firmware_urls():
+    """The C firmware's host build over TCP and over a pty (serial://), on golden tile models."""
+    from somatile.host.emu import board_params, start_tile_server
+    from somatile.host.transport_firmware import FirmwareProcess
+
+    params, _ = board_params("sim")
+    tiles = start_tile_server(params)
+    with FirmwareProcess(tiles, link="tcp") as tcp, FirmwareProcess(tiles, link="pty") as pty:
+        yield [tcp.url, pty.url]
+
+
+def test_emu_decode_matches_the_model_through_ring_wraparound(rng):
+    cfg = config()
+    q, k, v = tokens(rng, RING + SINKS + 20)
+    with somatile.host.open("emu://") as dev:
+        dev.configure(cfg)
+        out = dev.decode(q, k, v)
+        state = dev.read_state()
+    ref, ref_state = soma.prefill(cfg, q, k, v)
+    assert out.dtype == np.int8 and np.array_equal(out, ref)
+    for name, value in ref_state.to_arrays().items():
+        assert np.array_equal(state[name], value), name
+
+
+def test_emu_state_moves_between_devices_and_decoding_continues_exactly(rng):
+    cfg = config(normaliser="exp_int", field_source="keys")
+    q, k, v = tokens(rng, 90)
+    ref, _ = soma.prefill(cfg, q, k, v)
+    with somatile.host.open("emu://") as first, somatile.host.open("emu://?board=sim") as second:
+        first.configure(cfg)
+        second.configure(cfg)
+        head = first.decode(q[:70], k[:70], v[:70])
+        second.load_state(first.read_state())
+        tail = second.decode(q[70:], k[70:], v[70:])
+        assert np.array_equal(np.concatenate([head, tail]), ref)
+        second.reset()
+        assert all(not np.any(a) for a in second.read_state().values())
+        assert np.array_equal(second.decode(q[:5], k[:5], v[:5]), ref[:5])
+
+
+def test_emu_hccs_matches_hccs_int_per_head_with_chunking(rng, tmp_path):
+    params = HccsParams(B=np.array([452, 400]), S=np.array([14, 9]), dmax=np.array([32, 40]),
+                        fallback=np.array([False, False]), scale=np.array([0.1, 0.1]), cols=70)
+    params.to_yaml(tmp_path / "hccs.yaml")
+    x = rng.integers(-128, 128, (100, 70)).astype(np.int8)  # 100 rows of 80 padded bytes: 17 commands
+    with somatile.host.open("emu://") as dev:
+        dev.configure(str(tmp_path / "hccs.yaml"))
+        for head in range(HEADS):
+            want = hccs.hccs_int(x, int(params.B[head]), int(params.S[head]), int(params.dmax[head]))
+            assert np.array_equal(dev.hccs(x, head=head), want)
+        assert np.array_equal(dev.hccs(x[0], head=1), hccs.hccs_int(x[:1], 400, 9, 40)[0])
+
+
+def test_every_backend_here_gives_identical_bytes(rng, firmware_urls):
+    cfg = config(include_self=False, recency_int=(1, 2))
+    q, k, v = tokens(rng, 75)
+    x = rng.integers(-128, 128, (40, RING + SINKS)).astype(np.int8)  # the row length cfg derives HCCS for
+    results = {}
+    for url in ["emu://"] + firmware_urls:
+        with somatile.host.open(url) as dev:
+            assert dev.info().board == "sim" and dev.info().heads == HEADS
+            dev.configure(cfg)
+            results[url] = (dev.decode(q, k, v), dev.read_state(), dev.hccs(x, head=1))
+    ref, ref_state = soma.prefill(cfg, q, k, v)
+    for url, (out, state, probs) in results.items():
+        assert np.array_equal(out, ref), url
+        assert all(np.array_equal(state[n], a) for n, a in ref_state.to_arrays().items()), url
+        assert np.array_equal(probs, results["emu://"][2]), url
+
+
+def test_device_errors_name_the_command_and_code_and_the_device_keeps_working(rng, firmware_urls):
+    q, k, v = tokens(rng, 3)
+    with somatile.host.open("emu://") as dev:  # fresh tiles: no head configured yet
+        with pytest.raises(DeviceError, match="DECODE: NOT_CONFIGURED") as info:
+            dev.decode(q, k, v)
+        assert info.value.command == "DECODE"
+    for url in ["emu://", firmware_urls[0]]:
+        with somatile.host.open(url) as dev:
+            with pytest.raises(DeviceError, match="CONFIGURE.*TILE_REFUSED.*BAD_ARGUMENT"):
+                dev.configure({"score_shift": 200})  # the register takes 0..47
+            dev.configure(config())
+            dev.reset()
+            assert np.array_equal(dev.decode(q, k, v), soma.prefill(config(), q, k, v)[0])
+
+
+def test_bad_arguments_are_refused_with_the_tensor_named():
+    with somatile.host.open("emu://") as dev:
+        with pytest.raises(ValueError, match="tensor q: expected trailing shape"):
+            dev.decode(np.zeros((2, 32), np.int8), np.zeros((2, 64), np.int8), np.zeros((2, 64), np.int8))
+        with pytest.raises(TypeError, match="tensor x: expected int8 values"):
+            dev.hccs(np.zeros((2, 8), np.float32))
+        with pytest.raises(ValueError, match="tensor x: values outside int8"):
+            dev.hccs(np.full((2, 8), 300))
+        with pytest.raises(ValueError, match="rows of 300 elements; the device takes 1..256"):
+            dev.hccs(np.zeros((2, 300), np.int8))
+        with pytest.raises(ValueError, match="mask is not supported"):
+            dev.hccs(np.zeros((2, 8), np.int8), mask=np.ones((2, 8), bool))
+        with pytest.raises(ValueError, match="unknown head parameter 'gama'"):
+            dev.configure({"gama": 3})
+        with pytest.raises(ValueError, match="SomaConfig.ring = 32: this device has 64"):
+            dev.configure(config(ring=32))
+
+
+def test_urls_are_checked():
+    with pytest.raises(ValueError, match="unknown scheme 'usb'"):
+        somatile.host.open("usb://x")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['speed'\]"):
+        somatile.host.open("emu://?speed=3")
+    with pytest.raises(ConnectionError, match="tcp://127.0.0.1:1: cannot connect"):
+        somatile.host.open("tcp://127.0.0.1:1")
+    with pytest.raises(ConnectionError, match="serial:///dev/nonexistent-port: cannot open"):
+        somatile.host.open("serial:///dev/nonexistent-port")
+
+
+def test_a_silent_device_raises_a_timeout_not_a_hang():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with pytest.raises(DeviceTimeout, match="HELLO"):
+            somatile.host.open(f"tcp://127.0.0.1:{port}?timeout=0.2&retries=1")
+
+
+def test_device_base_class_is_what_every_backend_implements():
+    from somatile.host.device import Device
+
+    assert issubclass(TileDevice, Device)
+    assert not getattr(Device, "__abstractmethods__", set()) - {"info", "configure", "hccs", "decode",
+                                                                  "read_state", "load_state", "reset"}
