@@ -481,13 +481,19 @@ def normalise(cfg: SomaConfig, logits: np.ndarray, valid: np.ndarray) -> np.ndar
 
 
 def _near(cfg: SomaConfig, q, keys, vals, valid, bias):
-    """q (..., H, D), keys/vals (..., Hkv, N, D), valid (..., 1, N), bias (..., 1, N) -> (..., H, D)."""
-    lead = q.shape[:-2]
-    qg = q.reshape(lead + (cfg.n_kv_heads, cfg.group, cfg.head_dim))
-    logits = np.einsum("...kgd,...knd->...kgn", qg, keys) / np.sqrt(cfg.head_dim).astype(q.dtype)
-    logits = logits.reshape(lead + (cfg.n_heads, -1)) - bias
-    p = normalise(cfg, logits, valid).reshape(lead + (cfg.n_kv_heads, cfg.group, -1))
-    return np.einsum("...kgn,...knd->...kgd", p, vals).reshape(q.shape)
+    """q (T, H, D) over keys/vals (Hkv, N, D) shared by the T queries; valid, bias (T, 1, N) -> (T, H, D).
+
+    The query heads of a KV head are stacked into one matrix so that both products are one matrix
+    multiplication per KV head."""
+    T, hk, g, d = q.shape[0], cfg.n_kv_heads, cfg.group, cfg.head_dim
+    stacked = np.ascontiguousarray(q.reshape(T, hk, g, d).transpose(1, 0, 2, 3)).reshape(hk, T * g, d)
+    keys_t = np.ascontiguousarray(keys.transpose(0, 2, 1))
+    logits = np.matmul(stacked, keys_t) / np.sqrt(d).astype(q.dtype)
+    logits = logits.reshape(hk, T, g, -1).transpose(1, 0, 2, 3).reshape(T, cfg.n_heads, -1) - bias
+    p = normalise(cfg, logits, valid)
+    p = np.ascontiguousarray(p.reshape(T, hk, g, -1).transpose(1, 0, 2, 3)).reshape(hk, T * g, -1)
+    out = np.matmul(p, np.ascontiguousarray(vals))
+    return out.reshape(hk, T, g, d).transpose(1, 0, 2, 3).reshape(q.shape)
 
 
 def _far(cfg: SomaConfig, q, field_, gate_field):
@@ -526,7 +532,8 @@ def _float_step(cfg: SomaConfig, st: SomaState, q, k, v):
     vals = np.concatenate([st.sink_v, st.ring_v], axis=1)
     valid = np.concatenate([np.arange(cfg.sinks) < st.sink_fill, np.arange(cfg.ring) < st.fill])
     bias = np.concatenate([np.zeros(cfg.sinks), cfg.recency * ring_distances(cfg, st.write_pos, cfg.include_self)])
-    out = _near(cfg, q, keys, vals, valid[None], bias[None].astype(q.dtype)) + _far(cfg, q, st.field, st.gate_field)
+    near = _near(cfg, q[None], keys, vals, valid[None, None], bias[None, None].astype(q.dtype))[0]
+    out = near + _far(cfg, q, st.field, st.gate_field)
     if not cfg.include_self:
         _write(cfg, st, k, v)
     _update_fields(cfg, st, k, v)
@@ -569,9 +576,7 @@ def _float_prefill(cfg: SomaConfig, q, k, v, block: int = 256):
         is_sink = u < cfg.sinks
         valid = (dist >= off) & (is_sink | (dist < cfg.ring + off))
         bias = np.where(is_sink, 0, cfg.recency * dist).astype(dtype)
-        keys = np.broadcast_to(kt[:, cols], (b - a,) + kt[:, cols].shape)
-        vals = np.broadcast_to(vt[:, cols], (b - a,) + vt[:, cols].shape)
-        out[a:b] = _near(cfg, q[a:b], keys, vals, valid[:, None, :], bias[:, None, :])
+        out[a:b] = _near(cfg, q[a:b], kt[:, cols], vt[:, cols], valid[:, None, :], bias[:, None, :])
         out[a:b] += _far(cfg, q[a:b], fields[a:b], gate_fields[a:b])
     for t in range(T):
         _write(cfg, st, k[t], v[t])
