@@ -9,7 +9,9 @@ Methods, each turned into probabilities (uint8 outputs / 255):
 - ``hccs_float``: seed 003's float HCCS with the per-head c of the float search;
 - ``int8_div`` / ``int8_clb``: the integer kernel on the int8 logits with the integer-searched (B, S, dmax);
 - ``intexp``: the integer-exp softmax on the int8 logits;
-- ``deployed``: int8_div on HCCS heads and intexp on the heads marked fallback (what hardware would run).
+- ``deployed``: int8_div on HCCS heads and intexp on the heads marked fallback (what hardware would run);
+- ``deployed_float``: its float reference (the float family the integers represent, exact softmax on
+  fallback heads), which separates the approximation error from the integer rounding.
 
 Per head and method: TV, KL (eps-smoothed and the seed's clamped form), max |p - q|, top-1 agreement (softmax's
 top element among p's maxima; strict: p's unique maximum), row-sum
@@ -27,7 +29,7 @@ import numpy as np
 
 from somatile.model import calibrate, hccs, intexp, quant, synth
 
-METHODS = ("hccs_float", "int8_div", "int8_clb", "intexp", "deployed")
+METHODS = ("hccs_float", "int8_div", "int8_clb", "intexp", "deployed", "deployed_float")
 SYNTH_VALUE_DIM = 32
 
 
@@ -114,6 +116,7 @@ def method_outputs(logits, mask, params, float_c, *, impl="numba") -> dict[str, 
         "int8_clb": to_p(hccs.hccs_int(xq, params.B, params.S, params.dmax, mode="clb", **common)),
         "intexp": to_p(intexp.intexp_softmax(xq, params.exp_mult, **common)),
         "deployed": to_p(params.apply_int(xq, mask, impl=impl)),
+        "deployed_float": params.apply_float(np.asarray(logits, np.float64), mask),
     }
 
 
@@ -177,16 +180,16 @@ def format_table(report: dict) -> str:
     methods = list(report["summary"])
     lines = [f"per-head total variation (0..1) against float softmax; objective {report['objective']}, "
              f"threshold {report['threshold']}",
-             f"{'head':>4} {'c':>6} {'B':>5} {'S':>4} {'dmax':>4} " + " ".join(f"{m:>10}" for m in methods)
+             f"{'head':>4} {'c':>6} {'B':>5} {'S':>4} {'dmax':>4} " + " ".join(f"{m:>14}" for m in methods)
              + f" {'top1 div':>8} fallback"]
     for ph in report["heads"]:
         lines.append(f"{ph['head']:>4} {ph['c_float']:>6.2f} {ph['B']:>5} {ph['S']:>4} {ph['dmax']:>4} "
-                     + " ".join(f"{ph['methods'][m]['tv']:>10.4f}" for m in methods)
+                     + " ".join(f"{ph['methods'][m]['tv']:>14.4f}" for m in methods)
                      + f" {ph['methods']['int8_div']['top1']:>8.3f} {'yes' if ph['fallback'] else 'no'}")
     keys = list(report["summary"][methods[0]])
-    lines += ["", "mean over heads", f"{'method':>10} " + " ".join(f"{k:>11}" for k in keys)]
+    lines += ["", "mean over heads", f"{'method':>14} " + " ".join(f"{k:>11}" for k in keys)]
     for m in methods:
-        lines.append(f"{m:>10} " + " ".join(f"{report['summary'][m][k]:>11.4f}" for k in keys))
+        lines.append(f"{m:>14} " + " ".join(f"{report['summary'][m][k]:>11.4f}" for k in keys))
     return "\n".join(lines)
 
 

@@ -94,11 +94,10 @@ class HccsParams:
     def apply_int(self, x: np.ndarray, mask=None, *, impl: str = "numba") -> np.ndarray:
         """Run the deployed integer normaliser on int8 logits (H, R, N): HCCS per head, integer-exp softmax
         on fallback heads. Returns ``out`` dtype; rows of length != cols are rejected by the rules check."""
-        x3, valid3, _ = hccs.as_heads(x, mask)
-        if x3.shape[0] != self.heads or x3.ndim != 3 or x.ndim != 3:
+        if x.ndim != 3 or x.shape[0] != self.heads:
             raise ValueError(f"x: expected ({self.heads}, R, N) logits for {self.heads} heads, got {x.shape}")
-        if x3.shape[-1] != self.cols:
-            raise ValueError(f"x: rows have {x3.shape[-1]} elements, the parameters were checked for cols = "
+        if x.shape[-1] != self.cols:
+            raise ValueError(f"x: rows have {x.shape[-1]} elements, the parameters were checked for cols = "
                              f"{self.cols}")
         y = hccs.hccs_int(x, self.B, self.S, self.dmax, mode=self.mode, out=self.out, mask=mask, impl=impl,
                           allow_zero_floor=self.allow_zero_floor)
@@ -106,6 +105,19 @@ class HccsParams:
         if fb.size:
             y[fb] = intexp.intexp_softmax(np.ascontiguousarray(x[fb]), self.exp_mult[fb], out=self.out,
                                           mask=None if mask is None else mask[fb], impl=impl)
+        return y
+
+    def apply_float(self, logits: np.ndarray, mask=None) -> np.ndarray:
+        """The float reference of the deployed normaliser on float logits (H, R, N): per head the float
+        clipped-linear family that the integers represent exactly (:func:`quant.float_params_from_int`),
+        exact softmax on fallback heads. Returns float64 probabilities."""
+        from somatile.model.quant import float_params_from_int
+        if logits.ndim != 3 or logits.shape[0] != self.heads:
+            raise ValueError(f"logits: expected ({self.heads}, R, N) for {self.heads} heads, got {logits.shape}")
+        y = hccs.hccs_float_bsd(logits, *float_params_from_int(self.B, self.S, self.dmax, self.scale), mask)
+        fb = np.flatnonzero(self.fallback)
+        if fb.size:
+            y[fb] = hccs.softmax(logits[fb], None if mask is None else mask[fb])
         return y
 
     def to_dict(self) -> dict:

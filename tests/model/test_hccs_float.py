@@ -141,3 +141,14 @@ def test_synthetic_logits_have_peaked_and_broad_heads():
     assert np.array_equal(logits, again)
     _, padded, _ = synth.synthetic_logits(2, 50, 64, padding=True)
     assert padded[:, :, 0].all() and not padded.all()
+
+
+def test_params_apply_float_falls_back_to_softmax(rng):
+    p = make_params()
+    logits = rng.normal(0, 3, size=(2, 20, 128))
+    y = p.apply_float(logits)
+    assert np.allclose(y[1], hccs.softmax(logits[1]), rtol=1e-12)
+    fb, fs, fd = quant.float_params_from_int(255, 6, 40, 0.1)
+    assert np.allclose(y[0], hccs.hccs_float_bsd(logits[0], fb, fs, fd), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"logits: expected \(2, R, N\)"):
+        p.apply_float(logits[:1])
