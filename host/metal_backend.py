@@ -53,7 +53,7 @@ def _unavailable(api: str, package: str, exc: Exception | None = None) -> MetalU
     where = f"{platform.system()} {platform.machine()}"
     text = (f"metal://?api={api}: Metal is not available on this machine ({where}): the Apple GPU backend "
             f"needs macOS on Apple silicon with {package} (`pip install 'somatile[apple]'`). "
-            f"On other platforms, metal://?emulate=1 runs the same kernels on the CPU emulator.")
+            f"On Linux, metal://?emulate=1 runs the same kernels on the CPU emulator (slow; for tests).")
     if exc is not None:
         text += f" ({type(exc).__name__}: {exc})"
     return MetalUnavailable(text)
