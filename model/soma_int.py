@@ -36,6 +36,7 @@ def rshift_round(x, shift):
 
 
 def saturate(x, lo, hi):
+    """Clamp to [lo, hi] (the saturation of every narrowing step)."""
     return np.clip(x, lo, hi)
 
 
