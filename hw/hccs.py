@@ -338,7 +338,7 @@ class HCCS(wiring.Component):
             numerators = {OUT_UINT8: UINT8_NUMERATOR, OUT_INT16: INT16_NUMERATOR}
             iters = {o: math.ceil(NUMERATOR_BITS[o] / cfg.div_bits) for o in numerators}
             # Left-align each numerator in the shift register so its first quotient step reads its top bits.
-            aligned = {o: numerators[o] << (numerator_reg.width - iters[o] * cfg.div_bits) for o in numerators}
+            aligned = {o: numerators[o] << (len(numerator_reg) - iters[o] * cfg.div_bits) for o in numerators}
             m.d.sync += [r_active.eq(1), divisor.eq(total), remainder.eq(0), quotient.eq(0),
                          numerator_reg.eq(Mux(r_params.out == OUT_INT16, aligned[OUT_INT16], aligned[OUT_UINT8])),
                          r_iter.eq(Mux(r_params.out == OUT_INT16, iters[OUT_INT16], iters[OUT_UINT8]))]
@@ -358,7 +358,7 @@ class HCCS(wiring.Component):
                     shifted = Cat(num[-1], rem)[:total_bits + 1]
                     fits = shifted >= divisor
                     rem = Mux(fits, shifted - divisor, shifted)[:total_bits + 1]
-                    quo = Cat(fits, quo)[:quotient.width]
+                    quo = Cat(fits, quo)[:len(quotient)]
                     num = Cat(Const(0, 1), num)[:len(numerator_reg)]
                 m.d.sync += [remainder.eq(rem), quotient.eq(quo), numerator_reg.eq(num), r_iter.eq(r_iter - 1)]
                 m.d.comb += [r_done.eq(r_iter == 1), r_inv.eq(quo)]

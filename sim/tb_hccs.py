@@ -75,58 +75,65 @@ def mismatches(job: dict[str, np.ndarray], got: np.ndarray, expected: np.ndarray
     return lines
 
 
-def pack_rows(job: dict[str, np.ndarray]) -> tuple[list[int], list[int]]:
-    """Input payload integers of every beat (struct order data, mask, first, last, head) and beats per row."""
+def row_beats(job: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The input beats of every row of a job as arrays: data int8 (K, L), mask bool (K, L), first, last,
+    head (K,). A partial last beat is padded with masked zero lanes."""
     lanes = int(job["lanes"])
     x, mask, heads = job["x"], job["mask"], job["heads"]
     rows, n = x.shape
     beats = -(-n // lanes)
-    padded = np.zeros((rows, beats * lanes), np.uint8)
-    padded[:, :n] = x.view(np.uint8)
+    data = np.zeros((rows, beats * lanes), np.int8)
+    data[:, :n] = x
     keep = np.zeros((rows, beats * lanes), bool)
     keep[:, :n] = mask
+    position = np.tile(np.arange(beats), rows)
+    return {"data": data.reshape(-1, lanes), "mask": keep.reshape(-1, lanes), "first": position == 0,
+            "last": position == beats - 1, "head": np.repeat(heads, beats)}
+
+
+def pack_beats(beats: dict[str, np.ndarray]) -> list[int]:
+    """Payload integers of input beats (struct order: data, mask, first, last, head)."""
+    lanes = beats["data"].shape[1]
     data_bits = 8 * lanes
-    packed = []
-    for r in range(rows):
-        for b in range(beats):
-            lanes_slice = slice(b * lanes, (b + 1) * lanes)
-            word = int.from_bytes(padded[r, lanes_slice].tobytes(), "little")
-            word |= int.from_bytes(np.packbits(keep[r, lanes_slice], bitorder="little").tobytes(), "little") \
-                << data_bits
-            word |= (b == 0) << (data_bits + lanes)
-            word |= (b == beats - 1) << (data_bits + lanes + 1)
-            word |= int(heads[r]) << (data_bits + lanes + 2)
-            packed.append(word)
-    return packed, [beats] * rows
+    masks = np.packbits(beats["mask"], axis=1, bitorder="little")
+    words = []
+    for k in range(len(beats["data"])):
+        word = int.from_bytes(beats["data"][k].tobytes(), "little")
+        word |= int.from_bytes(masks[k].tobytes(), "little") << data_bits
+        word |= int(beats["first"][k]) << (data_bits + lanes)
+        word |= int(beats["last"][k]) << (data_bits + lanes + 1)
+        word |= int(beats["head"][k]) << (data_bits + lanes + 2)
+        words.append(word)
+    return words
+
+
+def unpack_beats(words: list[int], lanes: int, out_bits: int) -> dict[str, np.ndarray]:
+    """Output payload integers as arrays: data int32 (K, L), mask bool (K, L), first, last, head (K,)."""
+    data_bits = out_bits * lanes
+    lane_dtype = np.dtype(np.uint8 if out_bits == 8 else "<u2")
+    raw = b"".join((w & ((1 << data_bits) - 1)).to_bytes(data_bits // 8, "little") for w in words)
+    flags = [w >> data_bits for w in words]
+    return {"data": np.frombuffer(raw, lane_dtype).reshape(len(words), lanes).astype(np.int32),
+            "mask": np.array([[(f >> j) & 1 for j in range(lanes)] for f in flags], bool).reshape(-1, lanes),
+            "first": np.array([(f >> lanes) & 1 for f in flags], bool),
+            "last": np.array([(f >> (lanes + 1)) & 1 for f in flags], bool),
+            "head": np.array([f >> (lanes + 2) for f in flags], np.int64)}
 
 
 def unpack_rows(job: dict[str, np.ndarray], words: list[int]) -> tuple[np.ndarray, list[str]]:
     """Output payload integers back to rows (int32 (R, N)) and a list of framing problems."""
-    lanes, out_bits = int(job["lanes"]), int(job["out_bits"])
-    x, mask, heads = job["x"], job["mask"], job["heads"]
-    rows, n = x.shape
-    beats = -(-n // lanes)
+    lanes = int(job["lanes"])
+    rows, n = job["x"].shape
+    sent = row_beats(job)
+    got = unpack_beats(words, lanes, int(job["out_bits"]))
+    if len(words) != len(sent["data"]):
+        return np.zeros((rows, n), np.int32), [f"expected {len(sent['data'])} output beats, got {len(words)}"]
     problems = []
-    if len(words) != rows * beats:
-        problems.append(f"expected {rows * beats} output beats, got {len(words)}")
-    data_bits = out_bits * lanes
-    lane_dtype = np.dtype(np.uint8 if out_bits == 8 else "<u2")
-    values = np.zeros((rows, beats * lanes), np.int32)
-    for index, word in enumerate(words[:rows * beats]):
-        r, b = divmod(index, beats)
-        values[r, b * lanes:(b + 1) * lanes] = np.frombuffer(
-            (word & ((1 << data_bits) - 1)).to_bytes(data_bits // 8, "little"), lane_dtype)
-        keep = (word >> data_bits) & ((1 << lanes) - 1)
-        first, last = (word >> (data_bits + lanes)) & 1, (word >> (data_bits + lanes + 1)) & 1
-        head = word >> (data_bits + lanes + 2)
-        want_keep = np.zeros(beats * lanes, bool)
-        want_keep[:n] = mask[r]
-        want = int.from_bytes(np.packbits(want_keep[b * lanes:(b + 1) * lanes], bitorder="little").tobytes(),
-                              "little")
-        if (keep, first, last, head) != (want, b == 0, b == beats - 1, int(heads[r])):
-            problems.append(f"row {r} beat {b}: mask/first/last/head = {keep:#x}/{first}/{last}/{head}, "
-                            f"expected {want:#x}/{int(b == 0)}/{int(b == beats - 1)}/{int(heads[r])}")
-    return values[:, :n], problems
+    for field in ("mask", "first", "last", "head"):
+        wrong = np.flatnonzero((got[field] != sent[field]).reshape(len(words), -1).any(axis=1))
+        problems += [f"beat {k} (row {k // -(-n // lanes)}): {field} {got[field][k]} expected {sent[field][k]}"
+                     for k in wrong[:MAX_REPORTED]]
+    return got["data"].reshape(rows, -1)[:, :n], problems
 
 
 def pack_cfg(job: dict[str, np.ndarray], head: int) -> int:
@@ -178,9 +185,9 @@ class HCCSTB:
             await FallingEdge(dut.clk)
         dut.cfg__valid.value = 0
 
-    async def run(self, words: list[int], idle: float, backpressure: float, seed: int,
-                  max_cycles: int) -> tuple[list[int], int]:
-        """Stream ``words`` in, collect as many beats out; return (output words, cycles first-in..last-out).
+    async def run(self, words: list[int], expect: int, idle: float, backpressure: float,
+                  seed: int) -> tuple[list[int], int]:
+        """Stream ``words`` in, collect ``expect`` beats out; return (output words, cycles first-in..last-out).
 
         Cycle k is the rising edge after the k-th falling edge; both handshakes of edge k are decided at
         falling edge k from what is driven and read there."""
@@ -193,6 +200,8 @@ class HCCSTB:
         out_words = []
         sent, total = 0, len(words)
         first_in = last_out = None
+        # Generous: every beat may wait out a reciprocal and the drawn idles/stalls.
+        max_cycles = int(64 * (total + expect) / max(1e-3, (1 - idle) * (1 - backpressure))) + 2000
         for cycle in range(max_cycles):
             await FallingEdge(dut.clk)
             driving = sent < total and not next(idle_draws)
@@ -208,11 +217,11 @@ class HCCSTB:
             if ready and o_valid.value:
                 out_words.append(o_payload.value.to_unsigned())
                 last_out = cycle
-                if len(out_words) == total:
+                if len(out_words) == expect:
                     break
         else:
             raise AssertionError(f"timeout after {max_cycles} cycles: {sent} of {total} beats sent, "
-                                 f"{len(out_words)} taken")
+                                 f"{len(out_words)} of {expect} taken")
         await RisingEdge(dut.clk)
         o_ready.value = 0
         i_valid.value = 0
@@ -240,10 +249,9 @@ else:
         tb = HCCSTB(dut)
         await tb.reset()
         await tb.configure(job)
-        words, beats = pack_rows(job)
-        max_cycles = 64 * (len(words) + 40 * len(beats)) + 2000
-        out_words, cycles = await tb.run(words, float(job["idle"]), float(job["backpressure"]), int(job["seed"]),
-                                         max_cycles)
+        words = pack_beats(row_beats(job))
+        out_words, cycles = await tb.run(words, len(words), float(job["idle"]), float(job["backpressure"]),
+                                         int(job["seed"]))
         got, framing = unpack_rows(job, out_words)
         status = await tb.status()
         write_job_outputs(out=got, cycles=np.int64(cycles), framing_errors=np.array(framing, dtype=str),
@@ -252,3 +260,26 @@ else:
             assert not framing, "framing: " + "; ".join(framing[:MAX_REPORTED])
             bad = mismatches(job, got)
             assert not bad, f"{len(bad)} of {len(got)} rows differ from hccs_int: " + "; ".join(bad[:MAX_REPORTED])
+
+    @_cocotb_test
+    async def hccs_beats(dut):
+        """Raw beats in (``beat_*`` arrays, framing errors and over-long rows allowed), ``expect`` beats out;
+        returns them with the status before and after ``clear_status``."""
+        from cocotb.triggers import FallingEdge
+        from somatile.sim.runner import job_inputs, write_job_outputs
+        job = job_inputs()
+        tb = HCCSTB(dut)
+        await tb.reset()
+        await tb.configure(job)
+        beats = {field: job[f"beat_{field}"] for field in ("data", "mask", "first", "last", "head")}
+        out_words, _ = await tb.run(pack_beats(beats), int(job["expect"]), 0.0, 0.0, 0)
+        before = await tb.status()
+        await FallingEdge(dut.clk)
+        dut.clear_status.value = 1
+        await FallingEdge(dut.clk)
+        dut.clear_status.value = 0
+        after = await tb.status()
+        got = unpack_beats(out_words, int(job["lanes"]), int(job["out_bits"]))
+        write_job_outputs(**{f"out_{k}": v for k, v in got.items()},
+                          status_before=np.array([before[k] for k in ("overflow", "framing", "bad_head")]),
+                          status_after=np.array([after[k] for k in ("overflow", "framing", "bad_head")]))

@@ -2,13 +2,17 @@
 expected_cycles. Two builds in the default run (a small 4-lane unit whose four heads cover the four
 mode/output pairs, and the boards' default 8-lane unit); wider lane counts under the slow marker."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from somatile.hw.hccs import HCCSConfig, expected_cycles, reciprocal_cycles
+from somatile.hw.hccs import HCCS, HCCSConfig, expected_cycles, reciprocal_cycles
 from somatile.model import calibrate, quant, synth
-from somatile.model.hccs import DMAX_MAX, MAX_ROW_MASS, MIN_FLOOR_MASS, S_MAX
+from somatile.model.hccs import DMAX_MAX, MAX_ROW_MASS, MIN_FLOOR_MASS, S_MAX, hccs_int
+from somatile.sim import runner
 from somatile.sim.run_hccs import simulate
+from somatile.sim.tb_hccs import make_job
 
 MODE_OUT = [("div", "uint8"), ("div", "int16"), ("clb", "uint8"), ("clb", "int16")]
 SMALL = {"lanes": 4, "heads": 4, "n_max": 16, "out_type": "int16"}
@@ -151,3 +155,50 @@ def test_lane_sweep_is_bit_exact(rng, lanes, n_max, out_type):
         run = simulate(x, rng.integers(0, 4, rows), B, S, dmax, modes=[m for m, _ in MODE_OUT], outs=outs,
                        mask=mask, unit=unit, idle=0.2, backpressure=0.3, seed=lanes)
         assert_bit_exact(run)
+
+
+def run_beats(unit: dict, beats: dict, expect: int, B, S, dmax, modes, outs):
+    """Raw beats through the unit (the ``hccs_beats`` cocotb test): output beat arrays and the status."""
+    config = HCCSConfig(**unit)
+    job = make_job(np.zeros((1, 1), np.int8), [0], B, S, dmax, modes=modes, outs=outs, lanes=config.lanes,
+                   head_bits=config.head_bits, out_bits=config.out_bits)
+    job.update({f"beat_{k}": np.asarray(v) for k, v in beats.items()}, expect=np.int64(expect))
+    return runner.build_and_test(HCCS, dataclasses.asdict(config), "hccs", "somatile.sim.tb_hccs", "hccs_beats",
+                                 inputs=job).outputs
+
+
+def test_over_long_rows_and_bad_framing_are_flagged_and_the_unit_keeps_working(rng):
+    lanes, n_max = SMALL["lanes"], SMALL["n_max"]
+    B, S, dmax = per_head_params(rng, 4, n_max)
+    modes, outs = zip(*MODE_OUT)
+    long_row = rng.integers(-128, 128, n_max + 2 * lanes).astype(np.int8)   # two beats past the capacity
+    plain_row = rng.integers(-128, 128, n_max).astype(np.int8)
+    per_row = n_max // lanes
+    data = np.concatenate([long_row, plain_row, plain_row]).reshape(-1, lanes)
+    starts = np.cumsum([0, per_row + 2, per_row])
+    first = np.isin(np.arange(len(data)), starts)
+    first[starts[1]] = False                                                # the second row lacks `first`
+    last = np.isin(np.arange(len(data)), starts[1:] - 1) | (np.arange(len(data)) == len(data) - 1)
+    head = np.repeat([1, 2, 3], [per_row + 2, per_row, per_row])
+    out = run_beats(SMALL, {"data": data, "mask": np.ones(data.shape, bool), "first": first, "last": last,
+                            "head": head}, 3 * per_row, B, S, dmax, modes, outs)
+    want = [hccs_int(row[None], B[h], S[h], dmax[h], mode=modes[h], out=outs[h])[0]
+            for row, h in ((long_row[:n_max], 1), (plain_row, 2), (plain_row, 3))]
+    assert np.array_equal(out["out_data"].reshape(3, n_max), np.array(want, np.int32))
+    assert out["out_first"].tolist() == [k % per_row == 0 for k in range(3 * per_row)]
+    assert out["out_head"].tolist() == [1] * per_row + [2] * per_row + [3] * per_row
+    assert out["status_before"].tolist() == [1, 1, 0]          # overflow, framing, bad_head
+    assert out["status_after"].tolist() == [0, 0, 0]
+
+
+@pytest.mark.slow
+def test_a_row_for_a_missing_head_outputs_zeros_and_is_flagged(rng):
+    unit = {"lanes": 4, "heads": 3, "n_max": 8, "out_type": "uint8"}
+    B, S, dmax = per_head_params(rng, 3, 8)
+    data = rng.integers(-128, 128, (4, 4)).astype(np.int8)
+    beats = {"data": data, "mask": np.ones(data.shape, bool), "first": np.array([1, 0, 1, 0], bool),
+             "last": np.array([0, 1, 0, 1], bool), "head": np.array([3, 3, 2, 2])}
+    out = run_beats(unit, beats, 4, B, S, dmax, ["div"] * 3, ["uint8"] * 3)
+    assert not out["out_data"][:2].any()
+    assert np.array_equal(out["out_data"][2:].reshape(-1), hccs_int(data[2:].reshape(1, -1), B[2], S[2], dmax[2])[0])
+    assert out["status_before"].tolist() == [0, 0, 1]
