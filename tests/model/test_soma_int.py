@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from somatile.model import soma_int
-from somatile.model.soma import SomaConfig, SomaState, decode_step, prefill
+from somatile.model.soma import COUNTER_MAX, SomaConfig, SomaState, decode_step, prefill
 
 
 def int_qkv(rng, T, cfg, lo=-128, hi=127):
@@ -213,3 +213,13 @@ def test_numba_equals_numpy_spec_sweep(cfg, T, seed, extreme):
     if extreme is not None:
         k[:] = extreme
     run_both(cfg, q, k, v)
+
+
+def test_step_counter_saturates(rng):
+    cfg = make()
+    _, state = prefill(cfg, *int_qkv(rng, 9, cfg))
+    arrays = state.to_arrays()
+    arrays["step"] = np.array(COUNTER_MAX - 1, np.int32)
+    start = SomaState.from_arrays(cfg, arrays)
+    _, end = run_both(cfg, *int_qkv(rng, 3, cfg), state=start)
+    assert end.step == COUNTER_MAX and end.fill == cfg.ring and end.write_pos == (state.write_pos + 3) % cfg.ring
