@@ -91,3 +91,33 @@ def test_soma_bad_input_names_the_field(runner, rng):
     big = soma.SomaConfig.preset("default", integer=True, n_heads=1, head_dim=8, ring=5000, normaliser="exp_int")
     with pytest.raises(ValueError, match="exceeds the 4096 slots"):
         metal_backend.soma_prefill(runner, big, *tokens(rng, big, 1))
+
+
+def test_edge_shifts_and_gate_saturation(runner, rng):
+    """Shifts at both ends of their range (score and far-field products shifted by 47 + 7 bits in int64,
+    outputs unshifted and saturating) and a gate driven to both clamps."""
+    for shifts in (dict(score_shift=47, out_shift=0, alpha_shift=47, gate_shift=0),
+                   dict(score_shift=0, out_shift=47, alpha_shift=0, gate_shift=47)):
+        cfg = integer_config("gated_field", score_mult=32767, out_mult=32767, alpha_mult=32767, gate_mult=32767,
+                             recency_int=127, **shifts)
+        assert_prefill_matches_model(runner, cfg, *tokens(rng, cfg, cfg.ring + 3))
+
+
+def test_largest_row_the_kernel_holds(runner, rng):
+    """sinks + ring = SOMA_MAX_SLOTS slots of head_dim 256 (the model's integer limit), from a loaded full
+    state: every slot valid, the threadgroup memory of the kernel used to its end."""
+    from somatile.host import metal_kernels
+
+    cfg = soma.SomaConfig.preset("default", integer=True, n_heads=2, n_kv_heads=1, head_dim=256, sinks=96,
+                                 ring=metal_kernels.SOMA_MAX_SLOTS - 96, normaliser="exp_int")
+    state = soma.SomaState.empty(cfg)
+    for name in ("ring_k", "ring_v", "sink_k", "sink_v"):
+        getattr(state, name)[...] = rng.integers(-128, 128, getattr(state, name).shape)
+    state.field[...] = rng.integers(-16384, 16384, state.field.shape)
+    state.write_pos, state.fill, state.step = 17, cfg.ring, 100000
+    expected_state = soma.SomaState.from_arrays(cfg, state.to_arrays())
+    q, k, v = tokens(rng, cfg, 2)
+    expected, expected_state = soma.prefill(cfg, q, k, v, state=expected_state)
+    got, state = metal_backend.soma_prefill(runner, cfg, q, k, v, state=state)
+    assert np.array_equal(got, expected)
+    assert_same_state(state, expected_state)
