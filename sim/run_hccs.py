@@ -26,7 +26,8 @@ TEST_MODULE = "somatile.sim.tb_hccs"
 
 @dataclasses.dataclass(frozen=True)
 class HCCSRun:
-    """Outcome of one simulation: outputs, model outputs, mismatch lines and cycle counts."""
+    """Outcome of one simulation: outputs, model outputs, mismatch lines and cycle counts. ``wall_seconds``
+    covers the whole run (simulator start-up included), ``loop_seconds`` only the cycles of streaming."""
     out: np.ndarray
     expected: np.ndarray
     mismatches: list[str]
@@ -34,6 +35,7 @@ class HCCSRun:
     status: dict[str, int]
     cycles: int
     wall_seconds: float
+    loop_seconds: float
     waves: Path | None
 
     @property
@@ -72,7 +74,7 @@ def simulate(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=
     out = result.outputs["out"]
     status = dict(zip(("overflow", "framing", "bad_head"), result.outputs["status"].tolist()))
     return HCCSRun(out, expected, find_mismatches(job, out, expected), list(result.outputs["framing_errors"]),
-                   status, int(result.outputs["cycles"]), wall, result.waves)
+                   status, int(result.outputs["cycles"]), wall, float(result.outputs["loop_seconds"]), result.waves)
 
 
 def load_vectors(path: str | Path) -> dict[str, np.ndarray]:

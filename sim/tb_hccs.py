@@ -9,14 +9,16 @@ packed before the run and unpacked after it. This relies on the unit's contract 
 values read at the falling edge decide the handshakes of the next rising edge.
 
 The simulator process imports only numpy and cocotb until a strict check needs the model. The test writes
-``out`` (the unit's rows, int32 of shape (R, N)), ``framing_errors`` and ``cycles`` (first
-input beat accepted to last output beat taken, inclusive) back to the caller; with ``strict`` it also fails on
+``out`` (the unit's rows, int32 of shape (R, N)), ``framing_errors``, ``cycles`` (first input beat accepted
+to last output beat taken, inclusive) and ``loop_seconds`` (wall time of the streaming loop) back to the
+caller; with ``strict`` it also fails on
 the first mismatch against the model, naming the row, head and elements.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 
@@ -250,11 +252,14 @@ else:
         await tb.reset()
         await tb.configure(job)
         words = pack_beats(row_beats(job))
+        started = time.perf_counter()
         out_words, cycles = await tb.run(words, len(words), float(job["idle"]), float(job["backpressure"]),
                                          int(job["seed"]))
+        loop_seconds = time.perf_counter() - started
         got, framing = unpack_rows(job, out_words)
         status = await tb.status()
-        write_job_outputs(out=got, cycles=np.int64(cycles), framing_errors=np.array(framing, dtype=str),
+        write_job_outputs(out=got, cycles=np.int64(cycles), loop_seconds=np.float64(loop_seconds),
+                          framing_errors=np.array(framing, dtype=str),
                           status=np.array([status["overflow"], status["framing"], status["bad_head"]]))
         if bool(job["strict"]):
             assert not framing, "framing: " + "; ".join(framing[:MAX_REPORTED])
