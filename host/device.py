@@ -200,13 +200,14 @@ class TileDevice(Device):
     when more than ``progress_min`` chunks).
     """
 
-    def __init__(self, link, backend: str, *, progress: bool | None = None, progress_min: int = 8):
+    def __init__(self, link, backend: str, *, progress: bool | None = None, progress_min: int = 64):
         from somatile.hw import regmap
 
         self._rm = regmap
         self.link = link
         self.backend = backend
         self.progress, self.progress_min = progress, progress_min
+        self.on_close: list = []  # callables run after the link closes (e.g. stop a firmware process)
         info = link.hello()
         link.max_payload = info["max_payload"]
         self._info = info
@@ -228,6 +229,8 @@ class TileDevice(Device):
 
     def close(self) -> None:
         self.link.transport.close()
+        while self.on_close:
+            self.on_close.pop(0)()
 
     def _tile(self, tile: int, opcode, head: int = 0, count: int = 0, payload: bytes = b"", arg0: int = 0,
               arg1: int = 0):

@@ -14,31 +14,37 @@ from pathlib import Path
 FIRMWARE_DIR = Path(__file__).resolve().parent.parent / "firmware"
 
 
-def build_firmware(board: str = "sim") -> Path:
-    """``make -C firmware BOARD=board`` (serialised between processes by a lock); returns the executable."""
+def build_firmware(board: str = "sim", build_name: str | None = None, board_name: str | None = None) -> Path:
+    """``make -C firmware BOARD=board`` into ``firmware/build/<build_name>/`` (default: the board), serialised
+    between processes by a lock; ``board`` is a board name or YAML path, ``board_name`` the name the firmware
+    reports (default: ``board``). Returns the executable."""
     if not (FIRMWARE_DIR / "Makefile").exists():
         raise FileNotFoundError(f"{FIRMWARE_DIR}: the firmware sources are not here (needs a source checkout)")
     lock_path = FIRMWARE_DIR / "build" / ".lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        result = subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), f"BOARD={board}", "build/" + board +
-                                 "/somatile-fw"], capture_output=True, text=True)
+        build_name = build_name or board
+        result = subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), f"BOARD={board}",
+                                 f"BOARD_NAME={board_name or board}", f"BUILD=build/{build_name}",
+                                 f"build/{build_name}/somatile-fw"], capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"firmware build for board {board!r} failed:\n{result.stdout}{result.stderr}")
-    return FIRMWARE_DIR / "build" / board / "somatile-fw"
+    return FIRMWARE_DIR / "build" / build_name / "somatile-fw"
 
 
 class FirmwareProcess:
     """A running ``somatile-fw`` connected to the tile server at ``tiles`` ((host, port)).
 
-    ``link``: "tcp" (a loopback TCP port) or "pty" (a pseudo-terminal, opened as serial://).
+    ``link``: "tcp" (a loopback TCP port) or "pty" (a pseudo-terminal, opened as serial://); ``board``,
+    ``build_name`` and ``board_name`` as for `build_firmware`.
     """
 
-    def __init__(self, tiles: tuple[str, int], board: str = "sim", link: str = "tcp", start_timeout: float = 60):
+    def __init__(self, tiles: tuple[str, int], board: str = "sim", link: str = "tcp", start_timeout: float = 60,
+                 build_name: str | None = None, board_name: str | None = None):
         if link not in ("tcp", "pty"):
             raise ValueError(f"link: expected 'tcp' or 'pty', got {link!r}")
-        executable = build_firmware(board)
+        executable = build_firmware(board, build_name, board_name)
         mode = ["--listen", "127.0.0.1:0"] if link == "tcp" else ["--pty"]
         self.process = subprocess.Popen([str(executable), "--tiles", f"{tiles[0]}:{tiles[1]}", *mode],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,0 +1,118 @@
+"""sim://?board=NAME[&KEY=VALUE...]: the tile RTL of a board config in Verilator, behind the real firmware.
+
+The chain is the one of a board: host driver -> wire protocol over TCP -> the C firmware (host build,
+firmware/) -> its HAL's tile stream -> ``somatile.sim.serve_tile``, a cocotb test that drives the tile's
+AXI4-Stream ports in Verilator. So sim:// checks the RTL *and* the firmware with the same host code as
+tcp:// and serial://. Query keys other than ``board``, ``timeout`` and ``retries`` override tile parameters
+of the board (validated like ``somatile build --set``), e.g. ``sim://?board=sim&ring=8&head_dim=16``.
+
+The first open of a parameter set compiles the Verilog with Verilator (minutes for large tiles; reused
+after); ``build_timeout`` (seconds, keyword) bounds that wait. sim:// simulates one tile (n_tiles = 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+
+from somatile.host.transport_firmware import FIRMWARE_DIR, FirmwareProcess
+from somatile.host.transport_tcp import TcpTransport, link_options, open_transport
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SimTileServer:
+    """The tile RTL of ``params`` in Verilator, serving the tile bus on 127.0.0.1:``port`` (a thread of this
+    process waits on the simulator; `wait_ready` returns once the server accepts connections)."""
+
+    def __init__(self, params, accept_timeout: float = 600):
+        from somatile.hw.regmap import TileParams
+
+        if not isinstance(params, TileParams) or params.n_tiles != 1:
+            raise ValueError(f"sim://: one tile is simulated; the board has n_tiles = {params.n_tiles}")
+        self.params = params
+        self.port = _free_port()
+        self.error: BaseException | None = None
+        self.result = None
+        inputs = {"config": json.dumps({"params": dataclasses.asdict(params), "accept_timeout": accept_timeout}),
+                  "port": self.port}
+        self.thread = threading.Thread(target=self._run, args=(inputs,), daemon=True)
+        self.thread.start()
+
+    def _run(self, inputs) -> None:
+        from somatile.hw.tile import Tile
+        from somatile.sim import runner
+
+        try:
+            self.result = runner.build_and_test(Tile, dataclasses.asdict(self.params), "somatile_tile",
+                                                "somatile.sim.serve_tile",
+                                                inputs={k: np.array(v) for k, v in inputs.items()})
+        except BaseException as exc:  # reported to the opener by wait_ready / close
+            self.error = exc
+
+    def wait_ready(self, timeout: float) -> tuple[str, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.thread.is_alive():
+                raise RuntimeError(f"sim://: the tile simulation stopped before serving: {self.error}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return "127.0.0.1", self.port
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"sim://: the tile simulation was not ready within {timeout} s (Verilator build?)")
+
+    def close(self, timeout: float = 30) -> None:
+        self.thread.join(timeout)
+
+
+def board_file(board: str, overrides: dict) -> tuple[str, str]:
+    """(board argument for the firmware build, build folder name): the board itself, or a generated YAML that
+    extends it with the overrides (kept under firmware/build/boards/)."""
+    if not overrides:
+        return board, board
+    text = "\n".join([f"extends: {board}"] + [f"{k}: {v}" for k, v in sorted(overrides.items())]) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    path = FIRMWARE_DIR / "build" / "boards" / f"{Path(board).stem}-{digest}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return str(path), f"{Path(board).stem}-{digest}"
+
+
+def open_url(parts: urllib.parse.SplitResult, *, build_timeout: float = 1800, **options):
+    from somatile import boards
+    from somatile.hw.regmap import TileParams
+
+    link, query = link_options(parts, {"board"} | set(f.name for f in dataclasses.fields(TileParams)), options)
+    board = query.pop("board", "sim")
+    overrides = boards.parse_assignments([f"{k}={v}" for k, v in query.items()])
+    config = boards.load(board, overrides)
+    params = TileParams(**config.array_kwargs())
+    server = SimTileServer(params)
+    firmware = None
+    try:
+        tiles = server.wait_ready(build_timeout)
+        board_arg, build_name = board_file(board, overrides)
+        firmware = FirmwareProcess(tiles, board=board_arg, build_name=build_name, board_name=config.name)
+        host, port = firmware.url.removeprefix("tcp://").split(":")
+        device = open_transport(TcpTransport(host, int(port)), f"sim://?{parts.query}", **link)
+    except BaseException:
+        if firmware is not None:
+            firmware.close()
+        server.close(5)
+        raise
+    device.on_close += [firmware.close, server.close]
+    return device
