@@ -275,14 +275,14 @@ class _EmulatedMlxKernel:
         self.input_names, self.output_names = list(input_names), list(output_names)
         self.source, self.header = source, header
 
-    def signature(self, inputs: Sequence[np.ndarray], output_dtypes: Sequence[np.dtype]) -> str:
-        """The kernel MLX would generate: inputs ``const device T*``, outputs ``device T*`` in buffer order,
-        then the thread attributes the body names."""
+    def source_for(self, input_dtypes: Sequence[np.dtype], output_dtypes: Sequence[np.dtype]) -> str:
+        """The kernel MLX would generate for these dtypes: inputs ``const device T*``, outputs ``device T*`` in
+        buffer order, then the thread attributes the body names."""
         params = []
-        for i, (name, array) in enumerate(zip(self.input_names, inputs)):
-            params.append(f"const device {MSL_TYPES[array.dtype]}* {name} [[buffer({i})]]")
+        for i, (name, dtype) in enumerate(zip(self.input_names, input_dtypes)):
+            params.append(f"const device {MSL_TYPES[np.dtype(dtype)]}* {name} [[buffer({i})]]")
         for j, (name, dtype) in enumerate(zip(self.output_names, output_dtypes)):
-            params.append(f"device {MSL_TYPES[np.dtype(dtype)]}* {name} [[buffer({len(inputs) + j})]]")
+            params.append(f"device {MSL_TYPES[np.dtype(dtype)]}* {name} [[buffer({len(input_dtypes) + j})]]")
         for attr, type_name in MLX_ATTRIBUTE_TYPES.items():
             if re.search(rf"\b{attr}\b", self.source):
                 params.append(f"{type_name} {attr} [[{attr}]]")
@@ -307,7 +307,7 @@ class _EmulatedMlxKernel:
         outputs = [np.full(tuple(s), init_value, d) if init_value is not None else
                    np.frombuffer(bytes([DEFAULT_MARKER]) * (int(np.prod(s)) * d.itemsize), d).reshape(s).copy()
                    for s, d in zip(output_shapes, dtypes)]
-        library = self.owner.library(self.signature(arrays, dtypes))
+        library = self.owner.library(self.source_for([a.dtype for a in arrays], dtypes))
         library.dispatch(self.name, arrays + outputs, grid, threadgroup, order=self.owner.order, seed=self.owner.seed,
                          marker=self.owner.marker)
         self.owner.dispatches += 1

@@ -17,15 +17,34 @@ from somatile.host import metal_backend, metal_emu, metal_kernels
 HERE = Path(__file__).resolve().parent
 
 
+def mlx_sources():
+    """The source the MLX stand-in compiles for every entry point (MLX writes one kernel per entry)."""
+    mx = metal_emu.EmulatedMLX()
+    seen = set()
+    for family in metal_kernels.FAMILIES:
+        for entry in metal_emu.parse_entry_points(metal_kernels.library_source(family)):
+            # The soma family also carries the normalisers' entries; the backend dispatches those from their
+            # own family.
+            if entry.name in seen:
+                continue
+            seen.add(entry.name)
+            spec = metal_kernels.mlx_spec(family, entry.name)
+            kernel = mx.metal_kernel(spec.name, spec.input_names, spec.output_names, spec.source, spec.header)
+            dtypes = {p.name: metal_emu.ELEMENT_DTYPES[p.element] for p in entry.buffers.values()}
+            yield kernel.source_for([dtypes[n] for n in spec.input_names], [dtypes[n] for n in spec.output_names])
+
+
 @pytest.fixture(scope="session")
 def libraries():
-    """family -> EmulatedLibrary of the complete source (the PyObjC form), compiled in parallel."""
+    """family -> EmulatedLibrary of the complete source (the PyObjC form). The first use compiles these and
+    every MLX form, two at a time, so that a fresh checkout does not compile them one by one."""
     if not EMULATOR_PLATFORM:
         pytest.skip("the CPU emulator needs Linux (ELF sections and ucontext)")
     sources = {family: metal_kernels.library_source(family) for family in metal_kernels.FAMILIES}
     sources["barrier_probe"] = (HERE / "barrier_probe.metal").read_text()
     with ThreadPoolExecutor(max_workers=2) as pool:
         built = dict(zip(sources, pool.map(metal_emu.compile_library, sources.values())))
+        list(pool.map(metal_emu.compile_library, mlx_sources()))
     return built
 
 
@@ -52,5 +71,6 @@ def runner(request):
     if not EMULATOR_PLATFORM:
         pytest.skip("the CPU emulator needs Linux (ELF sections and ucontext); the metal-marked tests cover this "
                     "platform's GPU")
+    request.getfixturevalue("libraries")  # every build done up front, in parallel
     return metal_backend.make_runner(request.param, emulate=True, order="random", seed=7,
                                      marker=0xA5 if request.param == "mlx" else 0x5A)
