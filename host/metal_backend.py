@@ -1,4 +1,4 @@
-"""The ``metal://`` backend: somatile's integer kernels on the Apple GPU, through MLX or PyObjC.
+"""The ``metal://`` backend: somatile's kernels (integer HCCS, integer exp, Soma, float SFA) on the Apple GPU.
 
 Two dispatch paths run the same kernel text (somatile.host.metal_kernels):
 
