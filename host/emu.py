@@ -23,13 +23,27 @@ from somatile.host.device import Transport
 from somatile.host.protocol import CommandError, LinkError, Opcode
 
 
-def board_params(board: str):
-    """(TileParams, board name) of a board config (``somatile.boards.load``)."""
+def board_params(board: str, overrides: dict | None = None):
+    """(TileParams, board name) of a board config (``somatile.boards.load``) with tile parameter overrides
+    (``{"ring": 8}``; validated by the board loader)."""
     from somatile import boards
     from somatile.hw.regmap import TileParams
 
-    config = boards.load(board)
+    config = boards.load(board, overrides or None)
     return TileParams(**config.array_kwargs()), config.name
+
+
+def url_board(parts: urllib.parse.SplitResult, options: dict) -> tuple[dict, str, dict]:
+    """(WireLink options, board, tile overrides) from ``?board=NAME&KEY=VALUE...&timeout=..&retries=..``."""
+    import dataclasses
+
+    from somatile import boards
+    from somatile.host.transport_tcp import link_options
+    from somatile.hw.regmap import TileParams
+
+    link, query = link_options(parts, {"board"} | {f.name for f in dataclasses.fields(TileParams)}, options)
+    board = query.pop("board", "sim")
+    return link, board, boards.parse_assignments([f"{k}={v}" for k, v in query.items()])
 
 
 class ReferenceFirmware:
@@ -142,13 +156,14 @@ class LoopbackTransport(Transport):
 
 
 def open_url(parts: urllib.parse.SplitResult, **options):
-    """emu://[?board=NAME] -> a `TileDevice` on the golden tile model of that board (default "sim")."""
-    from somatile.host.transport_tcp import link_options, open_transport
+    """emu://[?board=NAME&KEY=VALUE...] -> a `TileDevice` on the golden tile model of that board (default
+    "sim"), tile parameters overridden like sim://."""
+    from somatile.host.transport_tcp import open_transport
 
-    link, query = link_options(parts, {"board"}, options)
-    params, board = board_params(query.get("board", "sim"))
-    firmware = ReferenceFirmware(params, board)
-    return open_transport(LoopbackTransport(firmware.endpoint), f"emu://?board={board}", **link)
+    link, board, overrides = url_board(parts, options)
+    params, name = board_params(board, overrides)
+    firmware = ReferenceFirmware(params, name)
+    return open_transport(LoopbackTransport(firmware.endpoint), f"emu://?{parts.query or 'board=' + name}", **link)
 
 
 TILE_BUS_REQUEST = struct.Struct("<BBHI")

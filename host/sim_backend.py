@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from somatile.host.transport_firmware import FIRMWARE_DIR, FirmwareProcess
-from somatile.host.transport_tcp import TcpTransport, link_options, open_transport
+from somatile.host.transport_tcp import TcpTransport, open_transport
 
 
 def _free_port() -> int:
@@ -93,20 +93,16 @@ def board_file(board: str, overrides: dict) -> tuple[str, str]:
 
 
 def open_url(parts: urllib.parse.SplitResult, *, build_timeout: float = 1800, **options):
-    from somatile import boards
-    from somatile.hw.regmap import TileParams
+    from somatile.host.emu import board_params, url_board
 
-    link, query = link_options(parts, {"board"} | set(f.name for f in dataclasses.fields(TileParams)), options)
-    board = query.pop("board", "sim")
-    overrides = boards.parse_assignments([f"{k}={v}" for k, v in query.items()])
-    config = boards.load(board, overrides)
-    params = TileParams(**config.array_kwargs())
+    link, board, overrides = url_board(parts, options)
+    params, name = board_params(board, overrides)
     server = SimTileServer(params)
     firmware = None
     try:
         tiles = server.wait_ready(build_timeout)
         board_arg, build_name = board_file(board, overrides)
-        firmware = FirmwareProcess(tiles, board=board_arg, build_name=build_name, board_name=config.name)
+        firmware = FirmwareProcess(tiles, board=board_arg, build_name=build_name, board_name=name)
         host, port = firmware.url.removeprefix("tcp://").split(":")
         device = open_transport(TcpTransport(host, int(port)), f"sim://?{parts.query}", **link)
     except BaseException:

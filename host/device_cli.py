@@ -1,0 +1,166 @@
+"""`somatile device ...`: talk to a device through `somatile.host.open(url)`.
+
+    somatile device info   --url URL
+    somatile device hccs   --url URL --vectors F.npz [--head H] [--out OUT.npz]
+    somatile device decode --url URL --tokens N [--seed S]
+    somatile device agree  --url URL --url URL ... [--tokens N] [--seed S]
+
+``hccs`` reads int8 rows ``x`` from the npz (and compares with ``expected`` when the file has it); ``decode``
+streams N seeded random tokens and checks every output against the model's integer decode; ``agree`` runs
+the same tensors through several devices and reports whether all bytes agree. Exit code 1 on any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+
+# A small tile of the default board whose Verilator build takes seconds, shared with tests/hw/test_tile.py.
+DEMO_QUERY = "board=sim&local_memory_bytes=8192&ring=8&sinks=2&head_dim=16&n_max=32"
+
+
+def demo(tokens: int = 64, seed: int = 1) -> int:
+    """The `make demo` step: the demo tensors through emu:// and sim:// (RTL behind the firmware), compared
+    bit for bit; prints the outcome and returns the exit code."""
+    return run(argparse.Namespace(action="agree", urls=[f"emu://?{DEMO_QUERY}", f"sim://?{DEMO_QUERY}"],
+                                  tokens=tokens, seed=seed))
+
+
+def demo_config(info):
+    """The integer Soma config the CLI and the demo use for a device: its geometry, HCCS near field, a small
+    far-field weight, scales that keep random int8 q.k and P.V inside int8."""
+    from somatile.model import soma
+
+    return soma.SomaConfig(n_heads=info.heads, head_dim=info.head_dim, ring=info.ring, sinks=info.sinks,
+                           integer=True, normaliser="hccs_int", alpha=0.1, alpha_mult=5, alpha_shift=3,
+                           score_shift=9, out_shift=8)
+
+
+def demo_tensors(info, tokens: int, seed: int):
+    """Seeded q, k, v of shape (tokens, heads, head_dim) and HCCS rows for one head (rows of ring + sinks)."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.integers(-128, 128, (tokens, info.heads, info.head_dim)).astype(np.int8) for _ in range(3))
+    x = rng.integers(-128, 128, (4 * tokens, info.ring + info.sinks)).astype(np.int8)
+    return q, k, v, x
+
+
+def stream_through(url: str, tokens: int = 64, seed: int = 1) -> dict:
+    """Decode ``tokens`` seeded tokens and one HCCS batch on the device at ``url``; returns the outputs, the
+    final state and the timings."""
+    import somatile.host
+
+    with somatile.host.open(url) as dev:
+        info = dev.info()
+        dev.configure(demo_config(info))
+        dev.reset()
+        q, k, v, x = demo_tensors(info, tokens, seed)
+        start = time.perf_counter()
+        out = dev.decode(q, k, v)
+        decode_s = time.perf_counter() - start
+        start = time.perf_counter()
+        probs = dev.hccs(x, head=0)
+        hccs_s = time.perf_counter() - start
+        return {"url": url, "info": info, "decode": out, "state": dev.read_state(), "hccs": probs,
+                "decode_s": decode_s, "hccs_s": hccs_s, "inputs": (q, k, v, x)}
+
+
+def agree(urls: list[str], tokens: int = 64, seed: int = 1) -> dict:
+    """Stream the same tensors through every device in ``urls`` (all with the same tile geometry) and compare
+    decode outputs, final states and HCCS probabilities exactly with the model (so with each other). The demo
+    step: ``agree(["emu://?" + DEMO_QUERY, "sim://?" + DEMO_QUERY])``. Returns {"agree": bool, "runs": [...],
+    "mismatches": [...]}."""
+    from somatile.model import hccs, soma
+
+    runs = [stream_through(url, tokens, seed) for url in urls]
+    geometry = {(r["info"].heads, r["info"].head_dim, r["info"].ring, r["info"].sinks) for r in runs}
+    if len(geometry) > 1:
+        raise ValueError(f"agree: the devices {urls} differ in (heads, head_dim, ring, sinks): {sorted(geometry)}; "
+                         f"give them the same board and overrides")
+    q, k, v, x = runs[0]["inputs"]
+    cfg = demo_config(runs[0]["info"])
+    ref_out, ref_state = soma.prefill(cfg, q, k, v)
+    ref_probs = hccs.hccs_int(x, cfg.hccs_B[0], cfg.hccs_S[0], cfg.hccs_dmax[0], mode=cfg.hccs_mode)
+    mismatches = []
+    for run in runs:
+        if not np.array_equal(run["decode"], ref_out):
+            mismatches.append(f"{run['url']}: decode differs from the model in "
+                              f"{int(np.sum(run['decode'] != ref_out))} of {ref_out.size} values")
+        if not np.array_equal(run["hccs"], ref_probs):
+            mismatches.append(f"{run['url']}: HCCS differs from hccs_int")
+        for name, value in ref_state.to_arrays().items():
+            if not np.array_equal(run["state"][name], value):
+                mismatches.append(f"{run['url']}: state {name} differs from the model")
+    return {"agree": not mismatches, "runs": runs, "mismatches": mismatches}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = sub.add_parser("info", help="print the device's board, API level and capacity")
+    p.add_argument("--url", default="emu://")
+    p = sub.add_parser("hccs", help="run integer HCCS on int8 rows from an npz file")
+    p.add_argument("--url", default="emu://")
+    p.add_argument("--vectors", required=True, help="npz with int8 'x' (rows, n); optional 'expected'")
+    p.add_argument("--head", type=int, default=0)
+    p.add_argument("--params", help="HCCS parameter YAML (somatile calibrate) to configure first")
+    p.add_argument("--out", help="write the probabilities to this npz ('probs')")
+    p = sub.add_parser("decode", help="stream seeded random tokens and check them against the model")
+    p.add_argument("--url", default="emu://")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1)
+    p = sub.add_parser("agree", help="the same tensors through several devices, compared exactly")
+    p.add_argument("--url", action="append", required=True, dest="urls")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    import somatile.host
+
+    if args.action == "info":
+        with somatile.host.open(args.url) as dev:
+            print(json.dumps(dev.info().as_dict(), indent=2))
+        return 0
+    if args.action == "hccs":
+        try:
+            data = np.load(args.vectors)
+        except OSError as exc:
+            raise SystemExit(f"somatile device hccs: cannot read --vectors {args.vectors}: {exc}") from None
+        if "x" not in data:
+            raise SystemExit(f"somatile device hccs: {args.vectors} has no array 'x' (int8 rows); "
+                             f"it has {sorted(data.files)}")
+        with somatile.host.open(args.url) as dev:
+            if args.params:
+                dev.configure(args.params)
+            start = time.perf_counter()
+            probs = dev.hccs(data["x"], head=args.head)
+            seconds = time.perf_counter() - start
+        print(f"{args.url}: {probs.shape[0] if probs.ndim > 1 else 1} rows in {seconds:.3f} s "
+              f"({data['x'].nbytes / seconds / 1e6:.3f} MB/s in)")
+        if args.out:
+            np.savez(args.out, probs=probs)
+        if "expected" in data:
+            bad = int(np.sum(probs != data["expected"]))
+            print(f"mismatches against 'expected': {bad}")
+            return 1 if bad else 0
+        return 0
+    if args.action == "decode":
+        result = agree([args.url], args.tokens, args.seed)
+        run_ = result["runs"][0]
+        print(f"{args.url}: {args.tokens} tokens x {run_['info'].heads} heads in {run_['decode_s']:.3f} s "
+              f"({args.tokens / run_['decode_s']:.1f} tokens/s); state {run_['info'].extra['state_bytes']} "
+              f"bytes per head; mismatches against the model: {len(result['mismatches'])}")
+        for line in result["mismatches"]:
+            print(f"  {line}")
+        return 0 if result["agree"] else 1
+    result = agree(args.urls, args.tokens, args.seed)
+    for run_ in result["runs"]:
+        print(f"{run_['url']}: decode {args.tokens} tokens in {run_['decode_s']:.3f} s, "
+              f"HCCS {run_['hccs'].shape[0]} rows in {run_['hccs_s']:.3f} s")
+    for line in result["mismatches"]:
+        print(f"MISMATCH {line}")
+    print("all devices agree bit for bit with each other and the model" if result["agree"] else "DISAGREE")
+    return 0 if result["agree"] else 1
