@@ -382,29 +382,30 @@ def tile_class():
     return MetalTile
 
 
+METAL_URL_OPTIONS = ("api", "emulate", "order", "seed")
+
+
 def open_url(parts: urllib.parse.SplitResult, **options):
     """``somatile.host.open("metal://...")``: the host driver of every backend (`TileDevice`) over the
     firmware's reference request handling, whose tiles compute on Metal. Options (URL query or keywords):
-    ``api`` (mlx, pyobjc), ``emulate``, ``order``, ``seed`` (see the module docstring), ``board`` (the
-    geometry, default "sim"); other keywords (timeout, retries, progress) go to the driver."""
-    from somatile.host import protocol, url_options
-    from somatile.host.device import TileDevice
-    from somatile.host.emu import LoopbackTransport, ReferenceFirmware, board_params
+    ``api`` (mlx, pyobjc), ``emulate``, ``order``, ``seed`` (see the module docstring); the rest as for
+    emu://: ``board`` (default "sim") with tile parameter overrides (``ring=8``...), ``timeout``, ``retries``,
+    and the driver's keywords (``progress``)."""
+    from somatile.host import url_options
+    from somatile.host.emu import LoopbackTransport, ReferenceFirmware, board_params, url_board
+    from somatile.host.transport_tcp import open_transport
 
-    ours = {"api", "emulate", "order", "seed", "board"}
-    query = {**url_options(parts), **{k: str(v) for k, v in options.items() if k in ours}}
-    unknown = set(query) - ours
-    if unknown:
-        raise ValueError(f"device URL {parts.geturl()!r}: unknown option(s) {sorted(unknown)}; "
-                         f"expected {', '.join(sorted(ours))}")
-    emulate = query.get("emulate", "0").lower() in ("1", "true", "yes")
-    runner = make_runner(query.get("api", "mlx"), emulate=emulate, order=query.get("order", "forward"),
-                         seed=int(query.get("seed", "0")))
-    params, board = board_params(query.get("board", "sim"))
+    query = url_options(parts)
+    ours = {k: query.pop(k) for k in METAL_URL_OPTIONS if k in query}
+    ours.update({k: str(options.pop(k)) for k in METAL_URL_OPTIONS if k in options})
+    link, board, overrides = url_board(parts._replace(query=urllib.parse.urlencode(query)), options)
+    emulate = ours.get("emulate", "0").lower() in ("1", "true", "yes")
+    runner = make_runner(ours.get("api", "mlx"), emulate=emulate, order=ours.get("order", "forward"),
+                         seed=int(ours.get("seed", "0")))
+    params, name = board_params(board, overrides)
     metal_tile = tile_class()
-    firmware = ReferenceFirmware(params, board, tiles=[metal_tile(params, i, runner).command
-                                                       for i in range(params.n_tiles)])
-    link = protocol.WireLink(LoopbackTransport(firmware.endpoint), firmware.endpoint.api_level,
-                             **{k: v for k, v in options.items() if k not in ours})
+    firmware = ReferenceFirmware(params, name, tiles=[metal_tile(params, i, runner).command
+                                                      for i in range(params.n_tiles)])
     where = "CPU emulation" if emulate else "GPU"
-    return TileDevice(link, backend=f"metal://?api={runner.api}&board={board} ({where})")
+    return open_transport(LoopbackTransport(firmware.endpoint),
+                          f"metal://?{parts.query or 'board=' + name} ({runner.api} on the {where})", **link)

@@ -60,3 +60,12 @@ def test_load_state_reset_and_errors_match_emu(devices, rng):
     assert np.array_equal(metal.decode(q, k, v), emu.decode(q, k, v))
     with pytest.raises(DeviceError, match="BAD_ARGUMENT"):
         metal.hccs(np.zeros((2, 200), np.int8), head=0)  # B is too large for rows of 200
+
+
+def test_device_agree_with_tile_overrides():
+    """`somatile device agree` over emu:// and metal:// with the demo's small tile (overrides as for emu://)."""
+    from somatile.host import device_cli
+
+    urls = [f"emu://?{device_cli.DEMO_QUERY}", f"metal://?emulate=1&api=pyobjc&{device_cli.DEMO_QUERY}"]
+    result = device_cli.agree(urls, tokens=24, seed=5)
+    assert result["agree"], result["mismatches"]
