@@ -21,7 +21,7 @@ URLs:
 - ``metal://`` or ``metal://?api=mlx``: MLX on the Apple GPU; ``metal://?api=pyobjc``: PyObjC.
 - ``metal://?emulate=1[&api=...][&order=random&seed=N]``: the same dispatch code over the CPU emulator
   (Linux with g++; slow, for tests and for comparing backends).
-- ``&board=NAME``: the geometry (heads, head_dim, ring, sinks) of a board config, default "sim".
+- ``&board=NAME`` and tile overrides (``&ring=8&head_dim=16``...), ``timeout``, ``retries``: as for emu://.
 """
 
 from __future__ import annotations
