@@ -1,5 +1,5 @@
 """HCCS unit (hw/hccs.py) in Verilator through cocotb, bit-exact against hccs_int, cycles against
-expected_cycles. Two builds in the default run (a small 4-lane unit whose four heads cover the four
+expected_cycles. Two builds in the default run (a small 4-lane unit whose 16 heads cycle through the four
 mode/output pairs, and the boards' default 8-lane unit); wider lane counts under the slow marker."""
 
 import dataclasses
@@ -15,7 +15,7 @@ from somatile.sim.run_hccs import simulate
 from somatile.sim.tb_hccs import make_job
 
 MODE_OUT = [("div", "uint8"), ("div", "int16"), ("clb", "uint8"), ("clb", "int16")]
-SMALL = {"lanes": 4, "heads": 4, "n_max": 16, "out_type": "int16"}
+SMALL = {"lanes": 4, "heads": 16, "n_max": 16, "out_type": "int16"}
 BOARD = {"lanes": 8, "heads": 2, "n_max": 256, "out_type": "uint8"}
 CYCLE_TOLERANCE = 0.05
 
@@ -45,9 +45,9 @@ def test_random_rows_are_bit_exact_under_idles_and_backpressure(rng, cols, rows)
     x = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
     mask = rng.random((rows, cols)) < 0.75
     mask[::37] = False
-    heads = rng.integers(0, 4, rows)
-    B, S, dmax = per_head_params(rng, 4, cols)
-    modes, outs = zip(*MODE_OUT)
+    heads = rng.integers(0, SMALL["heads"], rows)
+    B, S, dmax = per_head_params(rng, SMALL["heads"], cols)
+    modes, outs = zip(*(MODE_OUT * 4))
     run = simulate(x, heads, B, S, dmax, modes=modes, outs=outs, mask=mask, unit=SMALL, idle=0.3,
                    backpressure=0.4, seed=cols)
     assert_bit_exact(run)
@@ -80,17 +80,16 @@ def test_adversarial_rows_and_edge_parameters_are_bit_exact(rng, zero_floor):
     else:
         b_max, floor_min = MAX_ROW_MASS // cols, -(-MIN_FLOOR_MASS // cols)
         B, S, dmax = [b_max, b_max, floor_min, 127 * 7 + floor_min], [0, 127, 0, 127], [0, 7, 127, 7]
-    copies = 6
-    x = np.tile(x, (copies * 4, 1))
-    mask = np.tile(mask, (copies * 4, 1))
-    heads = np.arange(len(x)) % 4
-    modes, outs = zip(*MODE_OUT)
-    # Every head under every mode/output pair: rotate the parameter sets over the heads in four runs.
-    for shift in range(4):
-        run = simulate(x, heads, np.roll(B, shift), np.roll(S, shift), np.roll(dmax, shift), modes=modes,
-                       outs=outs, mask=mask, unit=SMALL, idle=0.1, backpressure=0.5, seed=shift,
-                       allow_zero_floor=zero_floor)
-        assert_bit_exact(run)
+    # Head 4*p + k runs parameter set p under mode/output pair k: every set under every pair in one run.
+    copies, mask0 = 6, mask
+    x = np.tile(x, (copies * 16, 1))
+    mask = np.tile(mask, (copies * 16, 1))
+    heads = (np.arange(len(x)) // len(mask0)) % 16
+    modes, outs = zip(*(MODE_OUT * 4))
+    run = simulate(x, heads, np.repeat(B, 4), np.repeat(S, 4), np.repeat(dmax, 4), modes=modes, outs=outs,
+                   mask=mask, unit=SMALL, idle=0.1, backpressure=0.5, seed=int(zero_floor),
+                   allow_zero_floor=zero_floor)
+    assert_bit_exact(run)
 
 
 def test_real_looking_logits_back_to_back_are_bit_exact_at_the_expected_cycles():
@@ -169,8 +168,8 @@ def run_beats(unit: dict, beats: dict, expect: int, B, S, dmax, modes, outs):
 
 def test_over_long_rows_and_bad_framing_are_flagged_and_the_unit_keeps_working(rng):
     lanes, n_max = SMALL["lanes"], SMALL["n_max"]
-    B, S, dmax = per_head_params(rng, 4, n_max)
-    modes, outs = zip(*MODE_OUT)
+    B, S, dmax = per_head_params(rng, SMALL["heads"], n_max)
+    modes, outs = zip(*(MODE_OUT * 4))
     long_row = rng.integers(-128, 128, n_max + 2 * lanes).astype(np.int8)   # two beats past the capacity
     plain_row = rng.integers(-128, 128, n_max).astype(np.int8)
     per_row = n_max // lanes
