@@ -431,19 +431,44 @@ def markdown_table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def boards_table() -> str:
+    """Every board's parameters (one row each), then the AI Engine facts of the Versal boards."""
+    configs = [board_config.load(n) for n in board_config.names()]
+    keys = [k for k in board_config.SCHEMA if k not in ("description", "kind")]
+    lines = ["| board | kind | part | " + " | ".join(keys) + " |", "|---" * (len(keys) + 3) + "|"]
+    for c in configs:
+        part = (f"{c.fpga['device']}-{c.fpga['speed_grade']}" if c.fpga else c.aie["part"] if c.aie else "")
+        lines.append(f"| {c.name} | {c.kind} | {part} | " + " | ".join(_fmt(getattr(c, k), 0 if k != "clock_mhz"
+                                                                                  else 1) for k in keys) + " |")
+    versal = [c for c in configs if c.aie]
+    if versal:
+        facts = [k for k in board_config.AIE_SCHEMA if k != "part"]
+        lines += ["", "AI Engine tile facts of the Versal boards (AM020, UG1079):", "",
+                  "| board | " + " | ".join(facts) + " |", "|---" * (len(facts) + 1) + "|"]
+        lines += [f"| {c.name} | " + " | ".join(_fmt(c.aie[k], 0) for k in facts) + " |" for c in versal]
+    return "\n".join(lines) + "\n"
+
+
 def write_summary(records: list[dict], path: Path) -> list[Path]:
     """``path`` (markdown) and the same records as JSON beside it (``.json``)."""
     versions = tool_versions()
     head = ["# Boards: generated RTL, resources and Fmax", "",
-            "Written by `somatile build --all` (`make boards`). Resources are Yosys' cell counts after synthesis "
-            "of the unit inside the board harness (boards/harness.py), which adds exactly in_bits + out_bits "
-            "flip-flops (listed below) to drive the unit's ports from one serial pin and read them on another. "
-            "Fmax is nextpnr's final (post-route) figure for the PLL-made clock; the target is the board's "
-            "`clock_mhz`. Versal boards get Verilog and a Vivado project script; Vivado is not run here.", "",
+            "Written by `somatile build --all --report docs/boards.md` (`make boards`); do not edit by hand. "
+            "Board files are `boards/*.yaml` (parameters: `boards/config.py`, `SCHEMA`).", "",
+            "## Boards", "", boards_table(),
+            "## Builds", "",
+            "Resources are Yosys' cell counts after synthesis of the unit inside the board harness "
+            "(`boards/harness.py`), which adds exactly in_bits + out_bits flip-flops (listed below) to drive the "
+            "unit's ports from one serial pin and read them on another. Fmax is nextpnr's final (post-route) "
+            "figure for the PLL-made clock; the target is the board's `clock_mhz`. Versal boards get Verilog and "
+            "a Vivado project script; Vivado is not run here.", "",
             "Tools: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; sources sha256 "
-            f"{source_hash()[:16]}; machine: {_machine()}.", ""]
-    harness = [f"- {r['board']} / {r['top']}: harness flip-flops {r['pnr']['harness_ffs']}, PLL clock "
-               f"{_fmt(r['pnr']['pll_mhz'], 3)} MHz" for r in records if r.get("pnr")]
+            f"{source_hash()[:16]}; machine: {_machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+            ""]
+    harness = [f"- {r['board']} / {r['top']}"
+               + "".join(f" {k}={v}" for k, v in r.get("overrides", {}).items())
+               + f": harness flip-flops {r['pnr']['harness_ffs']}, PLL clock {_fmt(r['pnr']['pll_mhz'], 3)} MHz"
+               for r in records if r.get("pnr")]
     body = markdown_table(records)
     if harness:
         body += "\nHarness overhead and PLL output per build:\n\n" + "\n".join(harness) + "\n"
