@@ -58,7 +58,7 @@ def test_soma_sweep(case):
         head_dim=int(rng.integers(1, 48)), ring=ring, sinks=int(rng.integers(0, ring + 1)),
         include_self=bool(rng.random() < 0.5), alpha=float(rng.random()),
         field_source="values" if gated or rng.random() < 0.5 else "keys",
-        normaliser=("hccs_int", "exp_int")[int(rng.integers(2))] if ring < 30 else "exp_int",
+        normaliser=("hccs_int", "exp_int")[int(rng.integers(2))],
         hccs_mode=("div", "clb")[int(rng.integers(2))], recency=float(rng.random() * 0.2))
     T = int(rng.integers(1, 2 * (cfg.slots + 2)))
     q = rng.integers(-128, 128, (T, cfg.n_heads, cfg.head_dim)).astype(np.int8)
