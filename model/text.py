@@ -34,8 +34,9 @@ def load_text(path: str | Path | None = None) -> str:
     return text
 
 
-def sentences(text: str, count: int, *, min_words: int = 4, max_words: int = 60) -> list[str]:
-    """The first ``count`` distinct sentences of ``text`` with ``min_words..max_words`` words.
+def sentences(text: str, count: int | None, *, min_words: int = 4, max_words: int = 60) -> list[str]:
+    """The first ``count`` distinct sentences of ``text`` with ``min_words..max_words`` words (all of them
+    for ``count=None``).
 
     Headings and very short fragments (fewer than ``min_words`` words) are skipped; whitespace is
     collapsed. Raises ValueError naming the shortfall if the text holds fewer such sentences.
@@ -51,5 +52,7 @@ def sentences(text: str, count: int, *, min_words: int = 4, max_words: int = 60)
                 out.append(s)
                 if len(out) == count:
                     return out
+    if count is None:
+        return out
     raise ValueError(f"evaluation text: found only {len(out)} sentences of {min_words}-{max_words} words, "
                      f"{count} requested")

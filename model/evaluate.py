@@ -1,0 +1,827 @@
+"""`somatile eval minilm|smollm2`: what HCCS and the Soma ring/field cost in quality on real models.
+
+``somatile eval minilm``: all-MiniLM-L6-v2 (somatile.model.minilm). Real attention logits of every layer and
+head are collected on calibration sentences, padded to rows of ``--cols`` (128) elements with a mask (the
+integer HCCS rules depend on the row length), and calibrated per head in float (seed 003's clip range c) and
+on int8 logits (the paper's B, S, Dmax; calibrate after quantisation). Evaluation sentences (disjoint from
+the calibration sentences) are embedded with exact softmax (the reference) and with each normaliser:
+float HCCS, int8 HCCS div and clb, the hybrid (heads whose calibration error stays above 0.3 on integer
+exp, the others on int8 HCCS div), integer exp everywhere. Reported: mean / minimum embedding cosine
+against the reference and nearest-neighbour agreement (is each sentence's nearest other sentence the same
+as under the reference), plus the per-layer, per-head calibration table and plots.
+
+``somatile eval smollm2``: SmolLM2-135M (somatile.model.smollm2). Perplexity on the evaluation text
+(first 40,000 characters by default: 9,480 scored tokens in 512-token windows; a subset also in 2,048-token
+windows) for full attention and Soma variants (somatile.model.soma.prefill in place of every layer's
+attention): the seed preset, rings of 64/128/256, rings with 4 sinks, ring + field (keys vs values, gated vs
+not, alpha grid), HCCS as near-field normaliser (c per layer and head calibrated on SmolLM2's own logits),
+the integer path (int8 q/k/v through the bit-exact integer Soma, HCCS and integer-exp normalisers), and the
+SFA enhancement of seed 001 on full attention. State sizes against the full KV cache at 2K, 8K and 64K.
+Calibration uses text after the evaluated range (characters 40,000 on), so no evaluated token is seen.
+
+Both write ``results.json``, ``results.md`` and PNG plots to ``--out`` and print the table. ``--quick`` runs
+a small subset (a few sentences; one short window) for the test suite. ``--text FILE`` evaluates any
+UTF-8 text. ``somatile eval minilm --dump-logits FILE.npz --layer L`` writes one layer's real logits
+(``logits`` float32 (12, R, cols), ``mask`` bool of the same shape) for ``somatile compare --logits``.
+
+``python -m somatile.model.evaluate --write-results docs/results.md build/eval`` writes docs/results.md
+from the two results.json files (machine, date, commands and every number).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from somatile.model import text as textmod
+
+EVAL_COMMANDS = {
+    "minilm": "somatile eval minilm --out build/eval/minilm",
+    "smollm2": "somatile eval smollm2 --out build/eval/smollm2",
+}
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "platform": platform.platform(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.6g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.3e}"
+        return str(v)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _progress(iterable, desc: str, total: int | None = None):
+    from tqdm import tqdm
+    return tqdm(iterable, desc=desc, total=total, unit="it", leave=False, file=sys.stderr)
+
+
+def _write(out: Path, results: dict, markdown: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown)
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+# ----------------------------------------------------------------------------------------------- MiniLM
+
+MINILM_COLS = 128
+
+
+def pad_rows(logits: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(H, T, T) logits of one sentence -> (H, T, cols) float64 rows padded with masked zeros, and the mask."""
+    H, T, N = logits.shape
+    if N > cols:
+        raise ValueError(f"logits: a row has {N} keys, more than cols = {cols}; raise --cols or shorten the "
+                         "sentence")
+    x = np.zeros((H, T, cols))
+    x[..., :N] = logits
+    mask = np.zeros((H, T, cols), bool)
+    mask[..., :N] = True
+    return x, mask
+
+
+def mean_row_range(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per head (H,): mean over rows of (max - min) of the valid logits of (H, R, N)."""
+    hi = np.where(mask, x, -np.inf).max(axis=-1)
+    lo = np.where(mask, x, np.inf).min(axis=-1)
+    return (hi - lo).mean(axis=-1)
+
+
+def collect_minilm_logits(model, sentences: list[str], cols: int, progress: str | None = None):
+    """Per layer: (logits (H, R, cols) float64, mask (H, R, cols) bool) over every query row of every sentence."""
+    rows: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(model.n_layers)]
+    model.embed(sentences, logits_hook=lambda n, layer, logits, mask: rows[layer].append(pad_rows(logits, cols)),
+                progress=progress)
+    return [(np.concatenate([x for x, _ in r], axis=1), np.concatenate([m for _, m in r], axis=1)) for r in rows]
+
+
+@dataclass
+class MiniLMCalibration:
+    """Per layer: float clip ranges c (H,), their calibration error, and the int8 HccsParams."""
+
+    c: list[np.ndarray]
+    c_error: list[np.ndarray]
+    params: list  # HccsParams per layer
+
+
+def calibrate_minilm(layer_logits, progress: bool = False) -> MiniLMCalibration:
+    from somatile.model.calibrate import calibrate_float, calibrate_params
+    cs, errs, params = [], [], []
+    for layer, (x, mask) in enumerate(layer_logits):
+        fl = calibrate_float(x, mask)
+        cs.append(fl.c)
+        errs.append(fl.error)
+        params.append(calibrate_params(x, mask, search="int", mode="div", progress=progress))
+    return MiniLMCalibration(cs, errs, params)
+
+
+def minilm_normalisers(cal: MiniLMCalibration, cols: int) -> dict[str, Callable]:
+    """Name -> normaliser(layer, logits (H,T,T), mask) for every evaluated variant (float HCCS and the
+    int8 kernels on padded rows; uint8 outputs read as p / 255 exactly as the hardware emits them)."""
+    from somatile.model import hccs, intexp, quant
+
+    def int8_rows(layer, logits):
+        x, mask = pad_rows(logits, cols)
+        return quant.quantize_logits(x, cal.params[layer].scale, mask), mask, logits.shape[-1]
+
+    def int_kernel(run):
+        def normaliser(layer, logits, mask):
+            xq, pmask, n = int8_rows(layer, logits)
+            return run(cal.params[layer], xq, pmask)[..., :n] / 255.0
+        return normaliser
+
+    def hccs_mode(mode):
+        return lambda p, xq, m: hccs.hccs_int(xq, p.B, p.S, p.dmax, mode=mode, mask=m)
+
+    return {
+        "float HCCS": lambda layer, logits, mask: hccs.hccs_float(logits, cal.c[layer]),
+        "int8 HCCS div": int_kernel(hccs_mode("div")),
+        "int8 HCCS clb": int_kernel(hccs_mode("clb")),
+        "hybrid (int8 HCCS div + int-exp fallback)": int_kernel(lambda p, xq, m: p.apply_int(xq, m)),
+        "integer exp everywhere": int_kernel(lambda p, xq, m: intexp.intexp_softmax(xq, p.exp_mult, mask=m)),
+    }
+
+
+def embedding_agreement(ref: np.ndarray, emb: np.ndarray) -> dict:
+    """Cosine of each embedding with its reference, and nearest-neighbour agreement (self excluded)."""
+    cos = np.sum(ref * emb, axis=1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(emb, axis=1))
+
+    def nearest(e):
+        sim = e @ e.T
+        np.fill_diagonal(sim, -np.inf)
+        return sim.argmax(axis=1)
+    return {"cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
+            "nn_agreement": float(np.mean(nearest(ref) == nearest(emb))), "cosines": cos.tolist()}
+
+
+def dump_minilm_logits(path: Path, layer_logits, layer: int, rows: int | None = None) -> dict:
+    if not 0 <= layer < len(layer_logits):
+        raise ValueError(f"--layer: expected 0..{len(layer_logits) - 1}, got {layer}")
+    x, mask = layer_logits[layer]
+    if rows is not None:
+        x, mask = x[:, :rows], mask[:, :rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, logits=x.astype(np.float32), mask=mask)
+    return {"path": str(path), "layer": layer, "shape": list(x.shape)}
+
+
+def evaluate_minilm(args) -> dict:
+    from somatile.model.minilm import MiniLM
+
+    t0 = time.time()
+    model = MiniLM.load()
+    source = textmod.load_text(args.text)
+    n_eval, n_cal = (8, 4) if args.quick else (args.sentences, args.calibration_sentences)
+    pool = [s for s in textmod.sentences(source, None) if len(model.encode(s)) <= args.cols]
+    if len(pool) < n_eval + n_cal:
+        raise ValueError(f"evaluation text: only {len(pool)} sentences fit rows of --cols {args.cols} tokens, "
+                         f"{n_eval + n_cal} needed")
+    eval_sents, cal_sents = pool[:n_eval], pool[n_eval:n_eval + n_cal]
+    cal_logits = collect_minilm_logits(model, cal_sents, args.cols, progress="MiniLM logits")
+    results = {"model": "all-MiniLM-L6-v2", "machine": machine(), "quick": bool(args.quick),
+               "text": str(args.text or textmod.DEFAULT_TEXT), "n_eval": n_eval, "n_calibration": n_cal,
+               "cols": args.cols, "command": command_line(args)}
+    if args.dump_logits:
+        results["dump"] = dump_minilm_logits(Path(args.dump_logits), cal_logits, args.layer, args.dump_rows)
+    cal = calibrate_minilm(cal_logits)
+    objective = cal.params[0].objective
+    results["calibration"] = {
+        "objective": objective, "threshold": 0.3,
+        "heads": [{"layer": l, "head": h, "c": float(cal.c[l][h]), "float_error": float(cal.c_error[l][h]),
+                   "B": int(p.B[h]), "S": int(p.S[h]), "dmax": int(p.dmax[h]), "scale": float(p.scale[h]),
+                   "int_error": float(p.error[h]), "fallback": bool(p.fallback[h]),
+                   "mean_row_range": float(spread[h])}
+                  for l, ((x, m), p) in enumerate(zip(cal_logits, cal.params))
+                  for spread in [mean_row_range(x, m)] for h in range(len(p.B))],
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for l, p in enumerate(cal.params):
+        p.to_yaml(out / f"hccs_params_layer{l}.yaml")
+    results["params_yaml"] = [str(out / f"hccs_params_layer{l}.yaml") for l in range(len(cal.params))]
+    reference = model.embed(eval_sents, progress="MiniLM reference")
+    variants = {}
+    for name, normaliser in minilm_normalisers(cal, args.cols).items():
+        variants[name] = embedding_agreement(reference, model.embed(eval_sents, normaliser=normaliser,
+                                                                    progress=name))
+    results["variants"] = variants
+    results["seconds"] = round(time.time() - t0, 1)
+    _minilm_plots(out, results)
+    markdown = minilm_markdown(results)
+    _write(out, results, markdown)
+    return results
+
+
+def minilm_markdown(r: dict) -> str:
+    rows = [[name, v["cos_mean"], v["cos_min"], v["nn_agreement"]] for name, v in r["variants"].items()]
+    cal = r["calibration"]
+    heads = [[h["layer"], h["head"], h["mean_row_range"], h["c"], h["float_error"], h["B"], h["S"], h["dmax"],
+              h["scale"], h["int_error"], "yes" if h["fallback"] else "no"] for h in cal["heads"]]
+    n_fb = sum(h["fallback"] for h in cal["heads"])
+    return "\n".join([
+        f"## MiniLM (all-MiniLM-L6-v2): HCCS in place of softmax",
+        "",
+        f"{r['n_eval']} evaluation sentences, {r['n_calibration']} calibration sentences (disjoint), rows padded "
+        f"to {r['cols']} keys; reference = exact float softmax (float64 forward). Command: `{r['command']}`.",
+        "",
+        markdown_table(["normaliser", "mean cosine", "min cosine", "NN agreement"], rows),
+        "",
+        f"Per-head calibration (objective `{cal['objective']}`; int8 search on the quantised logits; "
+        f"{n_fb} of {len(heads)} heads above the 0.3 threshold go to the integer-exp fallback in the hybrid):",
+        "",
+        markdown_table(["layer", "head", "row range", "float c", "float err", "B", "S", "dmax", "scale",
+                        "int8 err", "fallback"], heads),
+        "",
+    ])
+
+
+def _minilm_plots(out: Path, r: dict) -> None:
+    plt = _plt()
+    heads = r["calibration"]["heads"]
+    L = max(h["layer"] for h in heads) + 1
+    H = max(h["head"] for h in heads) + 1
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, key, title in ((axes[0], "float_error", "float HCCS (c)"), (axes[1], "int_error", "int8 HCCS (B,S,Dmax)")):
+        grid = np.zeros((L, H))
+        for h in heads:
+            grid[h["layer"], h["head"]] = h[key]
+        im = ax.imshow(grid, cmap="viridis", aspect="auto")
+        ax.set_title(f"calibration error ({r['calibration']['objective']}): {title}")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(out / "calibration_error.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    names = list(r["variants"])
+    ax.boxplot([np.array(r["variants"][n]["cosines"]) for n in names], orientation="horizontal")
+    ax.set_yticks(range(1, len(names) + 1), names, fontsize=8)
+    ax.set_xlabel("embedding cosine against exact softmax")
+    fig.tight_layout()
+    fig.savefig(out / "embedding_cosine.png", dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- SmolLM2
+
+STATE_LENGTHS = (2048, 8192, 65536)
+
+
+@dataclass(frozen=True)
+class LMVariant:
+    """One evaluated configuration: full attention (``soma`` None) or Soma in every layer.
+
+    ``soma``: name of the SomaConfig builder in :func:`soma_configs`; ``sfa``: add seed 001's enhancement
+    to each layer's attention output; ``long``: also scored in long windows; ``in_grid``: part of the
+    default run (the others run when named with ``--only``)."""
+
+    key: str
+    name: str
+    group: str
+    soma: str | None = None
+    sfa: bool = False
+    long: bool = False
+    in_grid: bool = True
+
+
+def lm_variants(quick: bool, everything: bool = False) -> list[LMVariant]:
+    """The evaluated grid; ``key`` is the Soma builder name (see :func:`soma_configs`), "full" or "sfa"."""
+    v = [
+        LMVariant("full", "full attention", "reference", long=True),
+        LMVariant("seed", "seed preset (ring 16, keys field a=0.1, no self)", "seed", "seed"),
+        LMVariant("ring64", "ring 64", "ring", "ring64"),
+        LMVariant("ring128", "ring 128", "ring", "ring128", in_grid=False),
+        LMVariant("ring256", "ring 256", "ring", "ring256", long=True),
+        LMVariant("sinks4_ring60", "4 sinks + ring 60", "sinks", "sinks4_ring60"),
+        LMVariant("default", "4 sinks + ring 252 (default preset)", "sinks", "default", long=True),
+        LMVariant("field_keys_0.1", "4 sinks + ring 60 + keys field a=0.1", "field", "field_keys_0.1"),
+        LMVariant("field_values_0.1", "4 sinks + ring 60 + values field a=0.1", "field", "field_values_0.1"),
+        LMVariant("field_gated_0.05", "4 sinks + ring 60 + gated values field a=0.05", "field", "field_gated_0.05",
+                  in_grid=False),
+        LMVariant("field_gated_0.1", "4 sinks + ring 60 + gated values field a=0.1", "field", "field_gated_0.1"),
+        LMVariant("field_gated_0.3", "4 sinks + ring 60 + gated values field a=0.3", "field", "field_gated_0.3"),
+        LMVariant("hccs", "4 sinks + ring 252, float HCCS (calibrated c)", "hccs", "hccs"),
+        LMVariant("int_hccs", "4 sinks + ring 252, integer (int8 qkv, HCCS div)", "integer", "int_hccs"),
+        LMVariant("int_exp", "4 sinks + ring 252, integer (int8 qkv, integer exp)", "integer", "int_exp",
+                  in_grid=False),
+        LMVariant("sfa", "full attention + SFA (seed 001 schedule)", "sfa", sfa=True),
+    ]
+    if quick:
+        keep = {"full", "seed", "ring64", "field_gated_0.1", "hccs", "int_hccs", "sfa"}
+        return [x for x in v if x.key in keep]
+    return v if everything else [x for x in v if x.in_grid]
+
+
+@dataclass
+class LMCalibration:
+    """Per layer, from full attention on calibration tokens: HCCS params for rows of ``cols`` keys
+    (int8 search; ``c`` in logit units for the float normaliser) and int8 scales of q, k, v and the output."""
+
+    cols: int
+    params: list
+    q_scale: list = field(default_factory=list)
+    k_scale: list = field(default_factory=list)
+    v_scale: list = field(default_factory=list)
+    out_scale: list = field(default_factory=list)
+
+
+def calibrate_smollm2(model, tokens: np.ndarray, cols: int) -> LMCalibration:
+    """Run full attention over ``tokens`` and calibrate each layer per head on rows of ``cols`` keys: each
+    query's last ``cols`` visible keys (what a Soma row of ``cols`` slots holds), masked where fewer exist."""
+    from somatile.model import soma_int
+    from somatile.model.calibrate import calibrate_params
+    from somatile.model.smollm2 import CausalAttention
+
+    cal = LMCalibration(cols=cols, params=[])
+    logits_by_layer = {}
+    qkv = {}
+
+    def keep_logits(layer, logits, mask):
+        logits_by_layer[layer] = (logits, mask)
+
+    inner = CausalAttention(logits_hook=keep_logits)
+
+    def attention(layer, q, k, v):
+        out = inner(layer, q, k, v)
+        qkv[layer] = (q, k, v, out)
+        return out
+
+    model.forward(tokens, attention=attention)
+    for layer in _progress(range(model.config.n_layers), "calibrate SmolLM2", model.config.n_layers):
+        logits, mask = logits_by_layer[layer]
+        x, m = last_keys(logits, mask, cols)
+        cal.params.append(calibrate_params(x, m, search="int", mode="div"))
+        q, k, v, out = qkv[layer]
+        cal.q_scale.append(soma_int.scales_for(q))
+        cal.k_scale.append(soma_int.scales_for(k))
+        cal.v_scale.append(soma_int.scales_for(v))
+        cal.out_scale.append(soma_int.scales_for(out))
+    return cal
+
+
+def last_keys(logits: np.ndarray, mask: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(H, T, T) causal logits -> (H, T, cols): for each query its last ``cols`` visible keys, left-padded
+    with masked zeros (rows of the width a ring of ``cols`` slots normalises over)."""
+    H, T, _ = logits.shape
+    out = np.zeros((H, T, cols), np.float64)
+    valid = np.zeros((H, T, cols), bool)
+    for t in range(T):
+        lo = max(0, t + 1 - cols)
+        n = t + 1 - lo
+        out[:, t, cols - n:] = logits[:, t, lo:t + 1]
+        valid[:, t, cols - n:] = mask[t, lo:t + 1]
+    return out, valid
+
+
+def soma_configs(cal: LMCalibration | None, n_layers: int, geometry: dict) -> dict[str, Callable[[int], object]]:
+    """Builder name -> (layer -> SomaConfig). Geometry: n_heads, n_kv_heads, head_dim."""
+    from somatile.model.soma import SomaConfig, integer_config
+
+    def fixed(**kw):
+        cfg = SomaConfig(**geometry, **kw)
+        return lambda layer: cfg
+
+    sinks60 = dict(ring=60, sinks=4, include_self=True, gamma=0.98)
+    builders = {
+        "seed": (lambda cfg: (lambda layer: cfg))(SomaConfig.preset("seed", **geometry)),
+        "default": (lambda cfg: (lambda layer: cfg))(SomaConfig.preset("default", **geometry)),
+        "ring64": fixed(ring=64, sinks=0, alpha=0.0),
+        "ring128": fixed(ring=128, sinks=0, alpha=0.0),
+        "ring256": fixed(ring=256, sinks=0, alpha=0.0),
+        "sinks4_ring60": fixed(**sinks60, alpha=0.0),
+        "field_keys_0.1": fixed(**sinks60, alpha=0.1, field_source="keys"),
+        "field_values_0.1": fixed(**sinks60, alpha=0.1, field_source="values"),
+        "field_gated_0.05": fixed(**sinks60, alpha=0.05, field_source="values", gating="query"),
+        "field_gated_0.1": fixed(**sinks60, alpha=0.1, field_source="values", gating="query"),
+        "field_gated_0.3": fixed(**sinks60, alpha=0.3, field_source="values", gating="query"),
+    }
+    if cal is not None:
+        default = SomaConfig.preset("default", **geometry)
+        if default.slots != cal.cols:
+            raise ValueError(f"calibration rows have {cal.cols} keys, the default preset {default.slots} slots")
+        hccs_cfgs = [default.replace(normaliser="hccs", hccs_c=tuple(cal.params[l].c)) for l in range(n_layers)]
+
+        def integer(layer: int, normaliser: str):
+            p = cal.params[layer]
+            base = default.replace(normaliser=normaliser if normaliser == "exp_int" else "softmax")
+            cfg = integer_config(base, q_scale=cal.q_scale[layer], k_scale=cal.k_scale[layer],
+                                 v_scale=cal.v_scale[layer], out_scale=cal.out_scale[layer],
+                                 logit_scale=tuple(p.scale))
+            if normaliser == "hccs_int":
+                cfg = cfg.replace(hccs_B=tuple(p.B), hccs_S=tuple(p.S), hccs_dmax=tuple(p.dmax), hccs_mode="div")
+            return cfg
+        int_hccs = [integer(l, "hccs_int") for l in range(n_layers)]
+        int_exp = [integer(l, "exp_int") for l in range(n_layers)]
+        builders.update({"hccs": hccs_cfgs.__getitem__, "int_hccs": int_hccs.__getitem__,
+                         "int_exp": int_exp.__getitem__})
+    return builders
+
+
+class SomaAttention:
+    """Soma streaming attention in every layer (fresh state per call: one window = one stream).
+
+    Integer configs quantise q/k/v with the config's calibrated per-head scales and read the int8 output
+    back as out * out_scale."""
+
+    def __init__(self, config_of_layer: Callable[[int], object], scales: LMCalibration | None = None):
+        self.config_of_layer = config_of_layer
+        self.scales = scales
+
+    def __call__(self, layer, q, k, v):
+        from somatile.model import soma
+        cfg = self.config_of_layer(layer)
+        if not cfg.integer:
+            return soma.prefill(cfg, q, k, v)[0]
+        s = self.scales
+        out, _ = soma.prefill(cfg, soma.quantize(q, s.q_scale[layer], "q"), soma.quantize(k, s.k_scale[layer], "k"),
+                              soma.quantize(v, s.v_scale[layer], "v"))
+        return (out.astype(np.float32) * s.out_scale[layer][:, None].astype(np.float32))
+
+
+def sfa_hook_factory(n_layers: int, hidden: int):
+    """A fresh SFA enhancement (seed 001 defaults) per window: returns attn_out_hook(layer, a)."""
+    from somatile.model.sfa import SfaConfig, SfaState, sfa_apply
+    cfg = SfaConfig(n_layers=n_layers)
+    states = [SfaState.new(cfg, hidden) for _ in range(n_layers)]
+    return lambda layer, a: sfa_apply(cfg, states[layer], layer, a)[0]
+
+
+def window_schedule(n_tokens: int, window: int, long_window: int) -> list[tuple[int, int]]:
+    """Rounds of (start, length): the short windows in order with one long window after every fourth
+    short one (then the remaining long windows), so that a run stopped by its time budget still has
+    both protocols on a common prefix of windows."""
+    from somatile.model.smollm2 import window_starts
+    short = [(s, window) for s in window_starts(n_tokens, window)]
+    long = [(s, long_window) for s in window_starts(n_tokens, long_window)] if long_window else []
+    rounds = []
+    for i, w in enumerate(short):
+        rounds.append(w)
+        if i % 4 == 3 and long:
+            rounds.append(long.pop(0))
+    return rounds + long
+
+
+def evaluate_smollm2(args) -> dict:
+    """Every variant on the same windows, round by round (all variants on window 1, then window 2, ...),
+    writing results after each round; ``args.max_minutes`` stops after the round that crosses it."""
+    from somatile.model import soma
+    from somatile.model.smollm2 import SmolLM2, window_nll
+
+    t0 = time.time()
+    model = SmolLM2.load()
+    c = model.config
+    geometry = dict(n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
+    source = textmod.load_text(args.text)
+    chars = args.chars
+    eval_tokens = model.encode(source[:chars])
+    cal_source = source[chars:] if len(source) > chars + 2000 else source
+    cal_tokens = model.encode(cal_source)[:args.calibration_tokens]
+    window, long_window = args.window, args.long_window
+    if args.quick:
+        eval_tokens, window, long_window = eval_tokens[:args.quick_tokens], args.quick_tokens, 0
+        cal_tokens = cal_tokens[:max(args.quick_tokens, 64)]
+    if len(cal_tokens) < 2:
+        raise ValueError("calibration text: fewer than 2 tokens after the evaluated range")
+    variants = lm_variants(args.quick)
+    if args.only:
+        variants = [v for v in lm_variants(False, everything=True) if v.key in args.only]
+    default_slots = soma.SomaConfig.preset("default", **geometry).slots
+    cal = calibrate_smollm2(model, cal_tokens, default_slots)
+    builders = soma_configs(cal, c.n_layers, geometry)
+    results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32 forward)", "machine": machine(),
+               "quick": bool(args.quick), "text": str(args.text or textmod.DEFAULT_TEXT), "chars": chars,
+               "n_tokens": int(len(eval_tokens)), "window": window, "long_window": long_window,
+               "calibration_tokens": int(len(cal_tokens)), "command": command_line(args), "variants": []}
+    rows = {}
+    for v in variants:
+        row = {"key": v.key, "name": v.name, "group": v.group, "windows": [], "long_windows": []}
+        if v.soma:
+            cfg = builders[v.soma](0)
+            row["config"] = {k: getattr(cfg, k) for k in ("ring", "sinks", "include_self", "alpha", "gamma",
+                                                          "field_source", "gating", "normaliser", "integer")}
+            row["state"] = [_state_row(soma.state_bytes(cfg, n, n_layers=c.n_layers)) for n in STATE_LENGTHS]
+        rows[v.key] = row
+    results["variants"] = list(rows.values())
+    results["full_kv"] = [_state_row(soma.state_bytes(soma.SomaConfig.preset("default", **geometry), n,
+                                                      n_layers=c.n_layers)) for n in STATE_LENGTHS]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    schedule = window_schedule(len(eval_tokens), window, long_window)
+    results["rounds_planned"] = len(schedule)
+    for start, length in _progress(schedule, "SmolLM2 windows", len(schedule)):
+        is_long = length != window
+        chunk = eval_tokens[start:start + length]
+        done = []
+        for v in variants:
+            if is_long and not v.long:
+                continue
+            kwargs = {}
+            if v.soma:
+                kwargs["attention"] = SomaAttention(builders[v.soma], cal)
+            if v.sfa:
+                kwargs["attn_out_hook"] = sfa_hook_factory(c.n_layers, c.hidden)
+            t1 = time.time()
+            nll, scored = window_nll(model, chunk, **kwargs)
+            done.append((v.key, {"start": int(start), "length": int(len(chunk)), "nll": nll, "scored": scored,
+                                 "seconds": round(time.time() - t1, 1)}))
+        for key, w in done:  # a round counts only when every variant has run it
+            rows[key]["long_windows" if is_long else "windows"].append(w)
+        _summarise(results)
+        results["seconds"] = round(time.time() - t0, 1)
+        _write(out, results, smollm2_markdown(results))
+        print(f"window {start}+{len(chunk)} done: " + ", ".join(
+            f"{r['key']} {r['ppl']:.3f}" for r in results["variants"] if r.get("ppl")), file=sys.stderr, flush=True)
+        if args.max_minutes and time.time() - t0 > 60 * args.max_minutes:
+            results["stopped_by_budget"] = f"--max-minutes {args.max_minutes}"
+            break
+    _summarise(results)
+    results["seconds"] = round(time.time() - t0, 1)
+    _smollm2_plots(out, results)
+    _write(out, results, smollm2_markdown(results))
+    return results
+
+
+def _summarise(results: dict) -> None:
+    """Perplexity of each variant over the windows it has run (the same windows for every variant)."""
+    for r in results["variants"]:
+        for key, suffix in (("windows", ""), ("long_windows", "_long")):
+            ws = r[key]
+            if ws:
+                nll, scored = sum(w["nll"] for w in ws), sum(w["scored"] for w in ws)
+                r["ppl" + suffix] = math.exp(nll / scored)
+                r["scored" + suffix] = scored
+                r["n_windows" + suffix] = len(ws)
+
+
+def _state_row(sb) -> dict:
+    return {"seq_len": sb.seq_len, "soma_bytes": sb.soma_model, "full_kv_bytes": sb.full_kv_model,
+            "ratio": sb.full_kv_model / sb.soma_model, "kv_dtype": sb.kv_dtype}
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.3f} MiB" if b >= 2**20 else f"{b / 1024:.1f} KiB"
+
+
+def smollm2_markdown(r: dict) -> str:
+    done = [v for v in r["variants"] if v.get("ppl")]
+    ref = next((v for v in done if v["group"] == "reference"), None)
+    has_long = any(v.get("ppl_long") for v in done)
+
+    def delta(v, suffix):
+        if not ref or not v.get("ppl" + suffix) or not ref.get("ppl" + suffix):
+            return ""
+        return f"{100 * (v['ppl' + suffix] / ref['ppl' + suffix] - 1):+.2f} %"
+    rows = [[v["name"], v["ppl"], delta(v, "")] + ([v.get("ppl_long", ""), delta(v, "_long")] if has_long else [])
+            for v in done]
+    scored = done[0]["scored"] if done else 0
+    n_win = done[0]["n_windows"] if done else 0
+    long_note = ""
+    if has_long:
+        lv = next(v for v in done if v.get("ppl_long"))
+        long_note = (f" Long protocol: {lv['n_windows_long']} window(s) of up to {r['long_window']} tokens "
+                     f"({lv['scored_long']:,} scored tokens), for the variants with a value in that column.")
+    budget = (f" The run stopped at its time budget ({r['stopped_by_budget']}) after these windows; every "
+              "variant ran the same windows." if r.get("stopped_by_budget") else "")
+    lines = [
+        "## SmolLM2-135M: Soma attention, HCCS and SFA against full attention",
+        "",
+        f"Text: first {r['chars']:,} characters ({r['n_tokens']:,} tokens). Perplexity over {n_win} "
+        f"non-overlapping {r['window']}-token window(s) from the start ({scored:,} scored tokens; each window "
+        f"runs from position 0 with a fresh state, its first token unscored).{long_note}{budget} "
+        f"Calibration (HCCS per layer and head, int8 scales) on {r['calibration_tokens']} tokens of text after "
+        f"the evaluated range. Command: `{r['command']}`.",
+        "",
+        markdown_table(["variant", f"ppl ({r['window']})", "vs full"]
+                       + ([f"ppl ({r['long_window']})", "vs full"] if has_long else []), rows),
+        "",
+    ]
+    state_rows = [[v["name"]] + [f"{_mib(s['soma_bytes'])} ({s['ratio']:.1f}x smaller)" for s in v["state"]]
+                  for v in r["variants"] if "state" in v]
+    if state_rows and r.get("full_kv"):
+        full_row = [f"full KV cache ({r['full_kv'][0]['kv_dtype']})"] + [_mib(s["full_kv_bytes"]) for s in r["full_kv"]]
+        lines += ["State of all 30 layers (Soma: sinks + ring of K and V plus the field, in the dtype used; the "
+                  "ratio is against a full KV cache of the same dtype, i.e. int8 for the integer path):", "",
+                  markdown_table(["variant"] + [f"{n:,} tokens" for n in STATE_LENGTHS], state_rows + [full_row]),
+                  ""]
+    return "\n".join(lines)
+
+
+def _smollm2_plots(out: Path, r: dict) -> None:
+    plt = _plt()
+    done = [v for v in r["variants"] if v.get("ppl")]
+    if not done:
+        return
+    names = [v["name"] for v in done]
+    ppl = [v["ppl"] for v in done]
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(names) + 1.2))
+    ax.barh(range(len(names)), ppl, color=["C0" if v["group"] == "reference" else "C1" for v in done])
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(f"perplexity ({r['window']}-token windows, log scale)")
+    fig.tight_layout()
+    fig.savefig(out / "perplexity.png", dpi=110)
+    plt.close(fig)
+
+
+def merge_smollm2(out: Path, parts: list[Path]) -> dict:
+    """Join results.json of ``somatile eval smollm2 --only ...`` slices run in parallel into ``out``.
+
+    The slices must share the text, window protocol and token counts; variants keep the grid order."""
+    loaded = []
+    for part in parts:
+        f = part / "results.json"
+        if not f.is_file():
+            raise FileNotFoundError(f"--merge: no {f}")
+        loaded.append(json.loads(f.read_text()))
+    protocol = ("text", "chars", "n_tokens", "window", "long_window", "calibration_tokens", "quick")
+    for r, part in zip(loaded[1:], parts[1:]):
+        differs = [k for k in protocol if r.get(k) != loaded[0].get(k)]
+        if differs:
+            raise ValueError(f"--merge: {part} differs from {parts[0]} in {differs}")
+    order = {v.key: i for i, v in enumerate(lm_variants(False, everything=True))}
+    merged = dict(loaded[0])
+    merged["variants"] = sorted((v for r in loaded for v in r["variants"]), key=lambda v: order.get(v["key"], 99))
+    keys = [v["key"] for v in merged["variants"]]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"--merge: a variant appears in more than one slice: {keys}")
+    merged["command"] = "; ".join(r["command"] for r in loaded)
+    merged["seconds"] = max(r.get("seconds", 0.0) for r in loaded)
+    merged["merged_from"] = [str(p) for p in parts]
+    out.mkdir(parents=True, exist_ok=True)
+    _smollm2_plots(out, merged)
+    _write(out, merged, smollm2_markdown(merged))
+    return merged
+
+
+# ------------------------------------------------------------------------------------------ results.md
+
+def write_results(path: Path, eval_dir: Path) -> str:
+    """docs/results.md from ``eval_dir``/{minilm,smollm2}/results.json: machine, date, commands, numbers."""
+    parts = []
+    found = {}
+    for name in ("minilm", "smollm2"):
+        f = eval_dir / name / "results.json"
+        if f.is_file():
+            found[name] = json.loads(f.read_text())
+    if not found:
+        raise FileNotFoundError(f"--write-results: no results.json under {eval_dir}/minilm or {eval_dir}/smollm2; "
+                                "run `somatile eval minilm --out ...` and `somatile eval smollm2 --out ...` first")
+    m = next(iter(found.values()))["machine"]
+    parts += ["# Results on real models", "",
+              "Measured by `make eval` (numpy forward passes, no torch at run time); every number below comes "
+              "from the results.json files of that run and is reported whatever it shows.", "",
+              f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}, "
+              f"{m['platform']}. Date: {m['date']}.", "", "Commands:", ""]
+    parts += [f"- `{found[n]['command']}` ({found[n]['seconds']:.0f} s)" for n in found]
+    parts += [f"- `python -m somatile.model.evaluate --write-results {path} {eval_dir}`", ""]
+    if "minilm" in found:
+        parts.append(minilm_markdown(found["minilm"]))
+    if "smollm2" in found:
+        parts.append(smollm2_markdown(found["smollm2"]))
+    missing = [n for n in ("minilm", "smollm2") if n not in found]
+    if missing:
+        parts.append(f"Not measured in this run: {', '.join(missing)}.\n")
+    text = "\n".join(parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return text
+
+
+# ---------------------------------------------------------------------------------------- command line
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="model", metavar="MODEL", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", default=None, help="folder for results.json, results.md and PNG plots "
+                                                   "(default build/eval/MODEL)")
+    common.add_argument("--quick", action="store_true", help="a small subset (for the test suite)")
+    common.add_argument("--text", default=None, help="UTF-8 evaluation text (default: the committed Pride and "
+                                                     "Prejudice excerpt)")
+    p = sub.add_parser("minilm", parents=[common], help="HCCS on all-MiniLM-L6-v2 (embedding cosine, NN agreement)")
+    p.add_argument("--sentences", type=int, default=256, help="evaluation sentences (default 256)")
+    p.add_argument("--calibration-sentences", type=int, default=64, help="calibration sentences (default 64)")
+    p.add_argument("--cols", type=int, default=MINILM_COLS, help="row length the logits are padded to (default 128)")
+    p.add_argument("--dump-logits", default=None, metavar="FILE.npz",
+                   help="write one layer's real logits (logits (12, R, cols) float32, mask) for somatile compare")
+    p.add_argument("--layer", type=int, default=0, help="layer for --dump-logits (default 0)")
+    p.add_argument("--dump-rows", type=int, default=None, help="keep only the first N rows in --dump-logits")
+    p = sub.add_parser("smollm2", parents=[common], help="Soma, HCCS and SFA on SmolLM2-135M (perplexity)")
+    p.add_argument("--chars", type=int, default=textmod.REFERENCE_CHARS,
+                   help="evaluate the first N characters of the text (default 40000)")
+    p.add_argument("--window", type=int, default=512, help="window length in tokens (default 512)")
+    p.add_argument("--long-window", type=int, default=2048, help="long window length; 0 = off (default 2048)")
+    p.add_argument("--calibration-tokens", type=int, default=512, help="calibration tokens (default 512)")
+    p.add_argument("--quick-tokens", type=int, default=96, help="--quick: tokens of the single window (default 96)")
+    p.add_argument("--only", nargs="+", default=None, metavar="KEY",
+                   help="evaluate only these variants (keys: "
+                   + " ".join(v.key for v in lm_variants(False, everything=True))
+                   + "); slices run in parallel are joined with --merge")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after the window round that crosses this budget (every variant then has the "
+                        "same windows; the report states how many)")
+
+
+def command_line(args) -> str:
+    """The command that reproduces this run (options that differ from their defaults, plus --out)."""
+    defaults = {"quick": False, "text": None, "sentences": 256, "calibration_sentences": 64, "cols": MINILM_COLS,
+                "dump_logits": None, "layer": 0, "dump_rows": None, "chars": textmod.REFERENCE_CHARS,
+                "window": 512, "long_window": 2048, "calibration_tokens": 512, "quick_tokens": 96, "only": None,
+                "max_minutes": None}
+    parts = [f"somatile eval {args.model} --out {args.out}"]
+    for name, default in defaults.items():
+        value = getattr(args, name, default)
+        if value != default:
+            flag = "--" + name.replace("_", "-")
+            parts.append(flag if value is True else f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}")
+    return " ".join(parts)
+
+
+def _check_args(args) -> None:
+    for name in ("sentences", "calibration_sentences", "cols", "chars", "window", "calibration_tokens",
+                 "quick_tokens"):
+        value = getattr(args, name, None)
+        if value is not None and value < 2:
+            raise ValueError(f"--{name.replace('_', '-')}: expected at least 2, got {value}")
+    keys = [v.key for v in lm_variants(False, everything=True)]
+    unknown = set(getattr(args, "only", None) or ()) - set(keys)
+    if unknown:
+        raise ValueError(f"--only: unknown variants {sorted(unknown)}; expected keys of {keys}")
+    if getattr(args, "max_minutes", None) is not None and args.max_minutes <= 0:
+        raise ValueError(f"--max-minutes: expected a positive number, got {args.max_minutes}")
+    if getattr(args, "long_window", 0) != 0 and args.long_window < 2:
+        raise ValueError(f"--long-window: expected 0 (off) or at least 2, got {args.long_window}")
+
+
+def run(args: argparse.Namespace) -> int:
+    args.out = args.out or f"build/eval/{args.model}"
+    try:
+        _check_args(args)
+        results = (evaluate_minilm if args.model == "minilm" else evaluate_smollm2)(args)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"somatile eval {args.model}: {exc}", file=sys.stderr)
+        return 2
+    print((Path(args.out) / "results.md").read_text())
+    print(f"wrote {args.out}/results.json, results.md and plots ({results['seconds']:.0f} s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m somatile.model.evaluate",
+                                     description="write docs/results.md from `somatile eval` outputs, or join parallel slices")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write-results", nargs=2, metavar=("RESULTS_MD", "EVAL_DIR"),
+                        help="write RESULTS_MD from EVAL_DIR/minilm and EVAL_DIR/smollm2")
+    action.add_argument("--merge", nargs="+", metavar="DIR",
+                        help="OUT_DIR PART_DIR...: join `somatile eval smollm2 --only` slices into OUT_DIR")
+    args = parser.parse_args(argv)
+    try:
+        if args.merge:
+            if len(args.merge) < 2:
+                parser.error("--merge: expected OUT_DIR and at least one PART_DIR")
+            merge_smollm2(Path(args.merge[0]), [Path(p) for p in args.merge[1:]])
+            print(f"wrote {args.merge[0]}/results.json and results.md")
+        else:
+            write_results(Path(args.write_results[0]), Path(args.write_results[1]))
+            print(f"wrote {args.write_results[0]}")
+    except (FileNotFoundError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
