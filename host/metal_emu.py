@@ -305,7 +305,7 @@ class _EmulatedMlxKernel:
         # MLX outputs start uninitialised: fill them with the marker so an element a kernel forgets to write
         # shows up.
         outputs = [np.full(tuple(s), init_value, d) if init_value is not None else
-                   np.frombuffer(bytes([DEFAULT_MARKER]) * (int(np.prod(s)) * d.itemsize), d).reshape(s).copy()
+                   np.frombuffer(bytes([self.owner.marker]) * (int(np.prod(s)) * d.itemsize), d).reshape(s).copy()
                    for s, d in zip(output_shapes, dtypes)]
         library = self.owner.library(self.source_for([a.dtype for a in arrays], dtypes))
         library.dispatch(self.name, arrays + outputs, grid, threadgroup, order=self.owner.order, seed=self.owner.seed,
@@ -332,10 +332,6 @@ class EmulatedMLX:
     @staticmethod
     def array(a, dtype=None) -> np.ndarray:
         return np.array(a, dtype=dtype)
-
-    @staticmethod
-    def eval(*arrays) -> None:
-        """MLX evaluates lazily; the stand-in has already computed everything."""
 
     def metal_kernel(self, name: str, input_names, output_names, source: str, header: str = "",
                      ensure_row_contiguous: bool = True, atomic_outputs: bool = False):
