@@ -363,7 +363,8 @@ def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boa
     verilog = write_verilog(unit, out_dir / f"{name}.v", name)
     files = [verilog, *write_regmap(cfg, out_dir)]
     record: dict[str, Any] = {"board": cfg.name, "top": top, "kind": cfg.kind, "out": str(out_dir),
-                              "clock_mhz": cfg.clock_mhz, "overrides": dict(cfg.overrides)}
+                              "clock_mhz": cfg.clock_mhz, "overrides": dict(cfg.overrides),
+                              "source_sha256": source_hash()}
     if cfg.kind == "versal":
         files += write_vivado_project(cfg, out_dir, verilog, name)
         record["vendor_tools_run"] = False
@@ -449,22 +450,38 @@ def boards_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+SUMMARY_INTRO = """\
+Written by `somatile build --all --report docs/boards.md` (`make boards`); do not edit by hand.
+
+Each build writes, under `build/boards/<board>/<top>[-<overrides>]/`: the unit's Verilog
+(`somatile_<top>.v`), the register map for the board's parameters (`somatile_regmap.h`, `.json`), and
+`manifest.json` (parameters, board files with their SHA-256, tool versions, a hash of the RTL and board
+sources). Open FPGA boards add `pnr/` (Yosys, nextpnr and ecppack/icepack from YoWASP, run through the
+amaranth-boards platform; the bitstream is `pnr/somatile_<top>.bit` or `.bin`) and `report.md`/`report.json`.
+Versal boards add `vivado/` (a Tcl project script and XDC constraints); Vivado is not run by this project.
+
+To add a board: write `boards/NAME.yaml` with `extends: base` (or another board) and the parameters that
+differ (`boards/config.py`, `SCHEMA`, says what each means and allows). An open FPGA board has `kind: fpga`
+and an `fpga:` section naming an amaranth-boards platform class (`module:Class`) whose board has a `uart`
+resource and a PLL-capable default clock; `somatile build --board NAME` then builds it, and
+`--set KEY=VALUE` tries a variant without a new file.
+"""
+
+
 def write_summary(records: list[dict], path: Path) -> list[Path]:
     """``path`` (markdown) and the same records as JSON beside it (``.json``)."""
     versions = tool_versions()
-    head = ["# Boards: generated RTL, resources and Fmax", "",
-            "Written by `somatile build --all --report docs/boards.md` (`make boards`); do not edit by hand. "
-            "Board files are `boards/*.yaml` (parameters: `boards/config.py`, `SCHEMA`).", "",
-            "## Boards", "", boards_table(),
+    hashes = sorted({_record_source_hash(r) for r in records} - {None}) or [source_hash()]
+    head = ["# Boards: generated RTL, resources and Fmax", "", SUMMARY_INTRO, "## Boards", "", boards_table(),
             "## Builds", "",
             "Resources are Yosys' cell counts after synthesis of the unit inside the board harness "
             "(`boards/harness.py`), which adds exactly in_bits + out_bits flip-flops (listed below) to drive the "
             "unit's ports from one serial pin and read them on another. Fmax is nextpnr's final (post-route) "
-            "figure for the PLL-made clock; the target is the board's `clock_mhz`. Versal boards get Verilog and "
-            "a Vivado project script; Vivado is not run here.", "",
-            "Tools: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; sources sha256 "
-            f"{source_hash()[:16]}; machine: {_machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-            ""]
+            "figure for the PLL-made clock; the target is the board's `clock_mhz`. P&R seconds are wall-clock "
+            "time on the machine named below, which was shared with other jobs.", "",
+            "Tools: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + "; sources sha256 "
+            + ", ".join(h[:16] for h in hashes) + f"; machine: {_machine()}; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]
     harness = [f"- {r['board']} / {r['top']}"
                + "".join(f" {k}={v}" for k, v in r.get("overrides", {}).items())
                + f": harness flip-flops {r['pnr']['harness_ffs']}, PLL clock {_fmt(r['pnr']['pll_mhz'], 3)} MHz"
@@ -477,6 +494,15 @@ def write_summary(records: list[dict], path: Path) -> list[Path]:
     js = path.with_suffix(".json")
     js.write_text(json.dumps({"tools": versions, "records": records}, indent=2) + "\n")
     return [path, js]
+
+
+def _record_source_hash(record: dict) -> str | None:
+    if record.get("source_sha256"):
+        return record["source_sha256"]
+    manifest_path = Path(record.get("manifest", ""))
+    if manifest_path.is_file():
+        return json.loads(manifest_path.read_text()).get("source_sha256")
+    return None
 
 
 def _machine() -> str:
