@@ -49,23 +49,28 @@ def demo_tensors(info, tokens: int, seed: int):
 
 
 def stream_through(url: str, tokens: int = 64, seed: int = 1) -> dict:
-    """Decode ``tokens`` seeded tokens and one HCCS batch on the device at ``url``; returns the outputs, the
-    final state and the timings."""
+    """`stream_device` on the device at ``url`` (opened and closed here)."""
     import somatile.host
 
     with somatile.host.open(url) as dev:
-        info = dev.info()
-        dev.configure(demo_config(info))
-        dev.reset()
-        q, k, v, x = demo_tensors(info, tokens, seed)
-        start = time.perf_counter()
-        out = dev.decode(q, k, v)
-        decode_s = time.perf_counter() - start
-        start = time.perf_counter()
-        probs = dev.hccs(x, head=0)
-        hccs_s = time.perf_counter() - start
-        return {"url": url, "info": info, "decode": out, "state": dev.read_state(), "hccs": probs,
-                "decode_s": decode_s, "hccs_s": hccs_s, "inputs": (q, k, v, x)}
+        return stream_device(dev, tokens, seed)
+
+
+def stream_device(dev, tokens: int = 64, seed: int = 1) -> dict:
+    """Configure ``dev`` with `demo_config`, reset it, decode ``tokens`` seeded tokens and run one HCCS batch;
+    returns the outputs, the final state and the timings."""
+    info = dev.info()
+    dev.configure(demo_config(info))
+    dev.reset()
+    q, k, v, x = demo_tensors(info, tokens, seed)
+    start = time.perf_counter()
+    out = dev.decode(q, k, v)
+    decode_s = time.perf_counter() - start
+    start = time.perf_counter()
+    probs = dev.hccs(x, head=0)
+    hccs_s = time.perf_counter() - start
+    return {"url": info.backend, "info": info, "decode": out, "state": dev.read_state(), "hccs": probs,
+            "decode_s": decode_s, "hccs_s": hccs_s, "inputs": (q, k, v, x)}
 
 
 def agree(urls: list[str], tokens: int = 64, seed: int = 1) -> dict:
