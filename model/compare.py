@@ -108,7 +108,11 @@ def load_input_with_values(args):
 def method_outputs(logits, mask, params, float_c, *, impl="numba") -> dict[str, np.ndarray]:
     """Probabilities (H, R, N) float64 of every method (see the module doc) for calibrated parameters."""
     xq = quant.quantize_logits(logits, params.scale, mask)
-    to_p = lambda y: y.astype(np.float64) / (255.0 if params.out == "uint8" else 32767.0)  # noqa: E731
+    full_scale = float(hccs.UINT8_MAX if params.out == "uint8" else hccs.INT16_MAX)
+
+    def to_p(y):
+        return y.astype(np.float64) / full_scale
+
     common = dict(out=params.out, mask=mask, impl=impl)
     return {
         "hccs_float": hccs.hccs_float(logits, float_c, mask),
