@@ -14,15 +14,13 @@ per head three integers (B, S, Dmax); for a row x of int8 logits,
 Float references beside it: :func:`softmax`, :func:`hccs_float` (seed 003's single-c form) and
 :func:`hccs_float_bsd` (the paper's three-parameter family), with the same mask semantics.
 
-Two implementations of the integer kernel that agree bit for bit: ``impl="numpy"`` is the readable spec, ``impl="numba"`` (the
-default) the fast path built from the row kernel :func:`hccs_row`, which other ``@njit`` code (the Soma decode
-step) calls directly. Every width and range lives in the module constants below; RTL, firmware and host code
-import them instead of re-declaring them.
+Two implementations of the integer kernel agree bit for bit: ``impl="numpy"`` is the readable spec,
+``impl="numba"`` (the default) the fast path built from the row kernel :func:`hccs_row`, which other
+``@njit`` code (the Soma decode step) calls directly. Every width and range lives in the module constants
+below; RTL, firmware and host code import them instead of re-declaring them.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numba
 import numpy as np
