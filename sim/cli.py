@@ -1,28 +1,20 @@
 """``somatile sim UNIT ...``: run an RTL unit in simulation on vectors and check it bit-exact.
 
-Each unit has its own module with ``add_arguments(parser)`` and ``run(args) -> int``; only the chosen one is
-imported, so a unit whose module is missing from this checkout gives a one-line message instead of breaking
-the others.
+Each unit has its own module with ``add_arguments(parser)`` and ``run(args) -> int``. The unit modules import
+only numpy and the model at import time (Amaranth, cocotb and Verilator load when a simulation starts), so
+all of them are imported to build the parser; a unit whose module is missing from this checkout still
+appears and says so when it is chosen.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
 UNITS: dict[str, tuple[str, str]] = {
     "hccs": ("somatile.sim.run_hccs", "the HCCS normaliser on a .npz of int8 logits"),
     "soma": ("somatile.sim.run_soma", "a Soma decode sequence through the tile"),
 }
-
-
-def _chosen_unit(argv: list[str]) -> str | None:
-    words = [a for a in argv if not a.startswith("-")]
-    if "sim" in words:
-        following = words[words.index("sim") + 1:]
-        return following[0] if following else None
-    return None
 
 
 def _module(unit: str):
@@ -31,18 +23,24 @@ def _module(unit: str):
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name == name:
-            raise SystemExit(f"somatile sim {unit}: not available in this checkout ({name} is missing)") from None
+            return None
         raise
 
 
-def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="unit", metavar="UNIT", required=True)
-    chosen = _chosen_unit(sys.argv[1:] if argv is None else argv)
-    for unit, (_, help_line) in UNITS.items():
+    for unit, (module_name, help_line) in UNITS.items():
+        module = _module(unit)
+        if module is None:
+            help_line = f"{help_line} (not available: {module_name} is missing)"
         unit_parser = sub.add_parser(unit, help=help_line, description=help_line)
-        if unit == chosen:
-            _module(unit).add_arguments(unit_parser)
+        if module is not None:
+            module.add_arguments(unit_parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(_module(args.unit).run(args) or 0)
+    module = _module(args.unit)
+    if module is None:
+        raise SystemExit(f"somatile sim {args.unit}: not available in this checkout "
+                         f"({UNITS[args.unit][0]} is missing)")
+    return int(module.run(args) or 0)

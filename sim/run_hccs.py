@@ -122,8 +122,10 @@ def run_vectors(vectors: dict[str, np.ndarray], *, lanes: int, mode: str, out: s
     return run, expected_cycles(HCCSConfig(**unit), heads * rows, n, mode=mode, out=out)
 
 
-def report(run: HCCSRun, expected_cycles: int, rows: int, *, shown: int = 10, file=sys.stdout) -> int:
-    """Print mismatches and cycle counts; return the process exit code (0 only when bit-exact)."""
+def report(run: HCCSRun, expected_cycles: int, rows: int, *, shown: int = 10, file=None) -> int:
+    """Print mismatches and cycle counts (to ``file``, default stdout); return the process exit code (0 only
+    when bit-exact)."""
+    file = sys.stdout if file is None else file
     for line in run.mismatches[:shown] + run.framing_errors[:shown]:
         print("MISMATCH " + line, file=file)
     hidden = len(run.mismatches) + len(run.framing_errors) - 2 * shown
@@ -161,13 +163,16 @@ def run(args: argparse.Namespace) -> int:
     return report(sim, expected, heads * rows)
 
 
-def demo(rows: int = 500, cols: int = 128, heads: int = 4, lanes: int = 8, mode: str = "div", seed: int = 0,
-         file=sys.stdout) -> int:
+def demo(rows: int = 500, cols: int = 256, heads: int = 2, lanes: int = 8, mode: str = "div", seed: int = 0,
+         file=None) -> int:
     """Calibrate HCCS on seeded attention-like logits, run the quantised rows through the RTL unit in
-    Verilator and print mismatches (expected: none) and cycles. Returns the exit code (0 when bit-exact)."""
+    Verilator and print mismatches (expected: none) and cycles. Returns the exit code (0 when bit-exact).
+    The defaults give the boards' default unit (8 lanes, 2 heads, n_max 256), the build the tests use."""
     from somatile.model import calibrate, quant, synth
 
-    logits, mask, kinds = synth.synthetic_logits(heads=heads, rows=rows, cols=cols, padding=True, seed=seed)
+    file = sys.stdout if file is None else file
+    logits, mask, kinds = synth.synthetic_logits(heads=heads, rows=rows, cols=cols, peaked=heads // 2,
+                                                 padding=True, seed=seed)
     params = calibrate.calibrate_params(logits, mask, mode=mode)
     x = quant.quantize_logits(logits, params.scale, mask)
     with tempfile.TemporaryDirectory() as tmp:

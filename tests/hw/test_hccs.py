@@ -3,6 +3,7 @@ expected_cycles. Two builds in the default run (a small 4-lane unit whose 16 hea
 mode/output pairs, and the boards' default 8-lane unit); wider lane counts under the slow marker."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -201,3 +202,33 @@ def test_a_row_for_a_missing_head_outputs_zeros_and_is_flagged(rng):
     assert not out["out_data"][:2].any()
     assert np.array_equal(out["out_data"][2:].reshape(-1), hccs_int(data[2:].reshape(1, -1), B[2], S[2], dmax[2])[0])
     assert out["status_before"].tolist() == [0, 0, 1]
+
+
+def test_sim_command_checks_a_vectors_file_and_reports_cycles(tmp_path, capsys, rng):
+    from somatile.host.cli import main
+    cols = BOARD["n_max"]  # 2 heads x 256 columns at 8 lanes: the board unit's build
+    B, S, dmax = per_head_params(rng, 2, cols)
+    path = tmp_path / "vectors.npz"
+    x = rng.integers(-128, 128, (2, 30, cols)).astype(np.int8)
+    np.savez(path, x=x, mask=rng.random(x.shape) < 0.9, B=B, S=S, dmax=dmax)
+    assert main(["sim", "hccs", "--vectors", str(path), "--lanes", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert "rows: 60, mismatching rows: 0, framing errors: 0" in printed
+    want = expected_cycles(HCCSConfig(**BOARD), 60, cols)
+    assert f"cycles: measured {want}, expected {want} (1.000x)" in printed
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"dmax": None}, "key 'dmax' is missing"), ({"x": np.zeros((2, 3, 8), np.int16)}, "'x' must be int8"),
+    ({"B": np.array([1, 2, 3])}, "'B' must be integers of shape \\(2,\\)"),
+    ({"B": np.array([32767, 10])}, "cols\\*B"),
+])
+def test_sim_command_names_what_is_wrong_in_a_vectors_file(tmp_path, capsys, change, message):
+    from somatile.host.cli import main
+    arrays = {"x": np.zeros((2, 3, 8), np.int8), "B": np.array([100, 100]), "S": np.array([1, 1]),
+              "dmax": np.array([10, 10])}
+    arrays.update(change)
+    path = tmp_path / "bad.npz"
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    assert main(["sim", "hccs", "--vectors", str(path)]) == 2
+    assert re.search(message, capsys.readouterr().err)
