@@ -7,13 +7,15 @@ import socket
 import urllib.parse
 
 from somatile.host import url_options
-from somatile.host.device import Transport
+from somatile.host.device import DeviceTimeout, Transport
 
 
 class TcpTransport(Transport):
-    """A connected TCP socket as a `Transport` (Nagle off: frames are small and answered one by one)."""
+    """A connected TCP socket as a `Transport` (Nagle off: frames are small and answered one by one).
+    A write that the device does not take within ``write_timeout`` seconds raises `DeviceTimeout`."""
 
-    def __init__(self, host: str, port: int, connect_timeout: float = 5.0):
+    def __init__(self, host: str, port: int, connect_timeout: float = 5.0, write_timeout: float = 30.0):
+        self.write_timeout = write_timeout
         try:
             self.sock = socket.create_connection((host, port), timeout=connect_timeout)
         except OSError as exc:
@@ -22,9 +24,11 @@ class TcpTransport(Transport):
         self.sock.setblocking(False)
 
     def write(self, data: bytes) -> None:
-        self.sock.setblocking(True)
+        self.sock.settimeout(self.write_timeout)
         try:
             self.sock.sendall(data)
+        except TimeoutError:
+            raise DeviceTimeout(f"tcp: the device took no data for {self.write_timeout} s") from None
         finally:
             self.sock.setblocking(False)
 

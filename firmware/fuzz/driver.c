@@ -11,6 +11,7 @@
 #include "fw.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+extern unsigned long fuzz_answers, fuzz_tile_commands;
 
 #define MAX_INPUT 4096u
 
@@ -130,6 +131,7 @@ int main(int argc, char **argv)
         n = mutate(input, n);
         LLVMFuzzerTestOneInput(input, n);
     }
-    printf("fuzz_frame: %lu inputs, seed %llu, no crash\n", iterations, seed);
+    printf("fuzz_frame: %lu inputs, seed %llu, no crash; %lu answers, %lu tile commands\n", iterations, seed,
+           fuzz_answers, fuzz_tile_commands);
     return 0;
 }

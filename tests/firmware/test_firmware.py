@@ -4,6 +4,7 @@ The firmware runs as a real process; its link is a loopback TCP socket and its t
 golden tile models (somatile.host.emu.serve_tiles).
 """
 
+import re
 import socket
 import subprocess
 import threading
@@ -208,4 +209,6 @@ def test_fuzzer_bounded_run_finds_no_crash():
     result = subprocess.run([str(executable), "--iterations", "30000", "--seed", "20261129"], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    answers, tile_commands = map(int, re.search(r"(\d+) answers, (\d+) tile commands", result.stdout).groups())
     assert "30000 inputs" in result.stdout
+    assert answers > 30000 and tile_commands > 30000  # the inputs get past the CRC into every handler
