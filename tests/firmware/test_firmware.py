@@ -212,3 +212,23 @@ def test_fuzzer_bounded_run_finds_no_crash():
     answers, tile_commands = map(int, re.search(r"(\d+) answers, (\d+) tile commands", result.stdout).groups())
     assert "30000 inputs" in result.stdout
     assert answers > 30000 and tile_commands > 30000  # the inputs get past the CRC into every handler
+
+
+def test_two_tile_firmware_routes_heads_to_their_tiles_like_the_reference():
+    import urllib.parse
+
+    from somatile.host.device_cli import DEMO_QUERY, stream_device, stream_through
+    from somatile.host.emu import url_board
+    from somatile.host.sim_backend import board_file
+
+    query = f"{DEMO_QUERY}&n_tiles=2"
+    _, board, overrides = url_board(urllib.parse.urlsplit(f"emu://?{query}"), {})
+    params, name = board_params(board, overrides)
+    emu = stream_through(f"emu://?{query}", tokens=14, seed=9)
+    board_arg, build_name = board_file(board, overrides)
+    with FirmwareProcess(start_tile_server(params), board=board_arg, build_name=build_name,
+                         board_name=name) as firmware, somatile.host.open(firmware.url) as dev:
+        assert dev.info().heads == 4 and dev.info().extra["n_tiles"] == 2
+        got = stream_device(dev, tokens=14, seed=9)
+    assert np.array_equal(got["decode"], emu["decode"]) and np.array_equal(got["hccs"], emu["hccs"])
+    assert all(np.array_equal(got["state"][n], emu["state"][n]) for n in emu["state"])
