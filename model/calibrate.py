@@ -262,14 +262,18 @@ def calibrate_int(x: np.ndarray, scale, mask=None, *, candidates=None, objective
     return _finish(candidates, curve, objective, threshold)
 
 
-def calibrate_params(logits: np.ndarray, mask=None, *, search: str = "int", mode: str = "div",
+def calibrate_params(logits: np.ndarray, mask=None, *, scale=None, search: str = "int", mode: str = "div",
                      out: str = "uint8", objective: str = DEFAULT_OBJECTIVE, threshold: float = DEFAULT_THRESHOLD,
                      c_range=DEFAULT_C_RANGE, steps: int = DEFAULT_STEPS, progress: bool = False) -> HccsParams:
-    """Float logits (H, R, N) -> a complete :class:`HccsParams`: per-head scales (max |logit| / 127), then
+    """Float logits (H, R, N) -> a complete :class:`HccsParams`: per-head int8 scales (``scale``, or
+    max |logit| / 127 when None), then
     either the integer search on the quantised logits against the float softmax (``search="int"``) or the
     float search over c converted with :func:`quant.int_params_from_clip` (``search="float"``)."""
     x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
-    scale = quant.choose_scales(x3, valid3)
+    if scale is None:
+        scale = quant.choose_scales(x3, valid3)
+    else:
+        scale = np.broadcast_to(np.asarray(scale, np.float64).reshape(-1), (x3.shape[0],)).copy()
     xq = quant.quantize_logits(x3, scale, valid3)
     if search == "int":
         cal = calibrate_int(xq, scale, valid3, objective=objective, threshold=threshold,
@@ -287,7 +291,7 @@ def calibrate_params(logits: np.ndarray, mask=None, *, search: str = "int", mode
                       out=out, c=c, error=cal.error, objective=objective)
 
 
-def study_objectives(logits: np.ndarray, mask=None, values=None, *, search: str = "int",
+def study_objectives(logits: np.ndarray, mask=None, values=None, *, scale=None, search: str = "int",
                      threshold: float = DEFAULT_THRESHOLD, progress: bool = False) -> list[dict]:
     """Evidence for the default objective: calibrate with each objective on the first half of the rows and
     measure the result on the second half (held out) with every metric of `somatile compare`.
@@ -306,7 +310,7 @@ def study_objectives(logits: np.ndarray, mask=None, values=None, *, search: str 
     q = hccs.softmax(*test)
     rows = []
     for objective in sorted(OBJECTIVES):
-        params = calibrate_params(*train, search=search, objective=objective, threshold=threshold,
+        params = calibrate_params(*train, scale=scale, search=search, objective=objective, threshold=threshold,
                                   progress=progress)
         if search == "int":
             xq = quant.quantize_logits(test[0], params.scale, test[1])
@@ -341,26 +345,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from somatile.model.compare import load_input_with_values
+    from somatile.model.compare import load_input
     if not args.study and not args.output:
         print("somatile calibrate: -o/--output FILE.yaml is required (or --study)")
         return 2
     try:
-        logits, mask, values, source = load_input_with_values(args)
+        data = load_input(args)
         if args.study:
-            print(f"objective study on {source} ({args.search} search, threshold {args.threshold}); "
+            print(f"objective study on {data.source} ({args.search} search, threshold {args.threshold}); "
                   f"calibrated on the first half of the rows, measured on the second half")
-            print(format_study(study_objectives(logits, mask, values, search=args.search, threshold=args.threshold,
-                                                progress=True)))
+            print(format_study(study_objectives(data.logits, data.mask, data.values, scale=data.scale,
+                                                search=args.search, threshold=args.threshold, progress=True)))
             return 0
-        params = calibrate_params(logits, mask, search=args.search, mode=args.mode, out=args.out_type,
-                                  objective=args.objective, threshold=args.threshold, c_range=args.c_range,
-                                  steps=args.steps, progress=True)
+        params = calibrate_params(data.logits, data.mask, scale=data.scale, search=args.search, mode=args.mode,
+                                  out=args.out_type, objective=args.objective, threshold=args.threshold,
+                                  c_range=args.c_range, steps=args.steps, progress=True)
     except (TypeError, ValueError) as exc:
         print(f"somatile calibrate: {exc}")
         return 2
     params.to_yaml(args.output)
-    print(f"calibrated {params.heads} heads on {source} ({args.search} search, objective {args.objective})")
+    print(f"calibrated {params.heads} heads on {data.source} ({args.search} search, objective {args.objective})")
     print(f"{'head':>4} {'B':>6} {'S':>4} {'dmax':>5} {'c':>7} {args.objective:>9} fallback")
     for h in range(params.heads):
         print(f"{h:>4} {params.B[h]:>6} {params.S[h]:>4} {params.dmax[h]:>5} {params.c[h]:>7.3f} "

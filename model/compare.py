@@ -1,8 +1,8 @@
 """`somatile compare`: fixed-point HCCS against float softmax on the host, per head.
 
 Input: seeded synthetic logits (default, :mod:`somatile.model.synth`) or ``--logits FILE.npz`` with
-``logits`` float (H, R, N), optional ``mask`` bool (H, R, N) (True = takes part) and optional ``values``
-float (H, N, D). The calibration (:func:`somatile.model.calibrate.calibrate_params`) runs on the same logits.
+``logits`` float (H, R, N) (or int8 with ``scale`` (H,): quantised logits after QAT), optional ``mask``
+bool (H, R, N) (True = takes part) and optional ``values`` float (H, N, D). The calibration (:func:`somatile.model.calibrate.calibrate_params`) runs on the same logits.
 Methods, each turned into probabilities (uint8 outputs / 255):
 
 - ``softmax``: the float64 reference;
@@ -22,6 +22,7 @@ mean/min/max (clb rows are not normalised), and with values the relative attenti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -36,8 +37,8 @@ SYNTH_VALUE_DIM = 32
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """Input options shared by `somatile compare` and `somatile calibrate`."""
     parser.add_argument("--logits", metavar="FILE.npz",
-                        help="logits (H,R,N) float, optional mask (H,R,N) bool and values (H,N,D); "
-                             "default: seeded synthetic logits")
+                        help="logits (H,R,N) float (or int8 with scale (H,)), optional mask (H,R,N) bool and "
+                             "values (H,N,D); default: seeded synthetic logits")
     g = parser.add_argument_group("synthetic logits (without --logits)")
     g.add_argument("--heads", type=int, default=12)
     g.add_argument("--rows", type=int, default=2000)
@@ -47,9 +48,23 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
 
 
-def load_npz(path) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Read and check an input file; returns (logits, mask or None, values or None). Errors name the file
-    and the array at fault."""
+@dataclasses.dataclass
+class LogitsInput:
+    """What `compare` and `calibrate` work on: float logits (H, R, N), optional mask (H, R, N) bool, values
+    (H, N, D), the int8 scale (H,) when the file held int8 logits (None: chosen by calibration), and a
+    description of the source."""
+
+    logits: np.ndarray
+    mask: np.ndarray | None
+    values: np.ndarray | None
+    scale: np.ndarray | None
+    source: str
+
+
+def load_npz(path) -> LogitsInput:
+    """Read and check an input file. ``logits`` is float (H, R, N), or int8 (H, R, N) together with ``scale``
+    (H,) float (logit = int8 * scale: quantised logits after QAT, calibrated with that scale). Optional
+    ``mask`` (H, R, N) bool and ``values`` (H, N, D) float. Errors name the file and the array at fault."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file (expected an .npz with array 'logits' (H, R, N))")
@@ -60,14 +75,23 @@ def load_npz(path) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     with data:
         if "logits" not in data.files:
             raise ValueError(f"{path}: missing array 'logits' (H, R, N); found {data.files}")
-        unknown = sorted(set(data.files) - {"logits", "mask", "values"})
+        unknown = sorted(set(data.files) - {"logits", "mask", "values", "scale"})
         if unknown:
-            raise ValueError(f"{path}: unknown array {unknown[0]!r} (expected logits, mask, values)")
-        logits = data["logits"]
-        mask = data["mask"] if "mask" in data.files else None
-        values = data["values"] if "values" in data.files else None
-    if logits.ndim != 3 or logits.dtype.kind != "f":
-        raise ValueError(f"{path}: 'logits' must be float (H, R, N), got {logits.dtype} {logits.shape}")
+            raise ValueError(f"{path}: unknown array {unknown[0]!r} (expected logits, mask, values, scale)")
+        arrays = {k: data[k] for k in data.files}
+    logits, mask, values, scale = (arrays.get(k) for k in ("logits", "mask", "values", "scale"))
+    if logits.ndim != 3 or (logits.dtype.kind != "f" and logits.dtype != np.int8):
+        raise ValueError(f"{path}: 'logits' must be float or int8 (H, R, N), got {logits.dtype} {logits.shape}")
+    H, _, N = logits.shape
+    if logits.dtype == np.int8:
+        if scale is None or scale.shape != (H,) or scale.dtype.kind != "f":
+            raise ValueError(f"{path}: int8 'logits' need 'scale' float ({H},) (logit = int8 * scale), got "
+                             f"{None if scale is None else (scale.dtype, scale.shape)}")
+        if not (np.isfinite(scale).all() and (scale > 0).all()):
+            raise ValueError(f"{path}: 'scale' must be finite and positive, got {scale.tolist()}")
+        logits = logits.astype(np.float64) * scale[:, None, None]
+    elif scale is not None:
+        raise ValueError(f"{path}: 'scale' goes with int8 'logits' only (these are {logits.dtype})")
     try:
         hccs.as_heads(logits, mask, "logits", floating=True)
     except (TypeError, ValueError) as exc:
@@ -77,32 +101,24 @@ def load_npz(path) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         print(f"note: {path}: {empty} fully-masked rows (HCCS outputs zeros there; they are left out of the "
               f"metrics)")
     if values is not None:
-        H, _, N = logits.shape
         if values.ndim != 3 or values.shape[:2] != (H, N) or values.dtype.kind != "f":
             raise ValueError(f"{path}: 'values' must be float (H, N, D) = ({H}, {N}, D), got "
                              f"{values.dtype} {values.shape}")
         if not np.isfinite(values).all():
             raise ValueError(f"{path}: 'values' holds NaN or inf")
-    return logits, mask, values
+    return LogitsInput(logits, mask, values, None if scale is None else scale.astype(np.float64), str(path))
 
 
-def load_input(args) -> tuple[np.ndarray, np.ndarray | None, str]:
-    """Logits and mask from --logits or the synthetic generator; plus a description of the source."""
-    logits, mask, _, source = load_input_with_values(args)
-    return logits, mask, source
-
-
-def load_input_with_values(args):
-    """As :func:`load_input`, plus values (H, N, D) or None (synthetic input gets seeded N(0, 1) values)."""
+def load_input(args) -> LogitsInput:
+    """Logits from --logits or the synthetic generator (which adds seeded N(0, 1) values (H, N, 32))."""
     if args.logits:
-        logits, mask, values = load_npz(args.logits)
-        return logits, mask, values, args.logits
+        return load_npz(args.logits)
     logits, mask, kinds = synth.synthetic_logits(args.heads, args.rows, args.cols, peaked=args.peaked,
                                                  seed=args.seed, padding=args.padding)
     values = np.random.default_rng(args.seed + 1).normal(size=(args.heads, args.cols, SYNTH_VALUE_DIM))
     source = (f"synthetic logits (heads {args.heads}, rows {args.rows}, cols {args.cols}, peaked {args.peaked}, "
               f"seed {args.seed}{', padded' if args.padding else ''})")
-    return logits, (mask if args.padding else None), values, source
+    return LogitsInput(logits, mask if args.padding else None, values, None, source)
 
 
 def method_outputs(logits, mask, params, float_c, *, impl="numba") -> dict[str, np.ndarray]:
@@ -149,14 +165,16 @@ def head_metrics(q, p, valid, values=None) -> dict[str, float]:
     return metrics
 
 
-def compare(logits, mask=None, values=None, *, objective=calibrate.DEFAULT_OBJECTIVE,
+def compare(logits, mask=None, values=None, *, scale=None, objective=calibrate.DEFAULT_OBJECTIVE,
             threshold=calibrate.DEFAULT_THRESHOLD, mode="div", out="uint8", progress=False, impl="numba") -> dict:
-    """Calibrate on ``logits`` and measure every method per head; returns the JSON-ready report."""
+    """Calibrate on ``logits`` (with the given int8 ``scale`` per head, or one chosen from the logits) and
+    measure every method per head; returns the report (``params``, ``reference``, ``outputs`` are arrays
+    and objects; :func:`json_report` makes it JSON-ready)."""
     x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
     if values is not None and (values.ndim != 3 or values.shape[:2] != (x3.shape[0], x3.shape[2])):
         raise ValueError(f"values: expected (H, N, D) = ({x3.shape[0]}, {x3.shape[2]}, D), got {values.shape}")
-    params = calibrate.calibrate_params(x3, valid3, objective=objective, threshold=threshold, mode=mode, out=out,
-                                        progress=progress)
+    params = calibrate.calibrate_params(x3, valid3, scale=scale, objective=objective, threshold=threshold,
+                                        mode=mode, out=out, progress=progress)
     float_cal = calibrate.calibrate_float(x3, valid3, objective=objective, threshold=threshold, progress=progress)
     q = hccs.softmax(x3, valid3)
     outputs = method_outputs(x3, valid3, params, float_cal.c, impl=impl)
@@ -256,17 +274,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        logits, mask, values, source = load_input_with_values(args)
-        report = compare(logits, mask, values, objective=args.objective, threshold=args.threshold,
-                         out=args.out_type, progress=True)
+        data = load_input(args)
+        report = compare(data.logits, data.mask, data.values, scale=data.scale, objective=args.objective,
+                         threshold=args.threshold, out=args.out_type, progress=True)
     except (TypeError, ValueError) as exc:
         print(f"somatile compare: {exc}")
         return 2
-    print(f"input: {source}")
+    print(f"input: {data.source}")
     print(format_table(report))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(json_report(report) | {"source": source}, indent=1) + "\n")
+    summary = json_report(report) | {"source": data.source}
+    (out_dir / "compare.json").write_text(json.dumps(summary, indent=1) + "\n")
     written = [out_dir / "compare.json"]
     if not args.no_plots:
         written += write_plots(report, out_dir)

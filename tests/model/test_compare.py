@@ -74,8 +74,11 @@ def test_cli_on_an_npz_writes_json_plots_and_params(tmp_path, capsys):
 
 @pytest.mark.parametrize("arrays,message", [
     (dict(scores=np.zeros((2, 3, 4), np.float32)), "missing array 'logits'"),
-    (dict(logits=np.zeros((3, 4), np.float32)), r"'logits' must be float \(H, R, N\)"),
-    (dict(logits=np.zeros((2, 3, 4), np.int8)), r"'logits' must be float \(H, R, N\), got int8"),
+    (dict(logits=np.zeros((3, 4), np.float32)), r"'logits' must be float or int8 \(H, R, N\)"),
+    (dict(logits=np.zeros((2, 3, 4), np.int16)), r"'logits' must be float or int8 \(H, R, N\), got int16"),
+    (dict(logits=np.zeros((2, 3, 4), np.int8)), r"int8 'logits' need 'scale' float \(2,\)"),
+    (dict(logits=np.zeros((2, 3, 4), np.int8), scale=np.array([0.1, -1.0])), "'scale' must be finite and positive"),
+    (dict(logits=np.zeros((2, 3, 4), np.float32), scale=np.ones(2)), "'scale' goes with int8 'logits' only"),
     (dict(logits=np.full((2, 3, 4), np.nan, np.float32)), "non-finite value nan"),
     (dict(logits=np.zeros((2, 3, 0), np.float32)), "rows are empty"),
     (dict(logits=np.zeros((2, 3, 4), np.float32), mask=np.ones((2, 3, 5), bool)), "mask: expected the shape"),
@@ -94,3 +97,19 @@ def test_cli_bad_input_names_file_and_array(tmp_path, capsys, arrays, message):
 def test_cli_missing_file(tmp_path, capsys):
     assert run_cli(["--logits", str(tmp_path / "none.npz"), "--no-plots"]) == 2
     assert "no such file" in capsys.readouterr().out
+
+
+def test_int8_logits_with_scale_calibrate_with_that_scale(tmp_path):
+    """Quantised logits after QAT: the file's int8 values and scale are used as they are."""
+    logits, _, _ = synth.synthetic_logits(3, 60, 32, peaked=1, seed=5)
+    scale = np.array([0.11, 0.07, 0.05])
+    xq = quant.quantize_logits(logits, scale)
+    path = tmp_path / "q.npz"
+    np.savez(path, logits=xq, scale=scale)
+    data = compare.load_npz(path)
+    assert np.array_equal(data.scale, scale)
+    report = compare.compare(data.logits, data.mask, scale=data.scale)
+    params = report["params"]
+    assert np.array_equal(params.scale, scale)
+    div = hccs.hccs_int(xq, params.B, params.S, params.dmax)
+    assert np.array_equal(report["outputs"]["int8_div"], div / 255.0)
