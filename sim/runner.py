@@ -38,6 +38,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -169,6 +170,17 @@ def _binary(build_dir: Path, simulator: str, toplevel: str) -> Path:
 
 
 _verilog_memo: dict[tuple, str] = {}
+_TIME_ZERO_TRIGGER = re.compile(r"^(\s*)reg (\\\S*dump_module\S*)\s*= 0;$", re.MULTILINE)
+
+
+def icarus_time_zero(text: str) -> str:
+    """Make Yosys's time-zero trigger fire in Icarus.
+
+    Yosys puts ``if (trigger) begin end`` into every ``always @*`` block, with ``reg trigger = 0``, so that
+    combinational logic that only reads constant-since-reset registers is evaluated once at time 0. Icarus 11
+    raises no event for a declaration initialiser, so such outputs stay X (an HCCS unit's ``i.ready`` did);
+    setting the trigger again after time-zero start-up does raise it."""
+    return _TIME_ZERO_TRIGGER.sub(lambda m: f"{m.group(0)}\n{m.group(1)}initial #0 {m.group(2)} = 1'b1;", text)
 
 
 def _verilog_cached(component_factory: Callable, params: Mapping, toplevel: str) -> str:
@@ -185,6 +197,8 @@ def build(component_factory: Callable, params: Mapping, toplevel_name: str, *, s
     prepare_environment()
     simulator = _resolve_simulator(simulator)
     text = _verilog_cached(component_factory, params, toplevel_name)
+    if simulator == "icarus":
+        text = icarus_time_zero(text)
     digest = hashlib.sha256(f"{simulator}|{waves}|{toplevel_name}\n{text}".encode()).hexdigest()[:12]
     directory = build_root() / f"{toplevel_name}-{digest}"
     verilog_path = directory / f"{toplevel_name}.v"

@@ -4,6 +4,7 @@ mode/output pairs, and the boards' default 8-lane unit); wider lane counts under
 
 import dataclasses
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -232,3 +233,15 @@ def test_sim_command_names_what_is_wrong_in_a_vectors_file(tmp_path, capsys, cha
     np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
     assert main(["sim", "hccs", "--vectors", str(path)]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.skipif(shutil.which("iverilog") is None,
+                    reason="Icarus is optional: Debian package iverilog is not installed on this machine")
+def test_icarus_runs_the_same_unit_bit_exact(rng):
+    cols, rows = 13, 300
+    x = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+    B, S, dmax = per_head_params(rng, SMALL["heads"], cols)
+    modes, outs = zip(*(MODE_OUT * 4))
+    run = simulate(x, rng.integers(0, SMALL["heads"], rows), B, S, dmax, modes=modes, outs=outs,
+                   mask=rng.random(x.shape) < 0.8, unit=SMALL, idle=0.2, backpressure=0.3, simulator="icarus")
+    assert_bit_exact(run)
