@@ -37,8 +37,8 @@ Contract
 - Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
   ``max(nb, D, (3*nb + D + 2) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
   (:func:`reciprocal_cycles`: ``1 + ceil(23 / div_bits)`` for div uint8, ``1 + ceil(15 / div_bits)`` for
-  div int16, 2 for clb). Rows of at least ``D`` beats therefore stream at one beat per cycle; shorter rows
-  are bound by the reciprocal (div) or the four-bank ring.
+  div int16, 2 for clb). Rows of at least ``D + 2`` beats therefore stream at one beat per cycle; shorter
+  rows are bound by the reciprocal (div) or the four-bank ring.
 - Latency of a lone row: ``4*nb + D + 4`` cycles from its first input beat to its last output beat.
 - Backpressure: ``o`` stalls only the normalise stage; the other stages run on until they need a bank it
   holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` depends only on internal state.
