@@ -15,7 +15,7 @@ AXI4-Stream command layer, not through this harness.
 from __future__ import annotations
 
 from amaranth.hdl import Cat, ClockDomain, ClockSignal, Elaboratable, Module, Signal, Value
-from amaranth.lib import wiring
+from amaranth.lib import io, wiring
 from amaranth.lib.cdc import ResetSynchronizer
 
 from .pll import Pll, PllSetting
@@ -51,13 +51,15 @@ class ShiftHarness(Elaboratable):
         m.d.comb += ClockSignal("sync").eq(pll.clk)
         m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="sync")
 
-        uart = platform.request("uart", 0)
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.serial_in = serial_in = io.Buffer("i", uart.rx)
+        m.submodules.serial_out = serial_out = io.Buffer("o", uart.tx)
         m.submodules.unit = unit = self.unit
         ins, outs = _split_ports(unit)
         inputs, outputs = Cat(*ins), Cat(*outs)
 
         shift_in = Signal(len(inputs))
-        m.d.sync += shift_in.eq(Cat(uart.rx.i, shift_in[:-1]))
+        m.d.sync += shift_in.eq(Cat(serial_in.i, shift_in[:-1]))
         m.d.comb += inputs.eq(shift_in)
 
         shift_out = Signal(len(outputs))
@@ -67,5 +69,5 @@ class ShiftHarness(Elaboratable):
             m.d.sync += shift_out.eq(outputs)
         with m.Else():
             m.d.sync += shift_out.eq(shift_out >> 1)
-        m.d.comb += uart.tx.o.eq(shift_out[0])
+        m.d.comb += serial_out.o.eq(shift_out[0])
         return m
