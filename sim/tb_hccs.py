@@ -20,7 +20,12 @@ from __future__ import annotations
 import itertools
 import time
 
+import cocotb
 import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import FallingEdge, RisingEdge
+
+from somatile.sim.runner import job_inputs, write_job_outputs
 
 MAX_REPORTED = 5
 CFG_FIELDS = ("B", "S", "dmax", "mode", "out")
@@ -160,13 +165,10 @@ class HCCSTB:
     """Drives one HCCS unit: reset, head configuration, and a run of rows with idles and backpressure."""
 
     def __init__(self, dut):
-        import cocotb
-        from cocotb.clock import Clock
         self.dut = dut
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
 
     async def reset(self):
-        from cocotb.triggers import RisingEdge
         dut = self.dut
         dut.rst.value = 1
         dut.i__valid.value = 0
@@ -178,7 +180,6 @@ class HCCSTB:
         dut.rst.value = 0
 
     async def configure(self, job):
-        from cocotb.triggers import FallingEdge
         dut = self.dut
         await FallingEdge(dut.clk)
         for head in range(len(job["B"])):
@@ -193,7 +194,6 @@ class HCCSTB:
 
         Cycle k is the rising edge after the k-th falling edge; both handshakes of edge k are decided at
         falling edge k from what is driven and read there."""
-        from cocotb.triggers import FallingEdge, RisingEdge
         dut = self.dut
         idle_draws = _bernoulli(np.random.default_rng(seed), idle)
         stall_draws = _bernoulli(np.random.default_rng(seed + 1), backpressure)
@@ -234,57 +234,45 @@ class HCCSTB:
         return {name: (word >> bit) & 1 for bit, name in enumerate(("overflow", "framing", "bad_head", "busy"))}
 
 
-def _cocotb_test(function):
-    import cocotb
-    return cocotb.test()(function)
+@cocotb.test()
+async def hccs_rows(dut):
+    job = job_inputs()
+    tb = HCCSTB(dut)
+    await tb.reset()
+    await tb.configure(job)
+    words = pack_beats(row_beats(job))
+    started = time.perf_counter()
+    out_words, cycles = await tb.run(words, len(words), float(job["idle"]), float(job["backpressure"]),
+                                     int(job["seed"]))
+    loop_seconds = time.perf_counter() - started
+    got, framing = unpack_rows(job, out_words)
+    status = await tb.status()
+    write_job_outputs(out=got, cycles=np.int64(cycles), loop_seconds=np.float64(loop_seconds),
+                      framing_errors=np.array(framing, dtype=str),
+                      status=np.array([status["overflow"], status["framing"], status["bad_head"]]))
+    if bool(job["strict"]):
+        assert not framing, "framing: " + "; ".join(framing[:MAX_REPORTED])
+        bad = mismatches(job, got)
+        assert not bad, f"{len(bad)} of {len(got)} rows differ from hccs_int: " + "; ".join(bad[:MAX_REPORTED])
 
 
-try:
-    import cocotb  # noqa: F401  (the test below exists only where cocotb is installed)
-except ImportError:
-    pass
-else:
-    @_cocotb_test
-    async def hccs_rows(dut):
-        from somatile.sim.runner import job_inputs, write_job_outputs
-        job = job_inputs()
-        tb = HCCSTB(dut)
-        await tb.reset()
-        await tb.configure(job)
-        words = pack_beats(row_beats(job))
-        started = time.perf_counter()
-        out_words, cycles = await tb.run(words, len(words), float(job["idle"]), float(job["backpressure"]),
-                                         int(job["seed"]))
-        loop_seconds = time.perf_counter() - started
-        got, framing = unpack_rows(job, out_words)
-        status = await tb.status()
-        write_job_outputs(out=got, cycles=np.int64(cycles), loop_seconds=np.float64(loop_seconds),
-                          framing_errors=np.array(framing, dtype=str),
-                          status=np.array([status["overflow"], status["framing"], status["bad_head"]]))
-        if bool(job["strict"]):
-            assert not framing, "framing: " + "; ".join(framing[:MAX_REPORTED])
-            bad = mismatches(job, got)
-            assert not bad, f"{len(bad)} of {len(got)} rows differ from hccs_int: " + "; ".join(bad[:MAX_REPORTED])
-
-    @_cocotb_test
-    async def hccs_beats(dut):
-        """Raw beats in (``beat_*`` arrays, framing errors and over-long rows allowed), ``expect`` beats out;
-        returns them with the status before and after ``clear_status``."""
-        from cocotb.triggers import FallingEdge
-        from somatile.sim.runner import job_inputs, write_job_outputs
-        job = job_inputs()
-        tb = HCCSTB(dut)
-        await tb.reset()
-        await tb.configure(job)
-        beats = {field: job[f"beat_{field}"] for field in ("data", "mask", "first", "last", "head")}
-        out_words, _ = await tb.run(pack_beats(beats), int(job["expect"]), 0.0, 0.0, 0)
-        before = await tb.status()
-        await FallingEdge(dut.clk)
-        dut.clear_status.value = 1
-        await FallingEdge(dut.clk)
-        dut.clear_status.value = 0
-        after = await tb.status()
-        got = unpack_beats(out_words, int(job["lanes"]), int(job["out_bits"]))
-        write_job_outputs(**{f"out_{k}": v for k, v in got.items()},
-                          status_before=np.array([before[k] for k in ("overflow", "framing", "bad_head")]),
-                          status_after=np.array([after[k] for k in ("overflow", "framing", "bad_head")]))
+@cocotb.test()
+async def hccs_beats(dut):
+    """Raw beats in (``beat_*`` arrays, framing errors and over-long rows allowed), ``expect`` beats out;
+    returns them with the status before and after ``clear_status``."""
+    job = job_inputs()
+    tb = HCCSTB(dut)
+    await tb.reset()
+    await tb.configure(job)
+    beats = {field: job[f"beat_{field}"] for field in ("data", "mask", "first", "last", "head")}
+    out_words, _ = await tb.run(pack_beats(beats), int(job["expect"]), 0.0, 0.0, 0)
+    before = await tb.status()
+    await FallingEdge(dut.clk)
+    dut.clear_status.value = 1
+    await FallingEdge(dut.clk)
+    dut.clear_status.value = 0
+    after = await tb.status()
+    got = unpack_beats(out_words, int(job["lanes"]), int(job["out_bits"]))
+    write_job_outputs(**{f"out_{k}": v for k, v in got.items()},
+                      status_before=np.array([before[k] for k in ("overflow", "framing", "bad_head")]),
+                      status_after=np.array([after[k] for k in ("overflow", "framing", "bad_head")]))

@@ -1,7 +1,7 @@
 """A tiny counter and two cocotb tests for checking sim/runner.py itself (imported by the simulator)."""
 
 import cocotb
-from amaranth import Elaboratable, Module, Signal
+from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from cocotb.triggers import RisingEdge
