@@ -11,8 +11,8 @@ values read at the falling edge decide the handshakes of the next rising edge.
 The simulator process imports only numpy and cocotb until a strict check needs the model. The test writes
 ``out`` (the unit's rows, int32 of shape (R, N)), ``framing_errors``, ``cycles`` (first input beat accepted
 to last output beat taken, inclusive) and ``loop_seconds`` (wall time of the streaming loop) back to the
-caller; with ``strict`` it also fails on
-the first mismatch against the model, naming the row, head and elements.
+caller; with ``strict`` it also fails on the first mismatch against the model, naming the row, head and
+elements.
 """
 
 from __future__ import annotations
