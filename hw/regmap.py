@@ -155,8 +155,11 @@ class TileParams:
         need(0 <= self.sinks, "sinks", ">= 0")
         need(self.head_dim >= FRAME_GRANULE and self.head_dim % FRAME_GRANULE == 0, "head_dim",
              f"a multiple of {FRAME_GRANULE} (whole payload granules)")
-        need(self.n_max >= self.ring + self.sinks + 1, "n_max",
-             f">= ring + sinks + 1 = {self.ring + self.sinks + 1} (the decode row goes through the HCCS buffer)")
+        need(self.head_dim % max(FRAME_GRANULE, self.lanes) == 0, "head_dim",
+             f"a multiple of the local-memory word max(16, lanes) = {max(FRAME_GRANULE, self.lanes)} bytes "
+             f"(one MAC operand vector; lanes beyond head_dim would idle)")
+        need(self.n_max >= self.ring + self.sinks, "n_max",
+             f">= ring + sinks = {self.ring + self.sinks} (a decode row of every slot goes through the normaliser)")
         need(self.n_tiles >= 1, "n_tiles", ">= 1")
         need(self.local_memory_bytes > 0, "local_memory_bytes", "> 0")
 

@@ -338,3 +338,27 @@ def hccs_frame(head: int, x) -> bytes:
 def reg_read_frame(name: str) -> bytes:
     """REG_READ frame of a global register by name."""
     return regmap.pack_command(Opcode.REG_READ, arg0=_GLOBAL_INDEX[name] * regmap.REGISTER_BYTES)
+
+
+class ArrayModel:
+    """The golden model of :class:`somatile.hw.array.TileArray`: frames routed by their head byte to
+    ``n_tiles`` :class:`TileModel` instances (tile ``g // heads``, local head ``g % heads``, the last tile for
+    heads beyond it), the response's head byte turned back into the global head."""
+
+    def __init__(self, params: TileParams):
+        self.params = params
+        self.tiles = [TileModel(params, i) for i in range(params.n_tiles)]
+
+    def reset(self) -> None:
+        for tile in self.tiles:
+            tile.reset()
+
+    def command(self, frame: bytes) -> bytes:
+        frame = bytearray(frame)
+        heads, last = self.params.heads, self.params.n_tiles - 1
+        tile = min(frame[2] // heads, last) if len(frame) > 2 else 0
+        if len(frame) > 2:
+            frame[2] -= tile * heads
+        response = bytearray(self.tiles[tile].command(bytes(frame)))
+        response[2] = (response[2] + tile * heads) & 0xFF
+        return bytes(response)

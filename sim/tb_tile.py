@@ -24,18 +24,22 @@ from somatile.hw.regmap import TileParams
 KIND_FRAME = 0
 KIND_RESET_MID_FRAME = 1
 """Send the first half of the frame's beats, then pulse ``rst``: the frame gets no response."""
+KIND_PIPELINED = 2
+"""Send the frame without waiting for the previous responses (they are collected, in order, before the next
+frame of another kind and at the end): frames to different tiles of an array then overlap."""
 
 
 def job(params: TileParams, frames: list[bytes], kinds: list[int] | None = None, *, traffic: str = "full",
-        seed: int = 1, tile_index: int = 0) -> dict[str, np.ndarray]:
+        seed: int = 1, tile_index: int = 0, array: bool = False) -> dict[str, np.ndarray]:
     """The ``inputs`` of one testbench run: frames in order, each with a kind, and the traffic pattern
-    (``full``: no idle cycles and no backpressure; ``random``: random idle input and output backpressure)."""
+    (``full``: no idle cycles and no backpressure; ``random``: random idle input and output backpressure).
+    ``array=True``: the design is a TileArray of ``params.n_tiles`` tiles (scoreboard ArrayModel)."""
     kinds = [KIND_FRAME] * len(frames) if kinds is None else kinds
     offsets = np.cumsum([0] + [len(f) for f in frames]).astype(np.int64)
     return {"frames": np.frombuffer(b"".join(frames), np.uint8), "offsets": offsets,
             "kinds": np.asarray(kinds, np.int8), "seed": np.array(seed),
             "config": np.array(json.dumps({"params": dataclasses.asdict(params), "traffic": traffic,
-                                           "tile_index": tile_index}))}
+                                           "tile_index": tile_index, "array": array}))}
 
 
 def unpack_responses(outputs: dict[str, np.ndarray]) -> list[bytes]:
@@ -119,19 +123,15 @@ async def run_frames(dut):
     inputs = job_inputs()
     config = json.loads(str(inputs["config"]))
     params = TileParams(**config["params"])
-    model = tile_model.TileModel(params, config["tile_index"])
+    model = (tile_model.ArrayModel(params) if config["array"] else
+             tile_model.TileModel(params, config["tile_index"]))
     tb = TB(dut, config["traffic"], int(inputs["seed"]))
     await tb.reset()
     data = inputs["frames"].tobytes()
     offsets = inputs["offsets"]
-    responses, cycles, mismatches = [], [], []
-    for i, kind in enumerate(inputs["kinds"]):
-        frame = data[offsets[i]:offsets[i + 1]]
-        if kind == KIND_RESET_MID_FRAME:
-            await tb.reset_mid_frame(frame, params.stream_bytes)
-            model.reset()
-            continue
-        got = await tb.command(frame)
+    responses, cycles, mismatches, pending = [], [], [], []
+
+    def check(i, frame, got):
         want = model.command(frame)
         responses.append(got)
         if frame[1] == regmap.Opcode.REG_READ and len(got) >= 12:
@@ -139,6 +139,27 @@ async def run_frames(dut):
         if not _same_except_cycles(frame, got, want):
             mismatches.append(f"frame {i} (opcode {frame[1]}, head {frame[2]}): RTL {got[:32].hex()}... "
                               f"model {want[:32].hex()}...")
+
+    async def collect():
+        for i, frame in pending:
+            check(i, frame, bytes((await tb.sink.recv()).tdata))
+        pending.clear()
+
+    for i, kind in enumerate(inputs["kinds"]):
+        frame = data[offsets[i]:offsets[i + 1]]
+        if kind == KIND_PIPELINED:
+            from cocotbext.axi import AxiStreamFrame
+
+            tb.source.send_nowait(AxiStreamFrame(frame))
+            pending.append((i, frame))
+            continue
+        await collect()
+        if kind == KIND_RESET_MID_FRAME:
+            await tb.reset_mid_frame(frame, params.stream_bytes)
+            model.reset()
+            continue
+        check(i, frame, await tb.command(frame))
+    await collect()
     write_job_outputs(responses=np.frombuffer(b"".join(responses), np.uint8),
                       response_offsets=np.cumsum([0] + [len(r) for r in responses]).astype(np.int64),
                       register_reads=np.asarray(cycles, np.int64), mismatches=np.array(len(mismatches)))

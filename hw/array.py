@@ -1,0 +1,100 @@
+"""A row of tiles behind one AXI4-Stream pair: frames routed to a tile by their head byte, responses
+returned in the order the frames arrived.
+
+Routing: a frame whose header names (global) head ``g`` goes to tile ``g // heads`` as local head
+``g % heads`` (``heads`` = heads per tile); the response's head byte is turned back into ``g``. Frames of
+every opcode route this way (INFO or REG_READ with head ``t * heads`` address tile t). A head beyond the
+last tile goes to the last tile, which answers with BAD_HEAD where the opcode takes a head. A DECODE frame
+covers heads of one tile (the host sends one frame per tile); the tiles then decode in parallel: the array
+accepts the next frame as soon as the target tile is ready, while earlier tiles still compute.
+
+Ports: as :class:`somatile.hw.tile.Tile` (``s_axis_*``, ``m_axis_*``, ``error`` = any tile's error).
+Throughput: one beat per cycle in and out; responses wait for the tiles in arrival order (a FIFO of up to
+``n_tiles`` frames in flight).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from somatile.hw.regmap import TileParams
+from somatile.hw.tile import Tile
+
+
+class TileArray(wiring.Component):
+    """``n_tiles`` tiles; the other keyword arguments are those of :class:`Tile` (``BoardConfig.array_kwargs``)."""
+
+    def __init__(self, *, n_tiles: int = 1, **tile_kwargs):
+        self.params = TileParams(n_tiles=n_tiles, **tile_kwargs)
+        self.tiles = [Tile(tile_index=i, n_tiles=n_tiles, **tile_kwargs) for i in range(n_tiles)]
+        sw = self.params.stream_width
+        super().__init__({
+            "s_axis_tdata": In(sw), "s_axis_tvalid": In(1), "s_axis_tready": Out(1), "s_axis_tlast": In(1),
+            "m_axis_tdata": Out(sw), "m_axis_tvalid": Out(1), "m_axis_tready": In(1), "m_axis_tlast": Out(1),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n, heads = self.params.n_tiles, self.params.heads
+        for i, tile in enumerate(self.tiles):
+            m.submodules[f"tile{i}"] = tile
+        m.d.comb += self.error.eq(Cat(*[t.error for t in self.tiles]).any())
+
+        # Input side: the first beat of a frame picks the tile; later beats follow it.
+        in_frame = Signal()
+        target = Signal(range(n))
+        global_head = self.s_axis_tdata[16:24]
+        first_target = Signal(range(n))
+        m.d.comb += first_target.eq(Mux(global_head >= (n - 1) * heads, n - 1, global_head // heads))
+        selected = Mux(in_frame, target, first_target)
+
+        # In-order response FIFO of tile indices (depth n_tiles).
+        order = Array(Signal(range(n), name=f"order{i}") for i in range(n))
+        count = Signal(range(n + 1))
+        read_at = Signal(range(n))
+        write_at = Signal(range(n))
+        full = count == n
+        starting = ~in_frame & self.s_axis_tvalid
+        accept = Signal()
+
+        for i, tile in enumerate(self.tiles):
+            chosen = selected == i
+            local_head = global_head - i * heads
+            m.d.comb += [tile.s_axis_tdata.eq(self.s_axis_tdata), tile.s_axis_tlast.eq(self.s_axis_tlast),
+                         tile.s_axis_tvalid.eq(self.s_axis_tvalid & chosen & ~(starting & full))]
+            with m.If(~in_frame):
+                m.d.comb += tile.s_axis_tdata[16:24].eq(local_head)
+        ready = Array(t.s_axis_tready for t in self.tiles)[selected]
+        m.d.comb += [self.s_axis_tready.eq(ready & ~(starting & full)),
+                     accept.eq(self.s_axis_tvalid & self.s_axis_tready)]
+        push = accept & ~in_frame
+        with m.If(accept):
+            m.d.sync += in_frame.eq(~self.s_axis_tlast)
+            with m.If(~in_frame):
+                m.d.sync += target.eq(first_target)
+        with m.If(push):
+            m.d.sync += [order[write_at].eq(first_target), write_at.eq(Mux(write_at == n - 1, 0, write_at + 1))]
+
+        # Output side: the oldest frame's tile drives m_axis until its tlast; its first beat gets the global head.
+        out_first = Signal(init=1)
+        source = order[read_at]
+        has_response = count != 0
+        tdata = Array(t.m_axis_tdata for t in self.tiles)[source]
+        tvalid = Array(t.m_axis_tvalid for t in self.tiles)[source] & has_response
+        tlast = Array(t.m_axis_tlast for t in self.tiles)[source]
+        m.d.comb += [self.m_axis_tdata.eq(tdata), self.m_axis_tvalid.eq(tvalid), self.m_axis_tlast.eq(tlast)]
+        with m.If(out_first):
+            m.d.comb += self.m_axis_tdata[16:24].eq(tdata[16:24] + source * heads)
+        for i, tile in enumerate(self.tiles):
+            m.d.comb += tile.m_axis_tready.eq(self.m_axis_tready & has_response & (source == i))
+        pop = Signal()
+        with m.If(tvalid & self.m_axis_tready):
+            m.d.sync += out_first.eq(tlast)
+            m.d.comb += pop.eq(tlast)
+        with m.If(pop):
+            m.d.sync += read_at.eq(Mux(read_at == n - 1, 0, read_at + 1))
+        m.d.sync += count.eq(count + push - pop)
+        return m

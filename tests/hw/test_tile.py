@@ -1,0 +1,144 @@
+"""The tile RTL in Verilator through cocotb: every command, every fault (each followed by valid commands),
+reset in the middle of a frame, random idle input and output backpressure; every response byte-identical
+to the golden tile model (the scoreboard in sim/tb_tile.py)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from somatile.hw import regmap, tile_model
+from somatile.hw.regmap import Opcode, TileParams
+from somatile.hw.tile import Tile
+from somatile.sim import run_soma, runner, tb_tile
+
+# Two parameter sets share their builds with tests/hw/test_soma.py: a 32-bit stream with 8 lanes (16-byte
+# memory words; the default test run), and a 128-bit stream with 32 lanes (32-byte words, int16 HCCS output,
+# no sinks; slow: one more Verilator build).
+SMALL = TileParams(lanes=8, stream_width=32, local_memory_bytes=8192, heads=4, ring=8, sinks=2, head_dim=16,
+                   n_max=32)
+WIDE = TileParams(lanes=32, stream_width=128, local_memory_bytes=16384, heads=4, ring=12, sinks=0,
+                  head_dim=32, n_max=48, hccs_out="int16")
+
+
+def run_frames(params, frames, kinds=None, traffic="random", seed=1):
+    run_soma.apply_verilator_pch_fix()
+    job = tb_tile.job(params, frames, kinds, traffic=traffic, seed=seed)
+    result = runner.build_and_test(Tile, dataclasses.asdict(params), "somatile_tile", "somatile.sim.tb_tile",
+                                   inputs=job)
+    assert int(result.outputs["mismatches"]) == 0
+    return result
+
+
+def session(params, rng):
+    """A command session that touches every opcode and every fault, each fault followed by valid work."""
+    configs = [run_soma.random_config(rng, params, normaliser=n)
+               for n, _ in zip(["hccs_int", "exp_int"] * params.heads, range(params.heads))]
+    frames = [regmap.pack_command(Opcode.INFO)]
+    frames += [regmap.pack_command(Opcode.REG_READ, arg0=r.address) for r in regmap.registers(params)]
+    q, k, v = run_soma.sequence(rng, 40, params.heads, params.head_dim)
+    token = iter(range(40))
+
+    def decode():
+        t = next(token)
+        return tile_model.decode_frame(0, q[t], k[t], v[t])
+
+    frames.append(decode())  # NOT_CONFIGURED
+    frames += [tile_model.configure_frame(h, tile_model.head_values(c)) for h, c in enumerate(configs)]
+    frames += [decode() for _ in range(6)]
+    hccs_block = tile_model.head_values(configs[0])
+    for name, value in (("hccs_B", 40), ("hccs_S", 1), ("hccs_dmax", 12)):
+        hccs_block[regmap.HEAD_INDEX[name]] = value
+    frames.append(tile_model.configure_frame(0, hccs_block))
+    for n in (1, 17, params.n_max):
+        frames.append(tile_model.hccs_frame(0, rng.integers(-128, 128, (2, n), dtype=np.int8)))
+    faults = [
+        regmap.pack_command(Opcode.INFO, magic=0x5A),
+        regmap.pack_command(0x7E, payload=bytes(16)),
+        regmap.pack_command(Opcode.READ_STATE, head=params.heads),
+        regmap.pack_command(Opcode.DECODE, head=params.heads - 1, count=2, payload=bytes(6 * params.head_dim)),
+        regmap.pack_command(Opcode.REG_READ, arg0=0x0FC),
+        regmap.pack_command(Opcode.REG_WRITE, arg0=0x000, arg1=1),
+        regmap.pack_command(Opcode.HCCS, arg0=1, arg1=params.n_max + 1, payload=bytes(regmap.padded(params.n_max + 1))),
+        regmap.pack_command(Opcode.HCCS, arg0=0, arg1=4),
+        regmap.pack_command(Opcode.HCCS, head=1, arg0=1, arg1=4, payload=bytes(16)),  # exp head: HCCS rules fail
+        regmap.pack_command(Opcode.DECODE, count=1, payload=bytes(3 * params.head_dim), length=16),
+        regmap.pack_command(Opcode.DECODE, count=1, payload=bytes(3 * params.head_dim))[:-16],
+        regmap.pack_command(Opcode.DECODE, count=1, payload=bytes(3 * params.head_dim)) + bytes(16),
+        regmap.pack_command(Opcode.DECODE, count=1),
+        tile_model.configure_frame(1, [p.hi + 1 if p.name == "out_shift" else v
+                                       for p, v in zip(regmap.HEAD_PARAMS, tile_model.head_values(configs[1]))]),
+    ]
+    if params.stream_bytes < regmap.HEADER_BYTES:
+        faults.append(regmap.pack_command(Opcode.INFO)[:regmap.HEADER_BYTES - params.stream_bytes])
+    for fault in faults:
+        frames += [fault, tile_model.reg_read_frame("ERROR_CODE"), tile_model.reg_read_frame("ERROR_OPCODE"),
+                   regmap.pack_command(Opcode.CLEAR_ERROR), decode()]
+    state = tile_model.state_to_arrays(params, bytes(regmap.state_bytes(params)))
+    state["write_pos"], state["fill"], state["step"] = np.int32(params.ring - 1), np.int32(params.ring), \
+        np.int32(65536)
+    frames += [regmap.pack_command(Opcode.READ_STATE, 1), tile_model.load_state_frame(params, 1, state),
+               regmap.pack_command(Opcode.READ_STATE, 1), decode()]
+    bad_state = dict(state, fill=np.int32(params.ring + 1))
+    frames += [tile_model.load_state_frame(params, 1, bad_state), regmap.pack_command(Opcode.READ_STATE, 1),
+               tile_model.load_state_frame(params, 1, state)[:-16], regmap.pack_command(Opcode.READ_STATE, 1)]
+    frames += [regmap.pack_command(Opcode.RESET_STATE, 0, params.heads), regmap.pack_command(Opcode.READ_STATE, 0),
+               regmap.pack_command(Opcode.REG_WRITE, arg0=[r.address for r in regmap.registers(params)
+                                                           if r.name == "SCRATCH"][0], arg1=0xC0FFEE),
+               tile_model.reg_read_frame("SCRATCH"), tile_model.reg_read_frame("COMMANDS"),
+               tile_model.reg_read_frame("TOKENS"), decode()]
+    return frames
+
+
+def reset_session(params, rng):
+    """Decode, a reset in the middle of a DECODE frame, then checks that the tile came back clean."""
+    config = run_soma.random_config(rng, params)
+    q, k, v = run_soma.sequence(rng, 4, params.heads, params.head_dim)
+    configure = [tile_model.configure_frame(h, tile_model.head_values(config)) for h in range(params.heads)]
+    decode = [tile_model.decode_frame(0, q[t], k[t], v[t]) for t in range(4)]
+    frames = configure + decode[:2] + [decode[2], tile_model.reg_read_frame("CONFIGURED"),
+                                       regmap.pack_command(Opcode.READ_STATE, 0)] + configure + \
+        [decode[3], regmap.pack_command(Opcode.READ_STATE, 1)]
+    kinds = [tb_tile.KIND_FRAME] * len(frames)
+    kinds[len(configure) + 2] = tb_tile.KIND_RESET_MID_FRAME
+    return frames, kinds
+
+
+@pytest.mark.parametrize("params", [SMALL, pytest.param(WIDE, marks=pytest.mark.slow)],
+                         ids=["32bit-8lanes", "128bit-32lanes"])
+def test_every_command_fault_and_reset_matches_the_model(params, rng):
+    frames = session(params, rng)
+    reset_frames, kinds = reset_session(params, rng)
+    result = run_frames(params, frames + reset_frames, [tb_tile.KIND_FRAME] * len(frames) + kinds)
+    responses = [regmap.unpack_response(r) for r in tb_tile.unpack_responses(result.outputs)]
+    assert len(responses) == len(frames) + len(reset_frames) - 1  # the frame cut by the reset has none
+    after_reset = responses[len(frames) + params.heads + 2:]
+    assert after_reset[0].result == 0  # CONFIGURED: every head back to unconfigured
+    assert not any(after_reset[1].payload)  # head 0's state cleared
+
+
+def test_array_routes_frames_by_head_and_tiles_overlap(rng):
+    from somatile.hw.array import TileArray
+
+    params = TileParams(lanes=4, stream_width=32, local_memory_bytes=4096, heads=1, ring=4, sinks=1, head_dim=16,
+                        n_max=16, n_tiles=2)
+    configs = [run_soma.random_config(rng, params) for _ in range(2)]
+    q, k, v = run_soma.sequence(rng, 30, 2, params.head_dim)
+    frames = [regmap.pack_command(Opcode.INFO, head=t) for t in range(2)]
+    frames += [tile_model.configure_frame(h, tile_model.head_values(c)) for h, c in enumerate(configs)]
+    kinds = [tb_tile.KIND_FRAME] * len(frames)
+    for t in range(30):
+        frames += [tile_model.decode_frame(h, q[t, h:h + 1], k[t, h:h + 1], v[t, h:h + 1]) for h in range(2)]
+        kinds += [tb_tile.KIND_PIPELINED] * 2
+    frames += [regmap.pack_command(Opcode.READ_STATE, 1), regmap.pack_command(Opcode.READ_STATE, 2),
+               tile_model.reg_read_frame("TOKENS")]
+    kinds += [tb_tile.KIND_FRAME] * 3
+    run_soma.apply_verilator_pch_fix()
+    job = tb_tile.job(params, frames, kinds, traffic="random", array=True)
+    result = runner.build_and_test(TileArray, dataclasses.asdict(params), "somatile_array", "somatile.sim.tb_tile",
+                                   inputs=job)
+    assert int(result.outputs["mismatches"]) == 0
+    responses = [regmap.unpack_response(r) for r in tb_tile.unpack_responses(result.outputs)]
+    info = [np.frombuffer(r.payload, np.uint32) for r in responses[:2]]
+    assert [i[regmap.INFO_FIELDS.index("tile_index")] for i in info] == [0, 1]
+    assert responses[-2].error == regmap.ErrorCode.BAD_HEAD  # head 2 lies beyond the last tile
