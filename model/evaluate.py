@@ -94,7 +94,6 @@ def _plt():
     return plt
 
 
-# ----------------------------------------------------------------------------------------------- MiniLM
 
 MINILM_COLS = 128
 
@@ -147,19 +146,32 @@ def calibrate_minilm(layer_logits, progress: bool = False) -> MiniLMCalibration:
     return MiniLMCalibration(cs, errs, params)
 
 
+WORST_HEAD_FRACTION = 0.1
+
+
 def minilm_normalisers(cal: MiniLMCalibration, cols: int) -> dict[str, Callable]:
     """Name -> normaliser(layer, logits (H,T,T), mask) for every evaluated variant (float HCCS and the
-    int8 kernels on padded rows; uint8 outputs read as p / 255 exactly as the hardware emits them)."""
+    int8 kernels on padded rows; uint8 outputs read as p / 255 exactly as the hardware emits them).
+
+    Two hybrids: the calibration's own fallback flags (heads above the 0.3 threshold), and the worst
+    ``WORST_HEAD_FRACTION`` of all heads by int8 calibration error on integer exp (a threshold a user can
+    reach with ``--threshold`` in ``somatile calibrate``)."""
+    import dataclasses
+
     from somatile.model import hccs, intexp, quant
+
+    errors = np.concatenate([p.error for p in cal.params])
+    cut = np.quantile(errors, 1 - WORST_HEAD_FRACTION)
+    worst = [dataclasses.replace(p, fallback=p.error >= cut) for p in cal.params]
 
     def int8_rows(layer, logits):
         x, mask = pad_rows(logits, cols)
         return quant.quantize_logits(x, cal.params[layer].scale, mask), mask, logits.shape[-1]
 
-    def int_kernel(run):
+    def int_kernel(run, params=cal.params):
         def normaliser(layer, logits, mask):
             xq, pmask, n = int8_rows(layer, logits)
-            return run(cal.params[layer], xq, pmask)[..., :n] / 255.0
+            return run(params[layer], xq, pmask)[..., :n] / 255.0
         return normaliser
 
     def hccs_mode(mode):
@@ -170,6 +182,8 @@ def minilm_normalisers(cal: MiniLMCalibration, cols: int) -> dict[str, Callable]
         "int8 HCCS div": int_kernel(hccs_mode("div")),
         "int8 HCCS clb": int_kernel(hccs_mode("clb")),
         "hybrid (int8 HCCS div + int-exp fallback)": int_kernel(lambda p, xq, m: p.apply_int(xq, m)),
+        f"hybrid, worst {WORST_HEAD_FRACTION:.0%} of heads on int-exp": int_kernel(
+            lambda p, xq, m: p.apply_int(xq, m), worst),
         "integer exp everywhere": int_kernel(lambda p, xq, m: intexp.intexp_softmax(xq, p.exp_mult, mask=m)),
     }
 
@@ -198,6 +212,7 @@ def dump_minilm_logits(path: Path, layer_logits, layer: int, rows: int | None = 
 
 
 def evaluate_minilm(args) -> dict:
+    from somatile.model.calibrate import DEFAULT_THRESHOLD
     from somatile.model.minilm import MiniLM
 
     t0 = time.time()
@@ -218,7 +233,7 @@ def evaluate_minilm(args) -> dict:
     cal = calibrate_minilm(cal_logits)
     objective = cal.params[0].objective
     results["calibration"] = {
-        "objective": objective, "threshold": 0.3,
+        "objective": objective, "threshold": DEFAULT_THRESHOLD,
         "heads": [{"layer": l, "head": h, "c": float(cal.c[l][h]), "float_error": float(cal.c_error[l][h]),
                    "B": int(p.B[h]), "S": int(p.S[h]), "dmax": int(p.dmax[h]), "scale": float(p.scale[h]),
                    "int_error": float(p.error[h]), "fallback": bool(p.fallback[h]),
@@ -259,7 +274,8 @@ def minilm_markdown(r: dict) -> str:
         markdown_table(["normaliser", "mean cosine", "min cosine", "NN agreement"], rows),
         "",
         f"Per-head calibration (objective `{cal['objective']}`; int8 search on the quantised logits; "
-        f"{n_fb} of {len(heads)} heads above the 0.3 threshold go to the integer-exp fallback in the hybrid):",
+        f"{n_fb} of {len(heads)} heads above the {cal['threshold']} threshold go to the integer-exp fallback in "
+        "the first hybrid):",
         "",
         markdown_table(["layer", "head", "row range", "float c", "float err", "B", "S", "dmax", "scale",
                         "int8 err", "fallback"], heads),
@@ -295,7 +311,6 @@ def _minilm_plots(out: Path, r: dict) -> None:
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------------------------- SmolLM2
 
 STATE_LENGTHS = (2048, 8192, 65536)
 
@@ -660,14 +675,16 @@ def _smollm2_plots(out: Path, r: dict) -> None:
 def merge_smollm2(out: Path, parts: list[Path]) -> dict:
     """Join results.json of ``somatile eval smollm2 --only ...`` slices run in parallel into ``out``.
 
-    The slices must share the text, window protocol and token counts; variants keep the grid order."""
+    The slices must share the text, window length and token counts; variants keep the grid order. A slice
+    that did not run the long protocol contributes no long windows; all others are cut to the windows
+    every slice finished, so each perplexity in the merged table covers the same tokens."""
     loaded = []
     for part in parts:
         f = part / "results.json"
         if not f.is_file():
             raise FileNotFoundError(f"--merge: no {f}")
         loaded.append(json.loads(f.read_text()))
-    protocol = ("text", "chars", "n_tokens", "window", "long_window", "calibration_tokens", "quick")
+    protocol = ("text", "chars", "n_tokens", "window", "calibration_tokens", "quick")
     for r, part in zip(loaded[1:], parts[1:]):
         differs = [k for k in protocol if r.get(k) != loaded[0].get(k)]
         if differs:
@@ -678,6 +695,13 @@ def merge_smollm2(out: Path, parts: list[Path]) -> dict:
     keys = [v["key"] for v in merged["variants"]]
     if len(set(keys)) != len(keys):
         raise ValueError(f"--merge: a variant appears in more than one slice: {keys}")
+    for key in ("windows", "long_windows"):  # compare every variant on the windows all slices finished
+        counts = [len(v[key]) for v in merged["variants"] if v[key]]
+        for v in merged["variants"]:
+            v[key] = v[key][:min(counts)] if counts else []
+            for stale in ("ppl", "scored", "n_windows"):
+                v.pop(stale + ("_long" if key == "long_windows" else ""), None)
+    _summarise(merged)
     merged["command"] = "; ".join(r["command"] for r in loaded)
     merged["seconds"] = max(r.get("seconds", 0.0) for r in loaded)
     merged["merged_from"] = [str(p) for p in parts]
@@ -687,7 +711,37 @@ def merge_smollm2(out: Path, parts: list[Path]) -> dict:
     return merged
 
 
-# ------------------------------------------------------------------------------------------ results.md
+
+def findings(found: dict) -> list[str]:
+    """Sentences computed from the results (never typed in): each names the rows it compares."""
+    lines = []
+    if "minilm" in found:
+        v = found["minilm"]["variants"]
+        ranked = sorted(v.items(), key=lambda kv: -kv[1]["cos_mean"])
+        lines.append("MiniLM, " + "; ".join(f"{n}: mean cosine {m['cos_mean']:.4f}, min {m['cos_min']:.4f}, "
+                                            f"NN agreement {m['nn_agreement']:.1%}" for n, m in ranked) + ".")
+    if "smollm2" in found:
+        rows = {r["key"]: r for r in found["smollm2"]["variants"] if r.get("ppl")}
+        full = rows.get("full")
+
+        def vs(key, base, label):
+            if key in rows and base in rows:
+                a, b = rows[key]["ppl"], rows[base]["ppl"]
+                lines.append(f"SmolLM2, {label}: perplexity {a:.3f} against {b:.3f} "
+                             f"({100 * (a / b - 1):+.2f} %; rows `{rows[key]['name']}` vs `{rows[base]['name']}`).")
+        vs("seed", "full", "the seed preset against full attention")
+        vs("ring64", "full", "a plain ring of 64 against full attention")
+        vs("sinks4_ring60", "ring64", "4 sinks added to a 64-slot row")
+        fields = [k for k in rows if k.startswith("field_")]
+        if fields and "sinks4_ring60" in rows:
+            best = min(fields, key=lambda k: rows[k]["ppl"])
+            vs(best, "sinks4_ring60", "the best far-field variant against the same ring without a field")
+        vs("hccs", "default", "float HCCS as near-field normaliser against softmax on the same ring")
+        vs("int_hccs", "default", "the integer path (int8 q/k/v, integer HCCS) against the float ring")
+        if full and "sfa" in rows:
+            vs("sfa", "full", "seed 001's SFA enhancement on full attention (the seed claims -5.79 %)")
+    return lines
+
 
 def write_results(path: Path, eval_dir: Path) -> str:
     """docs/results.md from ``eval_dir``/{minilm,smollm2}/results.json: machine, date, commands, numbers."""
@@ -708,6 +762,9 @@ def write_results(path: Path, eval_dir: Path) -> str:
               f"{m['platform']}. Date: {m['date']}.", "", "Commands:", ""]
     parts += [f"- `{found[n]['command']}` ({found[n]['seconds']:.0f} s)" for n in found]
     parts += [f"- `python -m somatile.model.evaluate --write-results {path} {eval_dir}`", ""]
+    summary = findings(found)
+    if summary:
+        parts += ["## What the numbers say", ""] + [f"- {line}" for line in summary] + [""]
     if "minilm" in found:
         parts.append(minilm_markdown(found["minilm"]))
     if "smollm2" in found:
@@ -721,7 +778,6 @@ def write_results(path: Path, eval_dir: Path) -> str:
     return text
 
 
-# ---------------------------------------------------------------------------------------- command line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="model", metavar="MODEL", required=True)
