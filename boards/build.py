@@ -182,7 +182,8 @@ def open_platform(cfg: BoardConfig):
 
 @dataclasses.dataclass
 class PnrResult:
-    """What one place-and-route run produced. ``status``: ok, timing-missed, failed, timed-out."""
+    """What one place-and-route run produced. ``status``: ok, timing-missed, does-not-fit (``error`` lists the
+    cell types used beyond the device's count), failed (``error`` is the tool's last ERROR line), timed-out."""
     status: str
     seconds: float
     target_mhz: float
@@ -303,9 +304,15 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
     if proc is None:
         result.status, result.error = "timed-out", f"toolchain did not finish in {timeout_s:.0f} s"
     elif proc.returncode != 0 or bitstream is None:
-        errors = [line for line in log_path.read_text().splitlines() if "ERROR" in line.upper()]
-        result.status = "failed"
-        result.error = (errors[-1].strip() if errors else f"toolchain exited with {proc.returncode}")
+        over = {cell: used for cell, (used, total) in result.utilisation.items() if used > total}
+        errors = [line.strip() for line in log_path.read_text().splitlines() if line.startswith("ERROR")]
+        if over:
+            result.status = "does-not-fit"
+            result.error = "needs " + ", ".join(f"{cell} {used}/{result.utilisation[cell][1]}"
+                                                for cell, used in over.items())
+        else:
+            result.status = "failed"
+            result.error = errors[-1] if errors else f"toolchain exited with {proc.returncode}"
     else:
         result.bitstream = str(bitstream)
         result.status = "ok" if result.met else "timing-missed"
@@ -529,11 +536,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one board parameter, validated like the YAML (repeatable)")
     parser.add_argument("--report", metavar="FILE",
                         help="write the summary table as markdown to FILE and as JSON beside it")
+    parser.add_argument("--collect", action="store_true",
+                        help="build nothing: write --report from the builds already under --out")
     parser.add_argument("--timeout", type=float, default=PNR_TIMEOUT_S,
                         help=f"seconds allowed for one place-and-route (default: {PNR_TIMEOUT_S})")
 
 
+def collect(out: Path | str) -> list[dict]:
+    """The records of the builds under ``out`` (from their manifests), boards in :func:`names` order."""
+    order = {name: i for i, name in enumerate(board_config.names())}
+    manifests = [json.loads(p.read_text()) for p in Path(out).glob("*/*/manifest.json")]
+    manifests.sort(key=lambda m: (order.get(m["board"], len(order)), m["top"] != DEFAULT_TOP, m["top"],
+                                  sorted(m["overrides"].items())))
+    return [m["result"] for m in manifests]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.collect:
+        if not args.report:
+            print("somatile build --collect: expected --report FILE to write", file=sys.stderr)
+            return 2
+        records = collect(args.out)
+        if not records:
+            print(f"somatile build --collect: no builds (manifest.json) under {args.out}", file=sys.stderr)
+            return 2
+        for path in write_summary(records, Path(args.report)):
+            print(path)
+        return 0
     try:
         overrides = board_config.parse_assignments(args.overrides)
         if args.all:
@@ -560,8 +589,9 @@ def run(args: argparse.Namespace) -> int:
         pnr = record.get("pnr")
         if pnr:
             failed |= pnr["status"] in ("failed", "timed-out")
-            print(f"   {pnr['status']}: Fmax {_fmt(pnr['fmax_mhz'])} MHz (target {_fmt(cfg.clock_mhz)}), "
-                  f"{pnr['resources']}, {pnr['seconds']} s")
+            outcome = (f"Fmax {_fmt(pnr['fmax_mhz'])} MHz (target {_fmt(cfg.clock_mhz)})" if pnr["fmax_mhz"]
+                       else pnr["error"])
+            print(f"   {pnr['status']}: {outcome}, {pnr['resources']}, {pnr['seconds']} s")
         if record.get("note"):
             print(f"   {record['note']}")
         print(f"   -> {record['out']}")

@@ -133,3 +133,11 @@ def test_place_and_route_of_the_hccs_unit_on_the_ice40_board(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| icebreaker | hccs |"))
     assert f"| {pnr['resources']['LUT']} |" in row and f"{pnr['fmax_mhz']:.1f}" in row
     assert json.loads(report.with_suffix(".json").read_text())["records"][0]["pnr"]["fmax_mhz"] == pnr["fmax_mhz"]
+    collected = tmp_path / "collected.md"
+    assert cli(["build", "--collect", "--out", str(tmp_path), "--report", str(collected)]) == 0
+    assert row in collected.read_text().splitlines()
+
+
+def test_collect_without_builds_says_so(tmp_path, capsys):
+    assert cli(["build", "--collect", "--out", str(tmp_path), "--report", str(tmp_path / "r.md")]) == 2
+    assert f"no builds (manifest.json) under {tmp_path}" in capsys.readouterr().err
