@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -285,11 +286,15 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
                        harness_ffs=in_bits + out_bits, log=str(log_path))
     with open(log_path, "w") as log:
+        # Own process group: on timeout the tools the script started are stopped too, not left orphaned.
+        proc = subprocess.Popen(["sh", f"build_{name}.sh"], cwd=work, env=tool_env(), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc = subprocess.run(["sh", f"build_{name}.sh"], cwd=work, env=tool_env(), stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=timeout_s)
+            returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc = None
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            returncode = None
     result.seconds = round(time.monotonic() - started, 1)
     if (work / f"{name}.rpt").exists():
         result.resources = resource_counts(family, parse_yosys_cells((work / f"{name}.rpt").read_text()))
@@ -301,9 +306,9 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
         if parsed["fmax"]:
             result.fmax_mhz = min(parsed["fmax"].values())
     bitstream = next((p for p in (work / f"{name}.bit", work / f"{name}.bin") if p.exists()), None)
-    if proc is None:
+    if returncode is None:
         result.status, result.error = "timed-out", f"toolchain did not finish in {timeout_s:.0f} s"
-    elif proc.returncode != 0 or bitstream is None:
+    elif returncode != 0 or bitstream is None:
         over = {cell: used for cell, (used, total) in result.utilisation.items() if used > total}
         errors = [line.strip() for line in log_path.read_text().splitlines() if line.startswith("ERROR")]
         if over:
@@ -312,7 +317,7 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
                                                 for cell, used in over.items())
         else:
             result.status = "failed"
-            result.error = errors[-1] if errors else f"toolchain exited with {proc.returncode}"
+            result.error = errors[-1] if errors else f"toolchain exited with {returncode}"
     else:
         result.bitstream = str(bitstream)
         result.status = "ok" if result.met else "timing-missed"
