@@ -1,8 +1,10 @@
 /* A bounded mutation fuzzer for compilers without libFuzzer (gcc): starts from valid frames of every
  * opcode, mutates them (bit flips, byte sets, insertions, deletions, splices, length-field edits,
  * truncation markers) and feeds each input to LLVMFuzzerTestOneInput. Deterministic for a given seed.
+ * --write-seeds DIR writes unmutated sessions as files instead: the seed corpus of the libFuzzer build, which
+ * would otherwise spend its run rediscovering the magic, the header layout and the CRC.
  *
- *   fuzz_frame [--iterations N] [--seed S]
+ *   fuzz_frame [--iterations N] [--seed S] [--write-seeds DIR]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,20 +113,59 @@ static size_t mutate(uint8_t *buf, size_t n)
     return n;
 }
 
+#define SEED_FILES 16u
+
+static int write_seeds(const char *dir)
+{
+    static uint8_t session[MAX_INPUT];
+    char path[4096];
+    unsigned k;
+
+    for (k = 0; k < SEED_FILES; k++) {
+        size_t n = seed_input(session);
+        FILE *f;
+        if ((size_t)snprintf(path, sizeof path, "%s/seed-%02u", dir, k) >= sizeof path) {
+            fprintf(stderr, "fuzz_frame: --write-seeds directory name too long: %s\n", dir);
+            return 1;
+        }
+        f = fopen(path, "wb");
+        if (f == NULL || fwrite(session, 1, n, f) != n || fclose(f) != 0) {
+            perror(path);
+            return 1;
+        }
+    }
+    printf("fuzz_frame: %u seed sessions in %s\n", SEED_FILES, dir);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static uint8_t base[MAX_INPUT], input[MAX_INPUT];
     unsigned long iterations = 20000, i;
     unsigned long long seed = 1;
+    const char *seed_dir = NULL;
     int a;
 
-    for (a = 1; a + 1 < argc; a += 2) {
+    for (a = 1; a < argc; a += 2) {
+        if (a + 1 == argc) {
+            fprintf(stderr, "fuzz_frame: %s needs a value\n", argv[a]);
+            return 2;
+        }
         if (strcmp(argv[a], "--iterations") == 0)
             iterations = strtoul(argv[a + 1], NULL, 10);
         else if (strcmp(argv[a], "--seed") == 0)
             seed = strtoull(argv[a + 1], NULL, 10);
+        else if (strcmp(argv[a], "--write-seeds") == 0)
+            seed_dir = argv[a + 1];
+        else {
+            fprintf(stderr, "fuzz_frame: unknown option %s (expected --iterations N, --seed S, --write-seeds DIR)\n",
+                    argv[a]);
+            return 2;
+        }
     }
     rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
+    if (seed_dir != NULL)
+        return write_seeds(seed_dir);
     for (i = 0; i < iterations; i++) {
         size_t n = seed_input(base);
         memcpy(input, base, n);
