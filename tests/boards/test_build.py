@@ -1,7 +1,9 @@
 """`somatile build`: units elaborate for every board, PLL settings, generated files, one real place-and-route."""
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 from amaranth.hdl import Fragment
@@ -141,3 +143,19 @@ def test_place_and_route_of_the_hccs_unit_on_the_ice40_board(tmp_path):
 def test_collect_without_builds_says_so(tmp_path, capsys):
     assert cli(["build", "--collect", "--out", str(tmp_path), "--report", str(tmp_path / "r.md")]) == 2
     assert f"no builds (manifest.json) under {tmp_path}" in capsys.readouterr().err
+
+
+def test_a_toolchain_timeout_is_reported_and_leaves_no_process_behind(tmp_path):
+    cfg = boards.load("icebreaker")
+    work = tmp_path / "pnr"
+    result = build.place_and_route(cfg, build.make_unit(cfg, "hccs"), work, "somatile_hccs", timeout_s=3)
+    assert result.status == "timed-out" and result.error == "toolchain did not finish in 3 s"
+    assert result.bitstream is None and not result.met
+    left = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc / "cwd")).is_relative_to(work):
+                left.append(proc.name)
+        except OSError:
+            pass  # the process ended meanwhile, or belongs to someone we may not inspect
+    assert not left, f"processes still running in {work}: {left}"
