@@ -105,17 +105,22 @@ def make_unit(cfg: BoardConfig, top: str):
     """Elaborate-ready Amaranth component of ``top`` with the board's parameters (no toolchain needed)."""
     if top not in TOPS:
         raise BoardError(f"--top {top!r}: expected one of {', '.join(TOPS)}")
-    module_name, class_name, kwargs_method = TOPS[top]
+    python_module, class_name, kwargs_method = TOPS[top]
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(python_module)
     except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            raise BuildError(f"top '{top}': {module_name} is not in this checkout yet") from exc
+        if exc.name == python_module:
+            raise BuildError(f"top '{top}': {python_module} is not in this checkout yet") from exc
         raise
-    return getattr(module, class_name)(**getattr(cfg, kwargs_method)())
+    kwargs = getattr(cfg, kwargs_method)()
+    try:
+        return getattr(module, class_name)(**kwargs)
+    except ValueError as exc:
+        raise BuildError(f"board {cfg.name} ({cfg.source}), top '{top}': {class_name}({kwargs}) refused the "
+                         f"parameters: {exc}") from exc
 
 
-def module_name(cfg: BoardConfig, top: str) -> str:
+def module_name(top: str) -> str:
     return f"somatile_{top}"
 
 
@@ -148,7 +153,7 @@ def manifest(cfg: BoardConfig, top: str, files: list[Path], out: Path, extra: di
     return {
         "board": cfg.name,
         "top": top,
-        "module": module_name(cfg, top),
+        "module": module_name(top),
         "kind": cfg.kind,
         "parameters": cfg.parameters(),
         "overrides": dict(cfg.overrides),
@@ -371,7 +376,7 @@ def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boa
     out_dir = Path(out) / cfg.name / build_dir_name(cfg, top)
     out_dir.mkdir(parents=True, exist_ok=True)
     unit = make_unit(cfg, top)
-    name = module_name(cfg, top)
+    name = module_name(top)
     verilog = write_verilog(unit, out_dir / f"{name}.v", name)
     files = [verilog, *write_regmap(cfg, out_dir)]
     record: dict[str, Any] = {"board": cfg.name, "top": top, "kind": cfg.kind, "out": str(out_dir),

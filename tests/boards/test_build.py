@@ -159,3 +159,11 @@ def test_a_toolchain_timeout_is_reported_and_leaves_no_process_behind(tmp_path):
         except OSError:
             pass  # the process ended meanwhile, or belongs to someone we may not inspect
     assert not left, f"processes still running in {work}: {left}"
+
+
+def test_parameters_a_unit_refuses_are_reported_with_the_board(tmp_path, capsys):
+    # The HCCS unit keeps whole beats in its row memory: n_max must be a multiple of its lanes.
+    assert cli(["build", "--board", "sim", "--top", "hccs", "--set", "n_max=100", "--no-pnr",
+                "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "board sim" in err and "top 'hccs'" in err and "n_max: expected a positive multiple of lanes (8)" in err
