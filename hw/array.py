@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 
 from somatile.hw.regmap import TileParams
-from somatile.hw.tile import Tile
+from somatile.hw.tile import Tile, stream_ports
 
 
 class TileArray(wiring.Component):
@@ -29,12 +28,7 @@ class TileArray(wiring.Component):
     def __init__(self, *, n_tiles: int = 1, **tile_kwargs):
         self.params = TileParams(n_tiles=n_tiles, **tile_kwargs)
         self.tiles = [Tile(tile_index=i, n_tiles=n_tiles, **tile_kwargs) for i in range(n_tiles)]
-        sw = self.params.stream_width
-        super().__init__({
-            "s_axis_tdata": In(sw), "s_axis_tvalid": In(1), "s_axis_tready": Out(1), "s_axis_tlast": In(1),
-            "m_axis_tdata": Out(sw), "m_axis_tvalid": Out(1), "m_axis_tready": In(1), "m_axis_tlast": Out(1),
-            "error": Out(1),
-        })
+        super().__init__(stream_ports(self.params.stream_width))
 
     def elaborate(self, platform):
         m = Module()

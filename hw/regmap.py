@@ -155,9 +155,10 @@ class TileParams:
         need(0 <= self.sinks, "sinks", ">= 0")
         need(self.head_dim >= FRAME_GRANULE and self.head_dim % FRAME_GRANULE == 0, "head_dim",
              f"a multiple of {FRAME_GRANULE} (whole payload granules)")
-        need(self.head_dim % max(FRAME_GRANULE, self.lanes) == 0, "head_dim",
-             f"a multiple of the local-memory word max(16, lanes) = {max(FRAME_GRANULE, self.lanes)} bytes "
-             f"(one MAC operand vector; lanes beyond head_dim would idle)")
+        word = self.word_bytes
+        need(self.head_dim % word == 0 and word & (word - 1) == 0, "head_dim",
+             f"a multiple of the local-memory word max(16, min(lanes, head_dim)) = {word} bytes, which must be "
+             f"a power of two (one MAC operand vector per word)")
         need(self.n_max >= self.ring + self.sinks, "n_max",
              f">= ring + sinks = {self.ring + self.sinks} (a decode row of every slot goes through the normaliser)")
         need(self.n_tiles >= 1, "n_tiles", ">= 1")
@@ -168,9 +169,15 @@ class TileParams:
         return self.stream_width // 8
 
     @property
+    def mac_lanes(self) -> int:
+        """MACs the decode unit uses per cycle: ``lanes``, but at most one head vector (the MAC array of an
+        AI Engine tile is wider than a 64-element head; the lanes beyond head_dim would idle)."""
+        return min(self.lanes, self.head_dim)
+
+    @property
     def word_bytes(self) -> int:
         """Width of one local-memory word: one MAC operand vector, and never narrower than a granule."""
-        return max(FRAME_GRANULE, self.lanes)
+        return max(FRAME_GRANULE, self.mac_lanes)
 
     @property
     def slots(self) -> int:

@@ -9,12 +9,12 @@ One step, per head (docs/numerics.md, section Soma, is the contract):
 
 1. LOAD: q, k, v, the field, the gate field and the counters into registers.
 2. WRITE (first when ``include_self``, else after step 5): k and v into the next sink slot or the ring.
-3. SCORES: ``q . K[n]`` for every one of the ``sinks + ring`` slots, ``lanes`` int8 MACs per cycle, then
+3. SCORES: ``q . K[n]`` for every one of the ``sinks + ring`` slots, ``mac_lanes`` int8 MACs per cycle, then
    ``x8 = sat8(rshift_round(score * score_mult, score_shift) - recency_int * distance)`` (0 where invalid).
 4. NORMALISE (:class:`RowNormaliser`: integer HCCS div/clb or integer exp, uint8 probabilities) and, in
    parallel, the query gate ``sat(64 + rshift_round((q . G) * gate_mult, gate_shift), 0, 128)`` (128 when
    ungated).
-5. WEIGHTED SUM: ``P . V`` per output lane, ``lanes`` MACs per cycle; per element
+5. WEIGHTED SUM: ``P . V`` per output lane, ``mac_lanes`` MACs per cycle; per element
    ``out = sat8(sat16(rshift_round(acc * out_mult, out_shift)) + sat16(rshift_round(F * alpha_mult *
    gate, alpha_shift + 7)))`` and the field updates ``F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15)``.
 6. STORE: field, gate field, counters and the output.
@@ -27,7 +27,7 @@ cycles later.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Elaboratable, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -197,19 +197,20 @@ def expected_cycles(params: TileParams) -> int:
     """Cycles of one head's decode step in :class:`SomaDecode`: from the cycle after the ``start`` pulse
     through the cycle of the ``done`` pulse.
 
-    Depends on ring, sinks, head_dim and lanes (and the local-memory word, ``max(16, lanes)`` bytes) only;
+    Depends on ring, sinks, head_dim and lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory
+    word ``max(16, mac_lanes)`` bytes) only;
     not on the sequence position, the fill level or the head's options. Per phase: LOAD ``7 w + 2``
-    (w = head_dim / word), WRITE ``2 w``, SCORES ``slots * chunks + 3`` (chunks = head_dim / lanes),
+    (w = head_dim / word), WRITE ``2 w``, SCORES ``slots * chunks + 3`` (chunks = head_dim / mac_lanes),
     NORMALISE ``max(normaliser_cycles(slots), head_dim + 1) + 1``, WEIGHTED SUM ``chunks * (slots + 2 +
-    lanes)``, STORE ``5 w + 1``, DONE 1.
+    mac_lanes)``, STORE ``5 w + 1``, DONE 1.
     """
     words = params.head_dim // params.word_bytes
-    slots, chunks = params.slots, params.head_dim // params.lanes
+    slots, chunks = params.slots, params.head_dim // params.mac_lanes
     load = 7 * words + 2
     write = 2 * words
     scores = slots * chunks + 3
     normalise = max(normaliser_cycles(slots), params.head_dim + 1) + 1
-    weighted = chunks * (slots + 2 + params.lanes)
+    weighted = chunks * (slots + 2 + params.mac_lanes)
     store = 5 * words + 1
     return load + write + scores + normalise + weighted + store + 1
 
@@ -245,7 +246,7 @@ class SomaDecode(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         p = self.params
-        D, L, W = p.head_dim, p.lanes, p.word_bytes
+        D, L, W = p.head_dim, p.mac_lanes, p.word_bytes
         words = D // W
         chunks = D // L
         slots, sinks, ring = p.slots, p.sinks, p.ring

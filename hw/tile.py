@@ -43,9 +43,11 @@ def log2(value: int) -> int:
     return value.bit_length() - 1
 
 
-def tile_params(**kwargs) -> TileParams:
-    """TileParams from the keyword arguments of :class:`Tile` (``BoardConfig.tile_kwargs()``)."""
-    return TileParams(**kwargs)
+def stream_ports(stream_width: int) -> dict:
+    """The AXI4-Stream ports of a tile or an array (flat names for cocotbext-axi) and the error output."""
+    return {"s_axis_tdata": In(stream_width), "s_axis_tvalid": In(1), "s_axis_tready": Out(1),
+            "s_axis_tlast": In(1), "m_axis_tdata": Out(stream_width), "m_axis_tvalid": Out(1),
+            "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
 def expected_decode_cycles(params: TileParams, count: int) -> int:
@@ -66,15 +68,10 @@ class Tile(wiring.Component):
     ``tile_index`` (its position in an array, reported by INFO)."""
 
     def __init__(self, *, tile_index: int = 0, **kwargs):
-        self.params = tile_params(**kwargs)
+        self.params = TileParams(**kwargs)
         regmap.check_fits(self.params)
         self.tile_index = tile_index
-        sw = self.params.stream_width
-        super().__init__({
-            "s_axis_tdata": In(sw), "s_axis_tvalid": In(1), "s_axis_tready": Out(1), "s_axis_tlast": In(1),
-            "m_axis_tdata": Out(sw), "m_axis_tvalid": Out(1), "m_axis_tready": In(1), "m_axis_tlast": Out(1),
-            "error": Out(1),
-        })
+        super().__init__(stream_ports(self.params.stream_width))
 
     def elaborate(self, platform):
         m = Module()
@@ -262,7 +259,7 @@ class Tile(wiring.Component):
         last = Signal(8)
         clear_word = Signal(range(mem_words + 1))
         clear_end = Signal(range(mem_words + 1))
-        clear_then_error = Signal(8)
+        pending_error = Signal(8)
 
         # Response payload streaming: memory words (READ_STATE, DECODE), INFO words, or HCCS rows.
         resp_beat = Signal(range(HB + 1))
@@ -342,8 +339,8 @@ class Tile(wiring.Component):
                         m.d.sync += header_beat.eq(0)
                         m.next = "HEADER"
                     with m.Else():
-                        with m.If(clear_then_error != 0):
-                            fail(clear_then_error, Mux(clear_then_error == ErrorCode.BAD_LENGTH, expected, 0))
+                        with m.If(pending_error != 0):
+                            fail(pending_error, Mux(pending_error == ErrorCode.BAD_LENGTH, expected, 0))
                         start_response()
 
             with m.State("HEADER"):
@@ -369,20 +366,20 @@ class Tile(wiring.Component):
                         fail(check_error, Mux(check_error == ErrorCode.BAD_LENGTH, expected, 0))
                         start_response()
                     with m.Else():
-                        m.d.sync += clear_then_error.eq(check_error)
+                        m.d.sync += pending_error.eq(check_error)
                         m.next = "DRAIN"
                 with m.Elif(header_last != (expected == 0)):
                     # The frame ends where the payload should start, or carries one the opcode forbids.
                     with m.If(header_last):
                         with m.If(opcode == Opcode.LOAD_STATE):
                             m.d.sync += [clear_word.eq(head * state_words), clear_end.eq((head + 1) * state_words),
-                                         clear_then_error.eq(ErrorCode.BAD_LENGTH)]
+                                         pending_error.eq(ErrorCode.BAD_LENGTH)]
                             m.next = "CLEAR"
                         with m.Else():
                             fail(ErrorCode.BAD_LENGTH, expected)
                             start_response()
                     with m.Else():
-                        m.d.sync += clear_then_error.eq(ErrorCode.BAD_LENGTH)
+                        m.d.sync += pending_error.eq(ErrorCode.BAD_LENGTH)
                         m.next = "DRAIN"
                 with m.Else():
                     with m.Switch(opcode):
@@ -415,7 +412,7 @@ class Tile(wiring.Component):
                             with m.If(~length_ok | counters_bad | beat_counters_bad):
                                 m.d.sync += [clear_word.eq(head * state_words),
                                              clear_end.eq((head + 1) * state_words),
-                                             clear_then_error.eq(Mux(length_ok, ErrorCode.BAD_ARGUMENT,
+                                             pending_error.eq(Mux(length_ok, ErrorCode.BAD_ARGUMENT,
                                                                      ErrorCode.BAD_LENGTH))]
                                 m.next = "CLEAR"
                             with m.Else():
@@ -429,7 +426,7 @@ class Tile(wiring.Component):
             with m.State("DRAIN"):
                 m.d.comb += self.s_axis_tready.eq(1)
                 with m.If(s_beat & self.s_axis_tlast):
-                    fail(clear_then_error, Mux(clear_then_error == ErrorCode.BAD_LENGTH, expected, 0))
+                    fail(pending_error, Mux(pending_error == ErrorCode.BAD_LENGTH, expected, 0))
                     start_response()
 
             with m.State("EXECUTE"):
@@ -462,7 +459,7 @@ class Tile(wiring.Component):
                         start_response(state_words, head * state_words)
                     with m.Case(Opcode.RESET_STATE):
                         m.d.sync += [clear_word.eq(head * state_words), clear_end.eq(head_end * state_words),
-                                     clear_then_error.eq(0)]
+                                     pending_error.eq(0)]
                         m.next = "CLEAR"
                     with m.Case(Opcode.DECODE):
                         m.d.sync += [cur.eq(head), last.eq(head_end - 1)]

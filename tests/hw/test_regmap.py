@@ -40,10 +40,12 @@ def test_bad_params_name_the_field(field, value, expected):
         TileParams(**{field: value})
 
 
-def test_lanes_wider_than_a_head_are_refused():
-    with pytest.raises(ValueError, match=r"TileParams.head_dim = 64: expected a multiple of the local-memory "
-                                         r"word max\(16, lanes\) = 128"):
-        TileParams(lanes=128, head_dim=64)
+def test_lanes_wider_than_a_head_use_one_head_vector_per_cycle():
+    params = TileParams(lanes=128, head_dim=64)
+    assert (params.mac_lanes, params.word_bytes) == (64, 64)
+    with pytest.raises(ValueError, match=r"TileParams.head_dim = 48: expected a multiple of the local-memory "
+                                         r"word .* = 32 bytes"):
+        TileParams(lanes=32, head_dim=48)
 
 
 def test_state_that_does_not_fit_is_refused_with_the_numbers():
