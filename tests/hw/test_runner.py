@@ -5,11 +5,11 @@ import time
 import pytest
 
 from somatile.sim import runner
-from runner_probe import Counter
+from tests.hw.runner_probe import Counter
 
 
 def test_inputs_reach_the_testbench_and_outputs_come_back():
-    result = runner.build_and_test(Counter, {"width": 8}, "probe_counter", "runner_probe", "counts_as_asked",
+    result = runner.build_and_test(Counter, {"width": 8}, "probe_counter", "tests.hw.runner_probe", "counts_as_asked",
                                    inputs={"cycles": 37})
     assert result.outputs["count"].tolist() == [37]
     assert result.tests_passed == 1
@@ -27,7 +27,7 @@ def test_an_unchanged_build_is_reused_and_a_new_parameter_builds_anew():
 
 def test_a_failing_cocotb_test_names_itself_and_its_message():
     with pytest.raises(runner.SimulationFailure, match=r"always_fails.*probe failure: count is 3"):
-        runner.build_and_test(Counter, {"width": 8}, "probe_counter", "runner_probe", "always_fails")
+        runner.build_and_test(Counter, {"width": 8}, "probe_counter", "tests.hw.runner_probe", "always_fails")
 
 
 def test_an_unknown_simulator_is_refused_by_name():

@@ -10,7 +10,7 @@ from somatile.hw import tile_model
 from somatile.hw.tile import expected_decode_cycles
 from somatile.model import soma
 from somatile.sim import run_soma
-from test_tile import SMALL, WIDE
+from tests.hw.test_tile import SMALL, WIDE
 
 
 # Per head: normaliser, HCCS mode, write order, field source, gating; together every option of the model.
