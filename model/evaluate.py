@@ -556,6 +556,11 @@ def evaluate_smollm2(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     schedule = window_schedule(len(eval_tokens), window, long_window)
     results["rounds_planned"] = len(schedule)
+    if args.first_round >= len(schedule):
+        raise ValueError(f"--first-round: expected less than the {len(schedule)} rounds of this protocol, "
+                         f"got {args.first_round}")
+    schedule = schedule[args.first_round:]
+    results["first_round"] = args.first_round
     for start, length in _progress(schedule, "SmolLM2 windows", len(schedule)):
         is_long = length != window
         chunk = eval_tokens[start:start + length]
@@ -675,9 +680,10 @@ def _smollm2_plots(out: Path, r: dict) -> None:
 def merge_smollm2(out: Path, parts: list[Path]) -> dict:
     """Join results.json of ``somatile eval smollm2 --only ...`` slices run in parallel into ``out``.
 
-    The slices must share the text, window length and token counts; variants keep the grid order. A slice
-    that did not run the long protocol contributes no long windows; all others are cut to the windows
-    every slice finished, so each perplexity in the merged table covers the same tokens."""
+    Slices may split the variants (``--only``) or the windows (``--first-round``); they must share the text,
+    window length and token counts. Windows of the same variant are joined; then every variant is cut to
+    the windows that all variants ran (long windows: all variants that ran any), so each perplexity in the
+    merged table covers the same tokens. Variants keep the grid order."""
     loaded = []
     for part in parts:
         f = part / "results.json"
@@ -691,14 +697,20 @@ def merge_smollm2(out: Path, parts: list[Path]) -> dict:
             raise ValueError(f"--merge: {part} differs from {parts[0]} in {differs}")
     order = {v.key: i for i, v in enumerate(lm_variants(False, everything=True))}
     merged = dict(loaded[0])
-    merged["variants"] = sorted((v for r in loaded for v in r["variants"]), key=lambda v: order.get(v["key"], 99))
-    keys = [v["key"] for v in merged["variants"]]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"--merge: a variant appears in more than one slice: {keys}")
-    for key in ("windows", "long_windows"):  # compare every variant on the windows all slices finished
-        counts = [len(v[key]) for v in merged["variants"] if v[key]]
+    merged["long_window"] = max(r["long_window"] for r in loaded)
+    by_key: dict[str, dict] = {}
+    for r in loaded:
+        for v in r["variants"]:
+            row = by_key.setdefault(v["key"], {**v, "windows": [], "long_windows": []})
+            for key in ("windows", "long_windows"):
+                seen = {(w["start"], w["length"]) for w in row[key]}
+                row[key] += [w for w in v[key] if (w["start"], w["length"]) not in seen]
+    merged["variants"] = sorted(by_key.values(), key=lambda v: order.get(v["key"], len(order)))
+    for key in ("windows", "long_windows"):  # every perplexity covers the windows that all variants ran
+        sets = [{(w["start"], w["length"]) for w in v[key]} for v in merged["variants"] if v[key]]
+        common = set.intersection(*sets) if sets else set()
         for v in merged["variants"]:
-            v[key] = v[key][:min(counts)] if counts else []
+            v[key] = sorted((w for w in v[key] if (w["start"], w["length"]) in common), key=lambda w: w["start"])
             for stale in ("ppl", "scored", "n_windows"):
                 v.pop(stale + ("_long" if key == "long_windows" else ""), None)
     _summarise(merged)
@@ -806,6 +818,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="evaluate only these variants (keys: "
                    + " ".join(v.key for v in lm_variants(False, everything=True))
                    + "); slices run in parallel are joined with --merge")
+    p.add_argument("--first-round", type=int, default=0,
+                   help="skip the first N window rounds (another process runs them; join with --merge)")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop after the window round that crosses this budget (every variant then has the "
                         "same windows; the report states how many)")
@@ -816,7 +830,7 @@ def command_line(args) -> str:
     defaults = {"quick": False, "text": None, "sentences": 256, "calibration_sentences": 64, "cols": MINILM_COLS,
                 "dump_logits": None, "layer": 0, "dump_rows": None, "chars": textmod.REFERENCE_CHARS,
                 "window": 512, "long_window": 2048, "calibration_tokens": 512, "quick_tokens": 96, "only": None,
-                "max_minutes": None}
+                "max_minutes": None, "first_round": 0}
     parts = [f"somatile eval {args.model} --out {args.out}"]
     for name, default in defaults.items():
         value = getattr(args, name, default)
@@ -836,6 +850,8 @@ def _check_args(args) -> None:
     unknown = set(getattr(args, "only", None) or ()) - set(keys)
     if unknown:
         raise ValueError(f"--only: unknown variants {sorted(unknown)}; expected keys of {keys}")
+    if getattr(args, "first_round", 0) < 0:
+        raise ValueError(f"--first-round: expected >= 0, got {args.first_round}")
     if getattr(args, "max_minutes", None) is not None and args.max_minutes <= 0:
         raise ValueError(f"--max-minutes: expected a positive number, got {args.max_minutes}")
     if getattr(args, "long_window", 0) != 0 and args.long_window < 2:

@@ -85,7 +85,11 @@ def test_merge_and_results_md(minilm_run, smollm2_run, tmp_path):
     assert evaluate.main(["--merge", str(root / "smollm2"), str(root / "p1"), str(root / "p2")]) == 0
     merged = json.loads((root / "smollm2" / "results.json").read_text())
     assert [v["key"] for v in merged["variants"]] == [v["key"] for v in smollm2_run[1]["variants"]]
-    assert evaluate.main(["--merge", str(root / "bad"), str(root / "p1"), str(root / "p1")]) == 2
+    assert merged["variants"][0]["ppl"] == smollm2_run[1]["variants"][0]["ppl"]
+    other = dict(a, n_tokens=a["n_tokens"] + 1)
+    (root / "p3").mkdir()
+    (root / "p3" / "results.json").write_text(json.dumps(other))
+    assert evaluate.main(["--merge", str(root / "bad"), str(root / "p1"), str(root / "p3")]) == 2
     (root / "minilm").mkdir()
     (root / "minilm" / "results.json").write_text((minilm_run[0] / "results.json").read_text())
     doc = tmp_path / "results.md"
