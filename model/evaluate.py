@@ -714,7 +714,8 @@ def merge_smollm2(out: Path, parts: list[Path]) -> dict:
             for stale in ("ppl", "scored", "n_windows"):
                 v.pop(stale + ("_long" if key == "long_windows" else ""), None)
     _summarise(merged)
-    merged["command"] = "; ".join(r["command"] for r in loaded)
+    merged["command"] = "; ".join([r["command"] for r in loaded]
+                                  + [f"python -m somatile.model.evaluate --merge {out} {' '.join(map(str, parts))}"])
     merged["seconds"] = max(r.get("seconds", 0.0) for r in loaded)
     merged["merged_from"] = [str(p) for p in parts]
     out.mkdir(parents=True, exist_ok=True)
@@ -722,6 +723,19 @@ def merge_smollm2(out: Path, parts: list[Path]) -> dict:
     _write(out, merged, smollm2_markdown(merged))
     return merged
 
+
+
+def reference_check(r: dict) -> list[str]:
+    """The full-attention run over every window (``--only full --long-window 0``) against 27.774."""
+    from somatile.model.smollm2 import REFERENCE_PPL
+    full = next((v for v in r["variants"] if v["key"] == "full" and v.get("ppl")), None)
+    if full is None:
+        return []
+    return ["## Reference check", "",
+            f"Full attention over all {full['n_windows']} windows of {r['window']} tokens of the first "
+            f"{r['chars']:,} characters ({full['scored']:,} scored tokens): perplexity {full['ppl']:.4f}, "
+            f"{100 * (full['ppl'] / REFERENCE_PPL - 1):+.2f} % from the reference {REFERENCE_PPL} "
+            f"(numpy and Hugging Face transformers on the same GGUF). Command: `{r['command']}`.", ""]
 
 
 def findings(found: dict) -> list[str]:
@@ -774,6 +788,9 @@ def write_results(path: Path, eval_dir: Path) -> str:
               f"{m['platform']}. Date: {m['date']}.", "", "Commands:", ""]
     parts += [f"- `{found[n]['command']}` ({found[n]['seconds']:.0f} s)" for n in found]
     parts += [f"- `python -m somatile.model.evaluate --write-results {path} {eval_dir}`", ""]
+    reference = eval_dir / "reference" / "results.json"
+    if reference.is_file():
+        parts += reference_check(json.loads(reference.read_text()))
     summary = findings(found)
     if summary:
         parts += ["## What the numbers say", ""] + [f"- {line}" for line in summary] + [""]

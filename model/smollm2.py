@@ -33,6 +33,9 @@ from typing import Callable
 import numpy as np
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REFERENCE_PPL = 27.774
+"""notes/realdata.md: numpy and Hugging Face transformers (same GGUF) on the first 40,000 characters of Pride
+and Prejudice in non-overlapping 512-token windows without BOS (first token of each window unscored)."""
 
 # (layer, q (T,H,D), k (T,Hkv,D), v (T,Hkv,D)) -> (T,H,D)
 AttentionFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]

@@ -92,10 +92,12 @@ def test_merge_and_results_md(minilm_run, smollm2_run, tmp_path):
     assert evaluate.main(["--merge", str(root / "bad"), str(root / "p1"), str(root / "p3")]) == 2
     (root / "minilm").mkdir()
     (root / "minilm" / "results.json").write_text((minilm_run[0] / "results.json").read_text())
+    (root / "reference").mkdir()
+    (root / "reference" / "results.json").write_text(json.dumps(smollm2_run[1]))
     doc = tmp_path / "results.md"
     assert evaluate.main(["--write-results", str(doc), str(root)]) == 0
     text = doc.read_text()
-    assert "## MiniLM" in text and "## SmolLM2" in text and "Machine:" in text
+    assert "## MiniLM" in text and "## SmolLM2" in text and "Machine:" in text and "## Reference check" in text
     assert f"{merged['variants'][0]['ppl']:.6g}" in text
 
 
