@@ -8,13 +8,17 @@ stream from the host, and ``00 FF 00`` stands for "the inter-byte timeout passed
 - the parser gives the same events whether a segment arrives whole or byte by byte, and every frame it
   reports is, re-encoded, a substring of its segment;
 - the device answers every parser event with exactly one well-formed frame (a response or an error frame)
-  at its API level, carrying the request's sequence number, and no handler raises anything but
-  `CommandError`.
+  at its API level, carrying the request's opcode and sequence number, and no handler raises anything but
+  `CommandError`;
+- the C firmware (firmware/fuzz/hal_session.c in a shared library, its tiles golden tile models too) answers
+  with exactly the same bytes (differential fuzzing; the C side is also fuzzed on its own under libFuzzer
+  with ASan, tests/firmware/test_fuzz_frame.py).
 
 A longer run (docs/protocol.md): ``python tests/host/test_fuzz_protocol.py -max_total_time=3600 CORPUS_DIR``
 (the corpus directory is seeded with a recorded host session when empty).
 """
 
+import ctypes
 import functools
 import importlib
 import pathlib
@@ -31,14 +35,21 @@ BOUNDED_SECONDS = 20
 ATHERIS_PLATFORM = sys.platform == "linux" and platform.machine() == "x86_64" and sys.version_info >= (3, 11)
 
 
+def demo_query():
+    """(link options, board, tile overrides) of the demo geometry (host/device_cli.py DEMO_QUERY): small
+    tensors, so the seed session stays under a KiB."""
+    from somatile.host.device_cli import DEMO_QUERY
+    from somatile.host.emu import url_board
+
+    return url_board(urllib.parse.urlsplit(f"emu://?{DEMO_QUERY}"), {})
+
+
 @functools.cache
 def demo_board():
-    """(TileParams, name) of the demo geometry (host/device_cli.py DEMO_QUERY): small tensors, so the seed
-    session stays a few KiB."""
-    from somatile.host.device_cli import DEMO_QUERY
-    from somatile.host.emu import board_params, url_board
+    """(TileParams, name) of the demo geometry."""
+    from somatile.host.emu import board_params
 
-    _, board, overrides = url_board(urllib.parse.urlsplit(f"emu://?{DEMO_QUERY}"), {})
+    _, board, overrides = demo_query()
     return board_params(board, overrides)
 
 
@@ -47,6 +58,65 @@ def endpoint_under_fuzz():
     from somatile.host.emu import ReferenceFirmware
 
     return ReferenceFirmware(*demo_board()).endpoint
+
+
+class FirmwareSession:
+    """The C firmware as a function from link bytes to link bytes (firmware/fuzz/hal_session.c, built for the
+    same board as `demo_board`), its tiles fresh golden tile models for every session."""
+
+    PORT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t,
+                            ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t))
+
+    def __init__(self):
+        from somatile.host.sim_backend import board_file
+        from somatile.host.transport_firmware import FIRMWARE_DIR, build_firmware
+
+        self.params, name = demo_board()
+        _, board, overrides = demo_query()
+        board_arg, build_name = board_file(board, overrides)
+        build_firmware(board_arg, build_name, name)
+        library = f"build/{build_name}/libfw_session.so"
+        subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), f"BOARD={board_arg}", f"BOARD_NAME={name}",
+                        f"BUILD=build/{build_name}", library], check=True)
+        self.lib = ctypes.CDLL(str(FIRMWARE_DIR / library))
+        self.lib.fw_session.restype = ctypes.c_size_t
+        self.lib.fw_session.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+                                        self.PORT]
+        self.port = self.PORT(self._tile_port)
+        self.tiles: list = []
+        self.port_error: BaseException | None = None
+
+    def make_tiles(self) -> list:
+        from somatile.hw.tile_model import TileModel
+
+        return [TileModel(self.params, i).command for i in range(self.params.n_tiles)]
+
+    def _tile_port(self, tile, command, n, answer, cap, answer_len) -> int:
+        # An exception cannot cross back into C (ctypes would print it and answer 0): kept and raised in run().
+        try:
+            out = self.tiles[tile](ctypes.string_at(command, n))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by run()
+            self.port_error = self.port_error or exc
+            out = b""
+        if len(out) > cap:
+            return -1
+        ctypes.memmove(answer, out, len(out))
+        answer_len[0] = len(out)
+        return 0
+
+    def run(self, data: bytes) -> bytes:
+        """What the firmware, freshly reset, answers to ``data`` (the fuzz input convention)."""
+        cap = 1 << 16
+        while True:
+            self.tiles = self.make_tiles()
+            self.port_error = None
+            output = ctypes.create_string_buffer(cap)
+            n = self.lib.fw_session(data, len(data), output, cap, self.port)
+            if self.port_error is not None:
+                raise self.port_error
+            if n <= cap:
+                return output.raw[:n]
+            cap = n
 
 
 def seed_sessions() -> list[bytes]:
@@ -71,8 +141,9 @@ def seed_sessions() -> list[bytes]:
     return [b"".join(transport.sent), *dict.fromkeys(transport.sent)]
 
 
-def check_input(data: bytes, protocol, make_endpoint) -> None:
-    """The properties of the module docstring on one fuzz input; raises AssertionError on a violation."""
+def check_input(data: bytes, protocol, make_endpoint, firmware: FirmwareSession | None = None) -> None:
+    """The properties of the module docstring on one fuzz input; raises AssertionError on a violation.
+    With ``firmware``, the C firmware must answer with exactly the reference's bytes."""
     whole = protocol.FrameParser()
     bytewise = protocol.FrameParser()
     reference = protocol.FrameParser()
@@ -96,6 +167,8 @@ def check_input(data: bytes, protocol, make_endpoint) -> None:
     events += whole.expire()
     answers += endpoint.expire()
 
+    if firmware is not None:
+        assert firmware.run(data) == bytes(answers), "the C firmware answered differently"
     replies = reference.feed(bytes(answers))
     assert not reference.mid_frame, "an answer ended mid-frame"
     assert len(replies) == len(events), f"{len(events)} frames and drops, {len(replies)} answers"
@@ -124,13 +197,14 @@ def fuzz_main(argv: list[str]) -> None:
             importlib.import_module(name)
     from somatile.host import protocol
 
+    firmware = FirmwareSession()
     corpus = [pathlib.Path(a) for a in argv[1:] if not a.startswith("-")]
     if corpus and corpus[0].is_dir() and not any(corpus[0].iterdir()):
         for n, session in enumerate(seed_sessions()):
             (corpus[0] / f"seed-{n:02d}").write_bytes(session)
 
     def one_input(data: bytes) -> None:
-        check_input(data, protocol, endpoint_under_fuzz)
+        check_input(data, protocol, endpoint_under_fuzz, firmware)
 
     atheris.Setup(argv, one_input)
     atheris.Fuzz()
@@ -150,11 +224,11 @@ def test_atheris_bounded_run_finds_no_failure(tmp_path):
     assert runs > 100 and new_units > 0, result.stderr[-2000:]  # thresholds low: the machine may be busy
 
 
-def test_seed_sessions_are_valid_and_answered_without_errors():
+def test_seed_sessions_are_answered_without_errors_and_alike_by_the_c_firmware():
     from somatile.host import protocol
 
     session = seed_sessions()[0]
-    check_input(session, protocol, endpoint_under_fuzz)
+    check_input(session, protocol, endpoint_under_fuzz, FirmwareSession())
     replies = protocol.FrameParser().feed(endpoint_under_fuzz().feed(session))
     assert len(replies) > 5 and all(r.opcode != protocol.ERROR_OPCODE for r in replies)
 
@@ -170,6 +244,17 @@ def test_checker_catches_a_device_that_answers_with_a_corrupted_frame():
 
     with pytest.raises(AssertionError, match="answers"):
         check_input(seed_sessions()[0], protocol, corrupting_endpoint)
+
+
+def test_checker_catches_a_c_firmware_that_answers_differently():
+    from somatile.host import protocol
+    from somatile.hw import regmap
+
+    firmware = FirmwareSession()
+    refused = bytes([regmap.FRAME_MAGIC, 0, 0, 1]) + bytes(regmap.HEADER_BYTES - 4)  # error code 1 on every command
+    firmware.make_tiles = lambda: [lambda command: refused] * firmware.params.n_tiles
+    with pytest.raises(AssertionError, match="answered differently"):
+        check_input(seed_sessions()[0], protocol, endpoint_under_fuzz, firmware)
 
 
 if __name__ == "__main__":
