@@ -1,0 +1,79 @@
+"""Decode tile: cycles per token against the ideal, tokens per second at the board clock, and simulation speed.
+
+The ideal per token is the larger of the MAC bound ``2 * (ring + sinks) * head_dim * heads / lanes`` (scores
+and the weighted sum, ``lanes`` int8 MACs per cycle) and the stream bound (command and response bytes of one
+DECODE frame over the stream width). Cycles per token are measured in Verilator for the ``sim`` board (all
+heads of the tile in one DECODE frame, no idle input, no backpressure) and, for every board whose tile fits,
+given by ``expected_decode_cycles`` (the formula the measurement is checked against in tests/hw).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from somatile import boards
+from somatile.hw import regmap, tile_model
+from somatile.hw.regmap import TileParams
+from somatile.hw.tile import expected_decode_cycles
+from somatile.sim import run_soma
+
+BOARDS = ("sim", "ulx3s_85f", "icebreaker", "vck190", "vek280")
+MEASURED_TOKENS = 300
+
+
+def ideal_cycles(params: TileParams) -> tuple[float, float]:
+    """(MAC bound, stream bound) in cycles per token for all heads of one tile."""
+    mac = 2 * params.slots * params.head_dim * params.heads / params.lanes
+    frame_bytes = 2 * regmap.HEADER_BYTES + 4 * params.head_dim * params.heads
+    return mac, frame_bytes / params.stream_bytes
+
+
+def run() -> list[dict]:
+    rows = []
+    for name in BOARDS:
+        board = boards.load(name)
+        try:
+            params = TileParams.from_board(board)
+            regmap.check_fits(params)
+        except ValueError as exc:
+            rows.append({"name": f"{name}: tile does not fit", "value": 0, "unit": "", "notes": str(exc)})
+            continue
+        mac, stream = ideal_cycles(params)
+        ideal = max(mac, stream)
+        cycles = expected_decode_cycles(params, params.heads)
+        rows.append({"name": f"{name}: cycles/token (formula), {params.heads} heads", "value": cycles,
+                     "unit": "cycles", "baseline": ideal, "ratio": cycles / ideal, "lower_is_better": True,
+                     "notes": f"ideal = max(MAC bound {mac:.0f}, stream bound {stream:.0f}); "
+                              f"ratio = cycles / ideal"})
+        rows.append({"name": f"{name}: tokens/s at {board.clock_mhz:g} MHz", "value":
+                     board.clock_mhz * 1e6 / cycles, "unit": "tokens/s", "baseline": board.clock_mhz * 1e6 / ideal,
+                     "ratio": ideal / cycles, "notes": "baseline = the ideal's tokens/s"})
+    rows += measured("sim")
+    return rows
+
+
+def measured(name: str) -> list[dict]:
+    """Run the sim board's tile in Verilator and measure cycles per token and simulation speed."""
+    params = TileParams.from_board(boards.load(name))
+    rng = np.random.default_rng(7)
+    configs = [run_soma.random_config(rng, params) for _ in range(params.heads)]
+    q, k, v = run_soma.sequence(rng, MEASURED_TOKENS, params.heads, params.head_dim)
+    values = [tile_model.head_values(c) for c in configs]
+    run_soma.run_decode(params, q[:2], k[:2], v[:2], values, traffic="full")  # build outside the timing
+    start = time.perf_counter()
+    result = run_soma.run_decode(params, q, k, v, values, measure=[MEASURED_TOKENS - 1], traffic="full")
+    seconds = time.perf_counter() - start
+    cycles = int(result.outputs["cycles"][0])
+    mac, stream = ideal_cycles(params)
+    return [
+        {"name": f"{name}: cycles/token measured in Verilator", "value": cycles, "unit": "cycles",
+         "baseline": max(mac, stream), "ratio": cycles / max(mac, stream), "lower_is_better": True,
+         "notes": f"expected_decode_cycles = {expected_decode_cycles(params, params.heads)}; "
+                  f"{int(result.outputs['mismatches'])} mismatches against the model"},
+        {"name": f"{name}: simulated tokens/s (Verilator + cocotb wall clock)",
+         "value": MEASURED_TOKENS / seconds, "unit": "tokens/s",
+         "notes": f"{MEASURED_TOKENS} tokens x {params.heads} heads in {seconds:.1f} s including process "
+                  f"start and Verilog generation; {MEASURED_TOKENS * cycles / seconds:.0f} simulated cycles/s"},
+    ]
