@@ -16,14 +16,6 @@ static size_t last_command_len;
 /* What the inputs reached, so that a run shows it got past the CRC check (driver.c prints them). */
 unsigned long fuzz_answers, fuzz_tile_commands;
 
-int hal_link_read(uint8_t *buf, size_t cap, uint32_t timeout_ms)
-{
-    (void)buf;
-    (void)cap;
-    (void)timeout_ms;
-    return -1;
-}
-
 int hal_link_write(const uint8_t *buf, size_t n)
 {
     size_t i;

@@ -27,14 +27,6 @@ static uint8_t pending[FW_FRAME_BYTES];
 static size_t pending_len;
 static int pending_overflow;
 
-int hal_link_read(uint8_t *buf, size_t cap, uint32_t timeout_ms)
-{
-    (void)buf;
-    (void)cap;
-    (void)timeout_ms;
-    return -1;
-}
-
 int hal_link_write(const uint8_t *buf, size_t n)
 {
     if (out_len < out_cap)
