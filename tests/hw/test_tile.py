@@ -118,9 +118,10 @@ def test_every_command_fault_and_reset_matches_the_model(params, rng):
 
 
 def test_array_routes_frames_by_head_and_tiles_overlap(rng):
+    """Two tiles on a 64-bit stream (the stream width the other tests do not cover by default)."""
     from somatile.hw.array import TileArray
 
-    params = TileParams(lanes=4, stream_width=32, local_memory_bytes=4096, heads=1, ring=4, sinks=1, head_dim=16,
+    params = TileParams(lanes=4, stream_width=64, local_memory_bytes=4096, heads=1, ring=4, sinks=1, head_dim=16,
                         n_max=16, n_tiles=2)
     configs = [run_soma.random_config(rng, params) for _ in range(2)]
     q, k, v = run_soma.sequence(rng, 30, 2, params.head_dim)
