@@ -472,7 +472,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         from somatile import boards
 
-        params = TileParams.from_board(boards.load(args.board))
+        try:
+            params = TileParams.from_board(boards.load(args.board))
+        except ValueError as exc:
+            raise SystemExit(f"somatile regmap: {exc}") from None
     for path in write(args.out, params):
         print(path)
     return 0

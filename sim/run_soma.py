@@ -93,10 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tokens < 1:
         raise SystemExit(f"somatile sim soma: --tokens must be >= 1, got {args.tokens}")
-    params = TileParams.from_board(boards.load(args.board))
     overrides = {k: v for k, v in (("heads", args.heads), ("ring", args.ring)) if v is not None}
     try:
-        params = dataclasses.replace(params, **overrides)
+        params = dataclasses.replace(TileParams.from_board(boards.load(args.board)), **overrides)
         regmap.check_fits(params)
     except ValueError as exc:
         raise SystemExit(f"somatile sim soma: {exc}") from None

@@ -188,3 +188,8 @@ def test_unconfigured_heads_and_invalid_parameters_are_refused(rng):
     assert answer(model, tile_model.configure_frame(0, gated_keys)).error == ErrorCode.BAD_ARGUMENT
     assert answer(model, tile_model.configure_frame(0, block)).error == 0
     assert answer(model, tile_model.reg_read_frame("CONFIGURED")).result == 1
+
+
+def test_regmap_command_names_an_unknown_board(tmp_path):
+    with pytest.raises(SystemExit, match="somatile regmap: board 'no_such_board'"):
+        regmap.run(Namespace(out=str(tmp_path), board="no_such_board"))
