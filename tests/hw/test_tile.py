@@ -22,7 +22,6 @@ WIDE = TileParams(lanes=32, stream_width=128, local_memory_bytes=16384, heads=4,
 
 
 def run_frames(params, frames, kinds=None, traffic="random", seed=1):
-    run_soma.apply_verilator_pch_fix()
     job = tb_tile.job(params, frames, kinds, traffic=traffic, seed=seed)
     result = runner.build_and_test(Tile, dataclasses.asdict(params), "somatile_tile", "somatile.sim.tb_tile",
                                    inputs=job)
@@ -134,7 +133,6 @@ def test_array_routes_frames_by_head_and_tiles_overlap(rng):
     frames += [regmap.pack_command(Opcode.READ_STATE, 1), regmap.pack_command(Opcode.READ_STATE, 2),
                tile_model.reg_read_frame("TOKENS")]
     kinds += [tb_tile.KIND_FRAME] * 3
-    run_soma.apply_verilator_pch_fix()
     job = tb_tile.job(params, frames, kinds, traffic="random", array=True)
     result = runner.build_and_test(TileArray, dataclasses.asdict(params), "somatile_array", "somatile.sim.tb_tile",
                                    inputs=job)
