@@ -474,7 +474,8 @@ Each build writes, under `build/boards/<board>/<top>[-<overrides>]/`: the unit's
 (`somatile_<top>.v`), the register map for the board's parameters (`somatile_regmap.h`, `.json`), and
 `manifest.json` (parameters, board files with their SHA-256, tool versions, a hash of the RTL and board
 sources). Open FPGA boards add `pnr/` (Yosys, nextpnr and ecppack/icepack from YoWASP, run through the
-amaranth-boards platform; the bitstream is `pnr/somatile_<top>.bit` or `.bin`) and `report.md`/`report.json`.
+amaranth-boards platform; the bitstream is `pnr/somatile_<top>.bit` or `.bin`, the whole board top with its
+PLL and harness as Verilog `pnr/somatile_<top>.debug.v`) and `report.md`/`report.json`.
 Versal boards add `vivado/` (a Tcl project script and XDC constraints); Vivado is not run by this project.
 
 To add a board: write `boards/NAME.yaml` with `extends: base` (or another board) and the parameters that
