@@ -89,15 +89,18 @@ def _sha256(path: Path) -> str:
 
 
 def source_hash() -> str:
-    """SHA-256 over the RTL and board sources (``hw/*.py``, ``boards/*.py``, ``boards/*.yaml``), path-keyed."""
+    """SHA-256 over the sources the built design comes from: the RTL (``hw/*.py``), the model constants it
+    imports (``model/*.py``), the board files, the harness and the PLL (path-keyed, in sorted order)."""
     import somatile.hw
+    import somatile.model
 
+    files = [*Path(somatile.hw.__file__).parent.glob("*.py"), *Path(somatile.model.__file__).parent.glob("*.py"),
+             *board_config.BOARDS_DIR.glob("*.yaml"), board_config.BOARDS_DIR / "harness.py",
+             board_config.BOARDS_DIR / "pll.py"]
     digest = hashlib.sha256()
-    roots = [Path(somatile.hw.__file__).parent, board_config.BOARDS_DIR]
-    for root in roots:
-        for path in sorted([*root.glob("*.py"), *root.glob("*.yaml")]):
-            digest.update(f"{root.name}/{path.name}\0".encode())
-            digest.update(path.read_bytes())
+    for path in sorted(files, key=lambda p: (p.parent.name, p.name)):
+        digest.update(f"{path.parent.name}/{path.name}\0".encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
@@ -419,7 +422,7 @@ def _fmt(value, digits=1) -> str:
 def markdown_table(records: list[dict]) -> str:
     """The report table: one row per build, then the critical path of every build that missed its target."""
     lines = ["| board | top | overrides | status | LUT | FF | DSP | BRAM | Fmax (MHz) | target (MHz) | met | "
-             "P&R (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "P&R (s) | sources |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     missed = []
     for r in records:
         overrides = ", ".join(f"{k}={v}" for k, v in r.get("overrides", {}).items())
@@ -438,12 +441,15 @@ def markdown_table(records: list[dict]) -> str:
                      _fmt(pnr["seconds"])]
             if not pnr["met"] and pnr.get("critical_path"):
                 missed.append((r, pnr["critical_path"]))
-        lines.append(f"| {r['board']} | {r['top']} | {overrides} | {status} | " + " | ".join(cells) + " |")
+        source = (_record_source_hash(r) or "")[:8]
+        lines.append(f"| {r['board']} | {r['top']} | {overrides} | {status} | " + " | ".join(cells)
+                     + f" | {source} |")
     if missed:
         lines += ["", "Critical paths where the clock target is missed:", ""]
         for r, cp in missed:
             where = "; ".join(cp["source_lines"]) or "no project source line recorded"
-            lines.append(f"- {r['board']} / {r['top']}: `{cp['from']}` -> `{cp['to']}`, "
+            overrides = "".join(f" {k}={v}" for k, v in r.get("overrides", {}).items())
+            lines.append(f"- {r['board']} / {r['top']}{overrides}: `{cp['from']}` -> `{cp['to']}`, "
                          f"{_fmt(cp['logic_ns'], 2)} ns logic + {_fmt(cp['routing_ns'], 2)} ns routing; "
                          f"through {where}")
     return "\n".join(lines) + "\n"
@@ -497,6 +503,8 @@ def write_summary(records: list[dict], path: Path) -> list[Path]:
             "unit's ports from one serial pin and read them on another. Fmax is nextpnr's final (post-route) "
             "figure for the PLL-made clock; the target is the board's `clock_mhz`. P&R seconds are wall-clock "
             "time on the machine named below, which was shared with other jobs.", "",
+            "The `sources` column is the start of the SHA-256 over the sources the row's design was built from "
+            "(`hw/*.py`, `model/*.py`, the board files, the harness and the PLL: `build.source_hash`).", "",
             "Tools: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + "; sources sha256 "
             + ", ".join(h[:16] for h in hashes) + f"; machine: {_machine()}; "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]
@@ -559,7 +567,7 @@ def collect(out: Path | str) -> list[dict]:
     manifests = [json.loads(p.read_text()) for p in Path(out).glob("*/*/manifest.json")]
     manifests.sort(key=lambda m: (order.get(m["board"], len(order)), m["top"] != DEFAULT_TOP, m["top"],
                                   sorted(m["overrides"].items())))
-    return [m["result"] for m in manifests]
+    return [{**m["result"], "source_sha256": m["source_sha256"]} for m in manifests]
 
 
 def run(args: argparse.Namespace) -> int:
