@@ -82,9 +82,18 @@ class FirmwareSession:
         self.lib.fw_session.restype = ctypes.c_size_t
         self.lib.fw_session.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
                                         self.PORT]
+        self.lib.fuzz_reseal.restype = ctypes.c_size_t
+        self.lib.fuzz_reseal.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         self.port = self.PORT(self._tile_port)
         self.tiles: list = []
         self.port_error: BaseException | None = None
+
+    def reseal(self, data: bytes) -> bytes:
+        """``data`` with every complete frame in it given its correct CRC (the C mutators' ``fuzz_reseal``):
+        random mutations alone almost never get past the CRC check."""
+        buffer = ctypes.create_string_buffer(data, len(data))
+        self.lib.fuzz_reseal(buffer, len(data))
+        return buffer.raw
 
     def make_tiles(self) -> list:
         from somatile.hw.tile_model import TileModel
@@ -206,7 +215,11 @@ def fuzz_main(argv: list[str]) -> None:
     def one_input(data: bytes) -> None:
         check_input(data, protocol, endpoint_under_fuzz, firmware)
 
-    atheris.Setup(argv, one_input)
+    def mutate(data: bytes, max_size: int, seed: int) -> bytes:
+        mutated = atheris.Mutate(data, max_size)
+        return firmware.reseal(mutated) if seed & 1 else mutated
+
+    atheris.Setup(argv, one_input, custom_mutator=mutate)
     atheris.Fuzz()
 
 
@@ -231,6 +244,17 @@ def test_seed_sessions_are_answered_without_errors_and_alike_by_the_c_firmware()
     check_input(session, protocol, endpoint_under_fuzz, FirmwareSession())
     replies = protocol.FrameParser().feed(endpoint_under_fuzz().feed(session))
     assert len(replies) > 5 and all(r.opcode != protocol.ERROR_OPCODE for r in replies)
+
+
+def test_reseal_repairs_the_crc_of_every_complete_frame_only():
+    from somatile.host import protocol
+
+    frames = [protocol.encode_frame(3, 0x7E, seq, bytes(range(seq))) for seq in (0, 5, 40)]
+    damaged = bytearray(b"xS" + b"".join(frames) + frames[0][:-2])
+    for frame_end in (2 + len(frames[0]), 2 + len(frames[0]) + len(frames[1]) + len(frames[2])):
+        damaged[frame_end - 1] ^= 0xFF  # the CRC of the first and the last complete frame
+    repaired = FirmwareSession().reseal(bytes(damaged))
+    assert repaired == b"xS" + b"".join(frames) + frames[0][:-2]
 
 
 def test_checker_catches_a_device_that_answers_with_a_corrupted_frame():
