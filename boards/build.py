@@ -334,9 +334,9 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
 
 
 
-VIVADO_NOTE = ("Vivado is not run by this project: these files are for a user who has it. The tile array is "
-               "synthesised out of context (no pin placement); in a full design it connects to the AI Engine "
-               "array or the NoC through AXI4-Stream in a block design.")
+VIVADO_NOTE = ("Vivado is not run by this project: these files are for a user who has it. The unit is "
+               "synthesised out of context (no pin placement); in a full design the tile array connects to the "
+               "AI Engine array or the NoC through AXI4-Stream in a block design.")
 
 
 def write_vivado_project(cfg: BoardConfig, out: Path, verilog: Path, module: str) -> list[Path]:
