@@ -152,7 +152,8 @@ def write_regmap(cfg: BoardConfig, out: Path) -> list[Path]:
     return regmap.write(out, regmap.TileParams.from_board(cfg))
 
 
-def manifest(cfg: BoardConfig, top: str, files: list[Path], out: Path, extra: dict | None = None) -> dict:
+def manifest(cfg: BoardConfig, top: str, files: list[Path], out: Path, sources: str,
+             extra: dict | None = None) -> dict:
     return {
         "board": cfg.name,
         "top": top,
@@ -161,7 +162,7 @@ def manifest(cfg: BoardConfig, top: str, files: list[Path], out: Path, extra: di
         "parameters": cfg.parameters(),
         "overrides": dict(cfg.overrides),
         "board_files": [{"path": str(p), "sha256": _sha256(p)} for p in cfg.chain],
-        "source_sha256": source_hash(),
+        "source_sha256": sources,
         "tools": tool_versions(),
         "files": sorted(str(p.relative_to(out)) for p in files),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -374,17 +375,22 @@ write_checkpoint -force [file join $here {module}_routed.dcp]
 
 
 def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boards", pnr: bool = True,
-          timeout_s: float = PNR_TIMEOUT_S) -> dict:
-    """Build one board/top; returns the record that goes into the manifest and the report."""
+          timeout_s: float = PNR_TIMEOUT_S, sources: str | None = None) -> dict:
+    """Build one board/top; returns the record that goes into the manifest and the report.
+
+    ``sources`` is the :func:`source_hash` to record; a caller that builds several units in one process
+    passes the hash taken before the first RTL import, since Python keeps the modules it imported first.
+    """
     out_dir = Path(out) / cfg.name / build_dir_name(cfg, top)
     out_dir.mkdir(parents=True, exist_ok=True)
+    sources = sources or source_hash()
     unit = make_unit(cfg, top)
     name = module_name(top)
     verilog = write_verilog(unit, out_dir / f"{name}.v", name)
     files = [verilog, *write_regmap(cfg, out_dir)]
     record: dict[str, Any] = {"board": cfg.name, "top": top, "kind": cfg.kind, "out": str(out_dir),
                               "clock_mhz": cfg.clock_mhz, "overrides": dict(cfg.overrides),
-                              "source_sha256": source_hash()}
+                              "source_sha256": sources}
     if cfg.kind == "versal":
         files += write_vivado_project(cfg, out_dir, verilog, name)
         record["vendor_tools_run"] = False
@@ -400,7 +406,7 @@ def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boa
         files += [report, out_dir / "report.json"]
     man = out_dir / "manifest.json"
     files.append(man)
-    man.write_text(json.dumps(manifest(cfg, top, files, out_dir, {"result": record}), indent=2) + "\n")
+    man.write_text(json.dumps(manifest(cfg, top, files, out_dir, sources, {"result": record}), indent=2) + "\n")
     record["manifest"] = str(man)
     return record
 
@@ -516,7 +522,7 @@ def write_summary(records: list[dict], path: Path) -> list[Path]:
     if harness:
         body += "\nHarness overhead and PLL output per build:\n\n" + "\n".join(harness) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(head) + body)
+    path.write_text("\n".join(head) + "\n" + body)
     js = path.with_suffix(".json")
     js.write_text(json.dumps({"tools": versions, "records": records}, indent=2) + "\n")
     return [path, js]
@@ -593,10 +599,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"somatile build: {exc}", file=sys.stderr)
         return 2
     records, failed = [], False
+    sources = source_hash()  # before the first RTL import: the files may change while a long run goes on
     for cfg, top in jobs:
         print(f"== {cfg.name} / {top}" + "".join(f" {k}={v}" for k, v in cfg.overrides.items()), flush=True)
         try:
-            record = build(cfg, top, args.out, pnr=not args.no_pnr, timeout_s=args.timeout)
+            record = build(cfg, top, args.out, pnr=not args.no_pnr, timeout_s=args.timeout, sources=sources)
         except (BuildError, BoardError) as exc:
             # A unit that does not elaborate for this board is a row in the report, not the end of the run.
             failed = True
