@@ -27,7 +27,8 @@ row sum only after the maximum, so a row passes three reading passes over a row 
    total is ``count*B - S*sum d`` (equal to ``sum (B - S*d_i)``, so no per-lane multiplier here);
 3. reciprocal: ``div`` a restoring divider, ``div_bits`` quotient bits per cycle; ``clb`` a leading-one
    detector and a shift;
-4. normalise: read the row again, ``min((B - S*d_i) * inv >> shift, max)`` per lane, to ``o``.
+4. normalise: read the row again, ``min((B - S*d_i) * inv >> shift, max)`` per lane, to ``o`` (three
+   register stages: score, product, saturate).
 
 Four banks let ingest of row r+3, sum of r+2, reciprocal of r+1 and normalise of r run at the same time,
 each stage taking the next row as soon as it is free (one ``amaranth.lib.memory`` with one write and two
@@ -39,7 +40,7 @@ Contract
   (:func:`reciprocal_cycles`: ``1 + ceil(23 / div_bits)`` for div uint8, ``1 + ceil(15 / div_bits)`` for
   div int16, 2 for clb). Rows of at least ``D + 2`` beats therefore stream at one beat per cycle; shorter
   rows are bound by the reciprocal (div) or the four-bank ring.
-- Latency of a lone row: ``4*nb + D + 4`` cycles from its first input beat to its last output beat.
+- Latency of a lone row: ``4*nb + D + 6`` cycles from its first input beat to its last output beat.
 - Backpressure: ``o`` stalls only the normalise stage; the other stages run on until they need a bank it
   holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` depends only on internal state.
 - :func:`expected_cycles` gives the exact cycle count of back-to-back rows with ``o`` always ready.
@@ -60,11 +61,15 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
-                                 MODE_CODES, OUT_CODES, OUT_INT16, OUT_UINT8, S_MAX, UINT8_MAX, UINT8_NUMERATOR)
+                                 MODE_CODES, OUT_CODES, OUT_INT16, OUT_UINT8, PRODUCT_BITS, S_MAX, UINT8_MAX,
+                                 UINT8_NUMERATOR)
 
 LANE_CHOICES = (1, 4, 8, 16, 32)
 OUT_TYPES = ("uint8", "int16")
 BANKS = 4
+NORMALISE_PIPELINE = 4
+"""Cycles from a normalise-stage memory read to its beat being taken from ``o`` (read, score, product,
+saturate into the output register)."""
 OUT_BITS = {"uint8": 8, "int16": 16}
 NUMERATOR_BITS = {OUT_UINT8: UINT8_NUMERATOR.bit_length(), OUT_INT16: INT16_NUMERATOR.bit_length()}
 
@@ -143,7 +148,7 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
     This evaluates the stage recurrence of the design exactly (each stage starts a row when the previous stage
     has finished it and the stage itself is free; bank ``r mod 4`` is reused once row r-4 is normalised):
     ingest takes ``nb`` cycles, the sum stage ``nb`` cycles plus 2 of pipeline, the reciprocal ``D``, the
-    normaliser ``nb`` plus 2 to the output register. See the module docstring for the closed form.
+    normaliser ``nb`` plus :data:`NORMALISE_PIPELINE` to the output register. See the module docstring for the closed form.
     """
     if rows < 1 or not 1 <= n <= cfg.n_max:
         raise ValueError(f"rows must be >= 1 and n within 1..{cfg.n_max}, got rows={rows}, n={n}")
@@ -161,7 +166,7 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
         summed.append(s_start)
         recips.append(d_start)
         norm.append(n_start)
-    return norm[-1] + nb + 2
+    return norm[-1] + nb + NORMALISE_PIPELINE
 
 
 def _tree(values, op):
@@ -391,26 +396,36 @@ class HCCS(wiring.Component):
                 m.d.sync += [n_active.eq(0), nbank.eq(nbank + 1), state[nbank].eq(FREE)]
             with m.Else():
                 m.d.sync += [n_active.eq(1), n_ptr.eq(n_ptr_now + 1)]
+        # Three register stages after the memory (score, product, saturate) keep each path to one multiply.
         n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row}))
+        framing = {"valid": 1, "first": 1, "last": 1, "head": cfg.head_bits, "mask": L, "out": 1}
+        n2 = Signal(data.StructLayout({**framing, "inv": d_inv[0].shape(),
+                                       "score": data.ArrayLayout(bits_for(B_MAX), L)}))
+        n3 = Signal(data.StructLayout({**framing, "product": data.ArrayLayout(PRODUCT_BITS, L)}))
         with m.If(advance):
             m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last),
                          n1.row.eq(n_row_now)]
             p = n1.row.params
-            out_max = Mux(p.out == OUT_INT16, INT16_MAX, UINT8_MAX)
+            m.d.sync += [n2.valid.eq(n1.valid), n2.first.eq(n1.first), n2.last.eq(n1.last),
+                         n2.head.eq(n1.row.head), n2.mask.eq(rd_norm.data.mask), n2.out.eq(p.out),
+                         n2.inv.eq(n1.row.inv)]
             for j in range(L):
                 dist = (n1.row.max - rd_norm.data.data[j]).as_unsigned()[:INPUT_BITS]
                 capped = Mux(dist > p.dmax, p.dmax, dist)
-                score = (p.B - p.S * capped)[:p.B.shape().width]
-                product = score * n1.row.inv
-                scaled = Mux(p.out == OUT_INT16, product, product >> INV_SHIFT)
-                value = Mux(scaled > out_max, out_max, scaled)
-                m.d.sync += self.o.payload.data[j].eq(Mux(rd_norm.data.mask[j], value, 0))
-            m.d.sync += [self.o.valid.eq(n1.valid), self.o.payload.mask.eq(rd_norm.data.mask),
-                         self.o.payload.first.eq(n1.first), self.o.payload.last.eq(n1.last),
-                         self.o.payload.head.eq(n1.row.head)]
+                m.d.sync += n2.score[j].eq(Mux(rd_norm.data.mask[j], p.B - p.S * capped, 0))
+            # score * inv <= numerator (div) or < 255 << 16 (clb): PRODUCT_BITS hold it exactly.
+            m.d.sync += [n3[name].eq(n2[name]) for name in framing]
+            m.d.sync += [n3.product[j].eq(n2.score[j] * n2.inv) for j in range(L)]
+            out_max = Mux(n3.out == OUT_INT16, INT16_MAX, UINT8_MAX)
+            for j in range(L):
+                scaled = Mux(n3.out == OUT_INT16, n3.product[j], n3.product[j] >> INV_SHIFT)
+                m.d.sync += self.o.payload.data[j].eq(Mux(scaled > out_max, out_max, scaled))
+            m.d.sync += [self.o.valid.eq(n3.valid), self.o.payload.mask.eq(n3.mask),
+                         self.o.payload.first.eq(n3.first), self.o.payload.last.eq(n3.last),
+                         self.o.payload.head.eq(n3.head)]
 
         with m.If(self.clear_status):
             m.d.sync += [self.status.overflow.eq(0), self.status.framing.eq(0), self.status.bad_head.eq(0)]
         m.d.comb += self.status.busy.eq(in_row | Cat(state[b] != FREE for b in range(BANKS)).any()
-                                        | n1.valid | self.o.valid)
+                                        | n1.valid | n2.valid | n3.valid | self.o.valid)
         return m
