@@ -27,8 +27,8 @@ row sum only after the maximum, so a row passes three reading passes over a row 
    total is ``count*B - S*sum d`` (equal to ``sum (B - S*d_i)``, so no per-lane multiplier here);
 3. reciprocal: ``div`` a restoring divider, ``div_bits`` quotient bits per cycle; ``clb`` a leading-one
    detector and a shift;
-4. normalise: read the row again, ``min((B - S*d_i) * inv >> shift, max)`` per lane, to ``o`` (three
-   register stages: score, product, saturate).
+4. normalise: read the row again, ``min((B - S*d_i) * inv >> shift, max)`` per lane, to ``o`` (four
+   register stages: distance, score, product, saturate).
 
 Four banks let ingest of row r+3, sum of r+2, reciprocal of r+1 and normalise of r run at the same time,
 each stage taking the next row as soon as it is free (one ``amaranth.lib.memory`` with one write and two
@@ -36,11 +36,11 @@ read ports; bank depth ``n_max / lanes`` rounded up to a power of two).
 
 Contract
 - Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
-  ``max(nb, D, (3*nb + D + 2) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
+  ``max(nb, D, (3*nb + D + 3) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
   (:func:`reciprocal_cycles`: ``1 + ceil(23 / div_bits)`` for div uint8, ``1 + ceil(15 / div_bits)`` for
-  div int16, 2 for clb). Rows of at least ``D + 2`` beats therefore stream at one beat per cycle; shorter
+  div int16, 2 for clb). Rows of at least ``D + 3`` beats therefore stream at one beat per cycle; shorter
   rows are bound by the reciprocal (div) or the four-bank ring.
-- Latency of a lone row: ``4*nb + D + 6`` cycles from its first input beat to its last output beat.
+- Latency of a lone row: ``3*nb + D + 8`` cycles from its first input beat to its last output beat.
 - Backpressure: ``o`` stalls only the normalise stage; the other stages run on until they need a bank it
   holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` depends only on internal state.
 - :func:`expected_cycles` gives the exact cycle count of back-to-back rows with ``o`` always ready.
@@ -67,9 +67,12 @@ from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_N
 LANE_CHOICES = (1, 4, 8, 16, 32)
 OUT_TYPES = ("uint8", "int16")
 BANKS = 4
-NORMALISE_PIPELINE = 4
-"""Cycles from a normalise-stage memory read to its beat being taken from ``o`` (read, score, product,
-saturate into the output register)."""
+NORMALISE_PIPELINE = 5
+"""Cycles from a normalise-stage memory read to its beat being taken from ``o`` (read, distance, score,
+product, saturate into the output register)."""
+SUM_PIPELINE = 3
+"""Cycles from the sum stage's read of a row's last beat to the row total being visible (read, distance,
+adder tree and accumulate)."""
 OUT_BITS = {"uint8": 8, "int16": 16}
 NUMERATOR_BITS = {OUT_UINT8: UINT8_NUMERATOR.bit_length(), OUT_INT16: INT16_NUMERATOR.bit_length()}
 
@@ -147,7 +150,7 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
 
     This evaluates the stage recurrence of the design exactly (each stage starts a row when the previous stage
     has finished it and the stage itself is free; bank ``r mod 4`` is reused once row r-4 is normalised):
-    ingest takes ``nb`` cycles, the sum stage ``nb`` cycles plus 2 of pipeline, the reciprocal ``D``, the
+    ingest takes ``nb`` cycles, the sum stage ``nb`` cycles plus :data:`SUM_PIPELINE`, the reciprocal ``D``, the
     normaliser ``nb`` plus :data:`NORMALISE_PIPELINE` to the output register. See the module docstring for the closed form.
     """
     if rows < 1 or not 1 <= n <= cfg.n_max:
@@ -160,13 +163,22 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
         if r >= BANKS:
             i_start = max(i_start, norm[r - BANKS] + nb)
         s_start = max(i_start + nb, summed[r - 1] + nb if r else 0)
-        d_start = max(s_start + nb + 2, recips[r - 1] + recip if r else 0)
+        d_start = max(s_start + nb + SUM_PIPELINE, recips[r - 1] + recip if r else 0)
         n_start = max(d_start + recip, norm[r - 1] + nb if r else 0)
         ingest.append(i_start)
         summed.append(s_start)
         recips.append(d_start)
         norm.append(n_start)
     return norm[-1] + nb + NORMALISE_PIPELINE
+
+
+def _capped_distances(row_max, dmax, word):
+    """``min(row_max - x, dmax)`` for every lane of a row-memory word; 0 for masked lanes."""
+    lanes = []
+    for j in range(len(word.mask)):
+        dist = (row_max - word.data[j]).as_unsigned()[:INPUT_BITS]
+        lanes.append(Mux(word.mask[j], Mux(dist > dmax, dmax, dist), 0))
+    return lanes
 
 
 def _tree(values, op):
@@ -307,16 +319,18 @@ class HCCS(wiring.Component):
                                        "max": signed(INPUT_BITS), "dmax": bits_for(DMAX_MAX)}))
         m.d.sync += [s1.valid.eq(s_issue), s1.first.eq(s_ptr_now == 0), s1.last.eq(s_last), s1.bank.eq(sbank),
                      s1.max.eq(s_max_now), s1.dmax.eq(s_dmax_now)]
-        lane_d = []
-        for j in range(L):
-            dist = (s1.max - rd_sum.data.data[j]).as_unsigned()[:INPUT_BITS]
-            capped = Mux(dist > s1.dmax, s1.dmax, dist)
-            lane_d.append(Mux(rd_sum.data.mask[j], capped, 0))
+        # Register the capped distances before the adder tree: memory read, then one subtract-and-cap per stage.
+        s_dist = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits, "mask": L,
+                                           "d": data.ArrayLayout(bits_for(DMAX_MAX), L)}))
+        m.d.sync += [s_dist.valid.eq(s1.valid), s_dist.first.eq(s1.first), s_dist.last.eq(s1.last),
+                     s_dist.bank.eq(s1.bank), s_dist.mask.eq(rd_sum.data.mask)]
+        m.d.sync += [s_dist.d[j].eq(d) for j, d in enumerate(_capped_distances(s1.max, s1.dmax, rd_sum.data))]
         s2 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
                                        "dsum": bits_for(L * DMAX_MAX), "count": bits_for(L)}))
-        m.d.sync += [s2.valid.eq(s1.valid), s2.first.eq(s1.first), s2.last.eq(s1.last), s2.bank.eq(s1.bank),
-                     s2.dsum.eq(_tree(lane_d, lambda a, b: a + b)),
-                     s2.count.eq(_tree([rd_sum.data.mask[j] for j in range(L)], lambda a, b: a + b))]
+        m.d.sync += [s2.valid.eq(s_dist.valid), s2.first.eq(s_dist.first), s2.last.eq(s_dist.last),
+                     s2.bank.eq(s_dist.bank),
+                     s2.dsum.eq(_tree([s_dist.d[j] for j in range(L)], lambda a, b: a + b)),
+                     s2.count.eq(_tree([s_dist.mask[j] for j in range(L)], lambda a, b: a + b))]
         acc_dsum = Signal.like(d_dsum[0])
         acc_count = Signal.like(d_count[0])
         next_dsum = Mux(s2.first, 0, acc_dsum) + s2.dsum
@@ -396,9 +410,11 @@ class HCCS(wiring.Component):
                 m.d.sync += [n_active.eq(0), nbank.eq(nbank + 1), state[nbank].eq(FREE)]
             with m.Else():
                 m.d.sync += [n_active.eq(1), n_ptr.eq(n_ptr_now + 1)]
-        # Three register stages after the memory (score, product, saturate) keep each path to one multiply.
+        # Four register stages after the memory (distance, score, product, saturate): one multiply per path.
         n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row}))
         framing = {"valid": 1, "first": 1, "last": 1, "head": cfg.head_bits, "mask": L, "out": 1}
+        n_dist = Signal(data.StructLayout({**framing, "B": params_layout["B"].shape, "S": params_layout["S"].shape,
+                                           "inv": d_inv[0].shape(), "d": data.ArrayLayout(bits_for(DMAX_MAX), L)}))
         n2 = Signal(data.StructLayout({**framing, "inv": d_inv[0].shape(),
                                        "score": data.ArrayLayout(bits_for(B_MAX), L)}))
         n3 = Signal(data.StructLayout({**framing, "product": data.ArrayLayout(PRODUCT_BITS, L)}))
@@ -406,13 +422,12 @@ class HCCS(wiring.Component):
             m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last),
                          n1.row.eq(n_row_now)]
             p = n1.row.params
-            m.d.sync += [n2.valid.eq(n1.valid), n2.first.eq(n1.first), n2.last.eq(n1.last),
-                         n2.head.eq(n1.row.head), n2.mask.eq(rd_norm.data.mask), n2.out.eq(p.out),
-                         n2.inv.eq(n1.row.inv)]
-            for j in range(L):
-                dist = (n1.row.max - rd_norm.data.data[j]).as_unsigned()[:INPUT_BITS]
-                capped = Mux(dist > p.dmax, p.dmax, dist)
-                m.d.sync += n2.score[j].eq(Mux(rd_norm.data.mask[j], p.B - p.S * capped, 0))
+            m.d.sync += [n_dist.valid.eq(n1.valid), n_dist.first.eq(n1.first), n_dist.last.eq(n1.last),
+                         n_dist.head.eq(n1.row.head), n_dist.mask.eq(rd_norm.data.mask), n_dist.out.eq(p.out),
+                         n_dist.B.eq(p.B), n_dist.S.eq(p.S), n_dist.inv.eq(n1.row.inv)]
+            m.d.sync += [n_dist.d[j].eq(d) for j, d in enumerate(_capped_distances(n1.row.max, p.dmax, rd_norm.data))]
+            m.d.sync += [n2[name].eq(n_dist[name]) for name in framing] + [n2.inv.eq(n_dist.inv)]
+            m.d.sync += [n2.score[j].eq(Mux(n_dist.mask[j], n_dist.B - n_dist.S * n_dist.d[j], 0)) for j in range(L)]
             # score * inv <= numerator (div) or < 255 << 16 (clb): PRODUCT_BITS hold it exactly.
             m.d.sync += [n3[name].eq(n2[name]) for name in framing]
             m.d.sync += [n3.product[j].eq(n2.score[j] * n2.inv) for j in range(L)]
@@ -427,5 +442,5 @@ class HCCS(wiring.Component):
         with m.If(self.clear_status):
             m.d.sync += [self.status.overflow.eq(0), self.status.framing.eq(0), self.status.bad_head.eq(0)]
         m.d.comb += self.status.busy.eq(in_row | Cat(state[b] != FREE for b in range(BANKS)).any()
-                                        | n1.valid | n2.valid | n3.valid | self.o.valid)
+                                        | n1.valid | n_dist.valid | n2.valid | n3.valid | self.o.valid)
         return m
