@@ -11,8 +11,8 @@ One step, per head (docs/numerics.md, section Soma, is the contract):
 2. WRITE (first when ``include_self``, else after step 5): k and v into the next sink slot or the ring.
 3. SCORES: ``q . K[n]`` for every one of the ``sinks + ring`` slots, ``mac_lanes`` int8 MACs per cycle, then
    ``x8 = sat8(rshift_round(score * score_mult, score_shift) - recency_int * distance)`` (0 where invalid).
-4. NORMALISE (:class:`RowNormaliser`: integer HCCS div/clb or integer exp, uint8 probabilities) and, in
-   parallel, the query gate ``sat(64 + rshift_round((q . G) * gate_mult, gate_shift), 0, 128)`` (128 when
+4. NORMALISE: integer HCCS (div/clb) through the streaming HCCS unit of ``hw/hccs.py`` (``hccs_lanes``
+   per beat), or the integer exp through :class:`RowNormaliser`; uint8 probabilities; and, in parallel, the query gate ``sat(64 + rshift_round((q . G) * gate_mult, gate_shift), 0, 128)`` (128 when
    ungated).
 5. WEIGHTED SUM: ``P . V`` per output lane, ``mac_lanes`` MACs per cycle; per element
    ``out = sat8(sat16(rshift_round(acc * out_mult, out_shift)) + sat16(rshift_round(F * alpha_mult *
@@ -32,6 +32,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
@@ -193,23 +194,36 @@ def head_param_ports() -> dict:
     return {f"p_{p.name}": In(range(p.hi + 1)) for p in HEAD_PARAMS}
 
 
-def expected_cycles(params: TileParams) -> int:
-    """Cycles of one head's decode step in :class:`SomaDecode`: from the cycle after the ``start`` pulse
-    through the cycle of the ``done`` pulse.
+def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig":
+    """Configuration of the streaming HCCS unit (hw/hccs.py) that normalises the decode row of HCCS heads:
+    ``hccs_lanes`` lanes, one head (loaded with the current head's parameters before each row), rows of up
+    to ``sinks + ring`` slots rounded up to whole beats."""
+    lanes = params.hccs_lanes
+    return hccs_unit.HCCSConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, out_type="uint8")
 
-    Depends on ring, sinks, head_dim and lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory
-    word ``max(16, mac_lanes)`` bytes) only;
-    not on the sequence position, the fill level or the head's options. Per phase: LOAD ``7 w + 2``
-    (w = head_dim / word), WRITE ``2 w``, SCORES ``slots * chunks + 3`` (chunks = head_dim / mac_lanes),
-    NORMALISE ``max(normaliser_cycles(slots), head_dim + 1) + 1``, WEIGHTED SUM ``chunks * (slots + 2 +
-    mac_lanes)``, STORE ``5 w + 1``, DONE 1.
+
+def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
+    """Cycles of one head's decode step in :class:`SomaDecode`: from the cycle after the ``start`` pulse
+    through the cycle of the ``done`` pulse, for a head with this normaliser (and HCCS mode).
+
+    Depends on ring, sinks, head_dim, lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory word
+    ``max(16, mac_lanes)`` bytes), hccs_lanes and the normaliser only; not on the sequence position or the
+    fill level. Per phase: LOAD ``7 w + 2`` (w = head_dim / word), WRITE ``2 w``, SCORES
+    ``slots * chunks + 3`` (chunks = head_dim / mac_lanes), NORMALISE ``max(N, head_dim) + 1`` with N the
+    normaliser's row latency (the HCCS unit's ``expected_cycles`` for one row of ``slots``, or
+    :func:`normaliser_cycles` for the integer exp), WEIGHTED SUM ``chunks * (slots + 2 + mac_lanes)``,
+    STORE ``5 w + 1``, DONE 1.
     """
     words = params.head_dim // params.word_bytes
     slots, chunks = params.slots, params.head_dim // params.mac_lanes
+    if normaliser == "hccs_int":
+        row = hccs_unit.expected_cycles(near_field_unit(params), 1, slots, mode=hccs_mode, out="uint8")
+    else:
+        row = normaliser_cycles(slots)
     load = 7 * words + 2
     write = 2 * words
     scores = slots * chunks + 3
-    normalise = max(normaliser_cycles(slots), params.head_dim + 1) + 1
+    normalise = max(row, params.head_dim) + 1
     weighted = chunks * (slots + 2 + params.mac_lanes)
     store = 5 * words + 1
     return load + write + scores + normalise + weighted + store + 1
@@ -333,6 +347,31 @@ class SomaDecode(wiring.Component):
                      self.n_row_x.eq(Mux(dot_valid, saturate(logit, -128, 127), 0)),
                      self.n_row_we.eq(dot_ready)]
 
+        # HCCS heads normalise through the streaming HCCS unit (hw/hccs.py): the row is kept in registers as
+        # it is scored, fed in beats of hccs_lanes, and the probabilities come back in beats.
+        unit_config = near_field_unit(p)
+        hl = unit_config.lanes
+        row_beats = unit_config.n_max // hl
+        m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
+        row_bits = Signal(8 * unit_config.n_max)
+        row_valid = Signal(unit_config.n_max)
+        prob_bits = Signal(8 * unit_config.n_max)
+        feed_beat = Signal(range(row_beats + 1))
+        drain_beat = Signal(range(row_beats + 1))
+        use_exp = par["normaliser"] == HEAD_PARAMS[HEAD_INDEX["normaliser"]].choices.index("exp_int")
+        with m.If(dot_ready):
+            m.d.sync += [row_bits.word_select(dot_slot, 8).eq(self.n_row_x), row_valid.bit_select(dot_slot, 1).eq(dot_valid)]
+        m.d.comb += [near_unit.i.payload.data.eq(row_bits.word_select(feed_beat, 8 * hl)),
+                     near_unit.i.payload.mask.eq(row_valid.word_select(feed_beat, hl)),
+                     near_unit.i.payload.first.eq(feed_beat == 0), near_unit.i.payload.last.eq(feed_beat == row_beats - 1),
+                     near_unit.i.payload.head.eq(0), near_unit.o.ready.eq(1),
+                     near_unit.cfg.payload.head.eq(0), near_unit.cfg.payload.params.B.eq(par["hccs_B"]),
+                     near_unit.cfg.payload.params.S.eq(par["hccs_S"]), near_unit.cfg.payload.params.dmax.eq(par["hccs_dmax"]),
+                     near_unit.cfg.payload.params.mode.eq(par["hccs_mode"]), near_unit.cfg.payload.params.out.eq(hccs.OUT_UINT8)]
+        with m.If(near_unit.o.valid):
+            m.d.sync += [prob_bits.word_select(drain_beat, 8 * hl).eq(near_unit.o.payload.data.as_value()),
+                         drain_beat.eq(drain_beat + 1)]
+
         # Gate: z = q . G serially, in parallel with the normaliser.
         z = Signal(signed(48))
         gate = Signal(range(soma.GATE_ONE + 1))
@@ -454,8 +493,9 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         m.d.sync += acc.eq(Mux(c_arrive == 0, 0, acc) + partial)
                 with m.If(~issuing & ~arriving & ~dot_ready):
-                    m.d.sync += [gate_index.eq(0), z.eq(0), gate_busy.eq(1), norm_busy.eq(1)]
-                    m.d.comb += self.n_start.eq(1)
+                    m.d.sync += [gate_index.eq(0), z.eq(0), gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0),
+                                 drain_beat.eq(0)]
+                    m.d.comb += [self.n_start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
                 m.d.comb += self.busy.eq(1)
@@ -465,7 +505,11 @@ class SomaDecode(wiring.Component):
                                  gate_index.eq(gate_index + 1)]
                     with m.If(gate_index == D - 1):
                         m.d.sync += gate_busy.eq(0)
-                with m.If(self.n_done):
+                with m.If(~use_exp & (feed_beat < row_beats)):
+                    m.d.comb += near_unit.i.valid.eq(1)
+                    with m.If(near_unit.i.ready):
+                        m.d.sync += feed_beat.eq(feed_beat + 1)
+                with m.If(Mux(use_exp, self.n_done, near_unit.o.valid & near_unit.o.payload.last)):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate_busy & ~norm_busy):
                     gate_value = soma.GATE_ONE // 2 + rshift_round(z * par["gate_mult"], par["gate_shift"])
@@ -481,8 +525,9 @@ class SomaDecode(wiring.Component):
                 m.d.sync += [arriving.eq(issuing), n_arrive.eq(n_issue)]
                 v_group = lane_group(self.rd_data, c_issue)
                 with m.If(arriving):
+                    prob = Mux(use_exp, self.n_prob[:8], prob_bits.word_select(n_arrive, 8))  # uint8
                     for l in range(L):
-                        product = self.n_prob.as_signed() * v_group.word_select(l, 8).as_signed()
+                        product = prob * v_group.word_select(l, 8).as_signed()
                         m.d.sync += lane_acc[l].eq(Mux(n_arrive == 0, 0, lane_acc[l]) + product)
                 with m.If(~issuing & ~arriving):
                     m.d.sync += element.eq(0)

@@ -50,15 +50,17 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
-def expected_decode_cycles(params: TileParams, count: int) -> int:
-    """Cycles of a DECODE frame for ``count`` heads with no idle input and no output backpressure, from the
-    cycle the first header beat is accepted through the cycle the last response beat is accepted: header
-    beats, one check cycle, payload beats, one execute cycle, ``count`` decode steps with one cycle between
-    them, response header and payload beats. Independent of the sequence position."""
-    sb = params.stream_bytes
+def expected_decode_cycles(params: TileParams, configs) -> int:
+    """Cycles of a DECODE frame for heads with these configs (anything with ``normaliser`` and
+    ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
+    the first header beat is accepted through the cycle the last response beat is accepted: header beats,
+    one check cycle, payload beats, one execute cycle, the heads' decode steps with one cycle between them,
+    response header and payload beats. Independent of the sequence position."""
+    sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
     intake = header + 1 + 3 * params.head_dim * count // sb
-    execute = 1 + count * expected_cycles(params) + (count - 1)
+    steps = sum(expected_cycles(params, c.normaliser, c.hccs_mode) for c in configs)
+    execute = 1 + steps + (count - 1)
     respond = header + params.head_dim * count // sb
     return intake + execute + respond
 

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     elapsed = time.time() - start
     measured = int(result.outputs["cycles"][0])
-    expected = expected_decode_cycles(params, params.heads)
+    expected = expected_decode_cycles(params, configs)
     print(f"tokens {args.tokens} x heads {params.heads}: mismatches {int(result.outputs['mismatches'])}")
     print(f"cycles per token (all heads, at token {measure[0]}): measured {measured}, expected {expected}")
     print(f"state bytes per head {regmap.state_bytes(params)}, per tile {params.heads * regmap.state_bytes(params)} "

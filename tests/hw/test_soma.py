@@ -43,7 +43,7 @@ def test_long_sequences_are_bit_exact(params, tokens, rng):
     # The ring wrapped many times and the outputs are not trivially constant.
     assert tokens > 10 * (params.ring + params.sinks)
     assert len(np.unique(result.outputs["out"])) > 20
-    assert list(result.outputs["cycles"]) == [expected_decode_cycles(params, params.heads)]
+    assert list(result.outputs["cycles"]) == [expected_decode_cycles(params, configs)]
 
 
 def far_state(params, cfg, rng, position):
@@ -65,6 +65,6 @@ def test_cycles_per_token_at_position_65536_equal_those_at_128(rng):
     q, k, v = run_soma.sequence(rng, 20, params.heads, params.head_dim)
     states = np.stack([np.frombuffer(far_state(params, c, rng, 65536), np.uint8) for c in configs])
     far = run_soma.run_decode(params, q, k, v, values, states, measure=[0, 10], seed=4)
-    expected = expected_decode_cycles(params, params.heads)
+    expected = expected_decode_cycles(params, configs)
     assert list(far.outputs["cycles"]) == [expected, expected]
     assert int(far.outputs["mismatches"]) == 0
