@@ -212,18 +212,26 @@ class PnrResult:
         return self.fmax_mhz is not None and self.fmax_mhz >= self.target_mhz
 
 
-_FMAX = re.compile(r"Max frequency for clock '([^']+)': ([\d.]+) MHz \((?:PASS|FAIL) at ([\d.]+) MHz\)")
+_FMAX = re.compile(r"Max frequency for clock\s+'([^']+)': ([\d.]+) MHz \((?:PASS|FAIL) at ([\d.]+) MHz\)")
 _UTIL = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%")
 _YOSYS_CELL = re.compile(r"^\s+(\d+)\s+(\$?[A-Za-z_][\w$]*)\s*$")
 _PROJECT_SOURCE = re.compile(r"(/(?:hw|boards|model)/[\w/]+\.py:\d+)")
 _CELL_SUFFIX = re.compile(r"_(?:TRELLIS|SB_|CCU2|LUT4|MULT18|DP16KD|PFUMX|L6MUX|ICESTORM|DFF)\w*")
 
 
-def parse_nextpnr_log(text: str) -> dict:
-    """Final Fmax per clock, the device utilisation and the final critical path from a nextpnr log."""
-    fmax: dict[str, float] = {}
-    for clock, mhz, _ in _FMAX.findall(text):
-        fmax[clock] = float(mhz)  # later lines are the post-route (final) figures
+def parse_nextpnr_log(text: str, clock_mhz: float | None = None) -> dict:
+    """Final Fmax, device utilisation and final critical path from a nextpnr log.
+
+    ``fmax`` maps each clock to (final Fmax, constraint) in MHz. ``clock`` is the clock whose constraint is
+    nearest ``clock_mhz`` (the PLL output; nextpnr may also time stray nets such as a packer's constant
+    clock), and ``critical_path`` is that clock's path.
+    """
+    fmax: dict[str, tuple[float, float]] = {}
+    for name, mhz, constraint in _FMAX.findall(text):
+        fmax[name] = (float(mhz), float(constraint))  # later lines are the post-route (final) figures
+    clock = None
+    if fmax:
+        clock = min(fmax, key=lambda c: abs(fmax[c][1] - clock_mhz) if clock_mhz else -fmax[c][1])
     utilisation: dict[str, tuple[int, int]] = {}
     section = text.rsplit("Device utilisation:", 1)
     if len(section) == 2:
@@ -232,11 +240,12 @@ def parse_nextpnr_log(text: str) -> dict:
             if not match:
                 break
             utilisation[match[1]] = (int(match[2]), int(match[3]))
-    return {"fmax": fmax, "utilisation": utilisation, "critical_path": _critical_path(text)}
+    return {"fmax": fmax, "clock": clock, "utilisation": utilisation,
+            "critical_path": _critical_path(text, clock) if clock else None}
 
 
-def _critical_path(text: str) -> dict | None:
-    reports = re.split(r"Info: Critical path report for clock '[^']+' \(posedge -> posedge\):", text)
+def _critical_path(text: str, clock: str) -> dict | None:
+    reports = text.split(f"Info: Critical path report for clock '{clock}' (posedge -> posedge):")
     if len(reports) < 2:
         return None
     report = reports[-1].split("\n\n", 1)[0]
@@ -309,11 +318,11 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
         result.resources = resource_counts(family, parse_yosys_cells((work / f"{name}.rpt").read_text()))
     timing_log = work / f"{name}.tim"
     if timing_log.exists():
-        parsed = parse_nextpnr_log(timing_log.read_text())
+        parsed = parse_nextpnr_log(timing_log.read_text(), pll.achieved_mhz)
         result.utilisation = parsed["utilisation"]
         result.critical_path = parsed["critical_path"]
-        if parsed["fmax"]:
-            result.fmax_mhz = min(parsed["fmax"].values())
+        if parsed["clock"]:
+            result.fmax_mhz = parsed["fmax"][parsed["clock"]][0]
     bitstream = next((p for p in (work / f"{name}.bit", work / f"{name}.bin") if p.exists()), None)
     if returncode is None:
         result.status, result.error = "timed-out", f"toolchain did not finish in {timeout_s:.0f} s"

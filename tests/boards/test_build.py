@@ -129,8 +129,10 @@ def test_place_and_route_of_the_hccs_unit_on_the_ice40_board(tmp_path):
     res = pnr["resources"]
     assert res["LUT"] > 100 and res["FF"] >= pnr["harness_ffs"] and res["BRAM"] >= 1
     assert pnr["utilisation"]["ICESTORM_LC"][1] == 5280 and pnr["utilisation"]["ICESTORM_PLL"][0] == 1
-    path = build.parse_nextpnr_log((out / "pnr" / "somatile_hccs.tim").read_text())["critical_path"]
-    assert path["from"] and path["to"] and path["logic_ns"] > 0
+    parsed = build.parse_nextpnr_log((out / "pnr" / "somatile_hccs.tim").read_text(), 24.0)
+    assert parsed["fmax"][parsed["clock"]] == (pnr["fmax_mhz"], 24.0)
+    path = parsed["critical_path"]
+    assert path == pnr["critical_path"] and path["from"] and path["to"] and path["logic_ns"] > 0
     text = report.read_text()
     assert all(f"| {name} |" in text.split("## Builds")[0] for name in boards.names())
     row = next(line for line in text.splitlines() if line.startswith("| icebreaker | hccs |"))
@@ -139,6 +141,29 @@ def test_place_and_route_of_the_hccs_unit_on_the_ice40_board(tmp_path):
     collected = tmp_path / "collected.md"
     assert cli(["build", "--collect", "--out", str(tmp_path), "--report", str(collected)]) == 0
     assert row in collected.read_text().splitlines()
+
+
+NEXTPNR_EXCERPT = """\
+Info: Max frequency for clock '$PACKER_GND_NET_$glb_clk': 386.25 MHz (PASS at 12.00 MHz)
+Info: Max frequency for clock                      'clk': 23.88 MHz (FAIL at 24.00 MHz)
+Info: Critical path report for clock 'clk' (posedge -> posedge):
+Info:       type curr  total name
+Info:   clk-to-q  0.54  0.54 Source unit.a_SB_DFFE_Q_3_DFFLC.O
+Info:                          Defined in:
+Info:                               /work/main/hw/hccs.py:348
+Info:      setup  0.47 41.98 Sink unit.bank2_inv_SB_DFFE_Q_DFFLC.I0
+Info: 14.40 ns logic, 27.58 ns routing
+
+Info: Max frequency for clock '$PACKER_GND_NET_$glb_clk': 263.16 MHz (PASS at 12.00 MHz)
+Warning: Max frequency for clock                      'clk': 23.82 MHz (FAIL at 24.00 MHz)
+"""
+
+
+def test_nextpnr_log_gives_the_final_figure_of_the_pll_clock():
+    parsed = build.parse_nextpnr_log(NEXTPNR_EXCERPT, 24.0)
+    assert parsed["clock"] == "clk" and parsed["fmax"]["clk"] == (23.82, 24.0)
+    assert parsed["critical_path"] == {"from": "unit.a", "to": "unit.bank2_inv", "logic_ns": 14.4,
+                                       "routing_ns": 27.58, "source_lines": ["hw/hccs.py:348"]}
 
 
 def test_collect_without_builds_says_so(tmp_path, capsys):
