@@ -638,9 +638,10 @@ def smollm2_markdown(r: dict) -> str:
     lines = [
         "## SmolLM2-135M: Soma attention, HCCS and SFA against full attention",
         "",
-        f"Text: first {r['chars']:,} characters ({r['n_tokens']:,} tokens). Perplexity over {n_win} "
-        f"non-overlapping {r['window']}-token window(s) from the start ({scored:,} scored tokens; each window "
-        f"runs from position 0 with a fresh state, its first token unscored).{long_note}{budget} "
+        f"Text: first {r['chars']:,} characters ({r['n_tokens']:,} tokens). Perplexity over {n_win} of its "
+        f"non-overlapping {r['window']}-token windows ({scored:,} scored tokens; the same windows for every "
+        f"variant, starts in results.json; each window runs from position 0 with a fresh state, its first token "
+        f"unscored).{long_note}{budget} "
         f"Calibration (HCCS per layer and head, int8 scales) on {r['calibration_tokens']} tokens of text after "
         f"the evaluated range. Command: `{r['command']}`.",
         "",
@@ -764,6 +765,7 @@ def findings(found: dict) -> list[str]:
             vs(best, "sinks4_ring60", "the best far-field variant against the same ring without a field")
         vs("hccs", "default", "float HCCS as near-field normaliser against softmax on the same ring")
         vs("int_hccs", "default", "the integer path (int8 q/k/v, integer HCCS) against the float ring")
+        vs("int_exp", "default", "int8 q/k/v with the integer exp (quantisation alone) against the float ring")
         if full and "sfa" in rows:
             vs("sfa", "full", "seed 001's SFA enhancement on full attention (the seed claims -5.79 %)")
     return lines
@@ -782,8 +784,9 @@ def write_results(path: Path, eval_dir: Path) -> str:
                                 "run `somatile eval minilm --out ...` and `somatile eval smollm2 --out ...` first")
     m = next(iter(found.values()))["machine"]
     parts += ["# Results on real models", "",
-              "Measured by `make eval` (numpy forward passes, no torch at run time); every number below comes "
-              "from the results.json files of that run and is reported whatever it shows.", "",
+              "Measured with the commands listed below (`make eval` runs the same evaluations in one process "
+              "each, without a time budget); numpy forward passes, no torch at run time. Every number below is "
+              "read from the results.json files of those runs and is reported whatever it shows.", "",
               f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}, "
               f"{m['platform']}. Date: {m['date']}.", "", "Commands:", ""]
     parts += [f"- `{found[n]['command']}` ({found[n]['seconds']:.0f} s)" for n in found]
