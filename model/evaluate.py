@@ -715,6 +715,9 @@ def merge_smollm2(out: Path, parts: list[Path]) -> dict:
             for stale in ("ppl", "scored", "n_windows"):
                 v.pop(stale + ("_long" if key == "long_windows" else ""), None)
     _summarise(merged)
+    from somatile.model.smollm2 import window_starts
+    if all(v.get("n_windows") == len(window_starts(merged["n_tokens"], merged["window"])) for v in merged["variants"]):
+        merged.pop("stopped_by_budget", None)  # the slices together covered every window
     merged["command"] = "; ".join([r["command"] for r in loaded]
                                   + [f"python -m somatile.model.evaluate --merge {out} {' '.join(map(str, parts))}"])
     merged["seconds"] = max(r.get("seconds", 0.0) for r in loaded)
