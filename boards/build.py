@@ -321,7 +321,7 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
         parsed = parse_nextpnr_log(timing_log.read_text(), pll.achieved_mhz)
         result.utilisation = parsed["utilisation"]
         result.critical_path = parsed["critical_path"]
-        if parsed["clock"]:
+        if parsed["clock"] and returncode == 0:  # an unfinished run's log holds only pre-route estimates
             result.fmax_mhz = parsed["fmax"][parsed["clock"]][0]
     bitstream = next((p for p in (work / f"{name}.bit", work / f"{name}.bin") if p.exists()), None)
     if returncode is None:
@@ -451,10 +451,11 @@ def markdown_table(records: list[dict]) -> str:
         else:
             res = pnr["resources"]
             status = pnr["status"] + (f": {pnr['error']}" if pnr.get("error") else "")
+            final = pnr["status"] in ("ok", "timing-missed")  # else the log holds pre-route estimates only
             cells = [_fmt(res.get("LUT")), _fmt(res.get("FF")), _fmt(res.get("DSP")), _fmt(res.get("BRAM")),
-                     _fmt(pnr["fmax_mhz"]), _fmt(r["clock_mhz"]), "yes" if pnr["met"] else "**no**",
-                     _fmt(pnr["seconds"])]
-            if not pnr["met"] and pnr.get("critical_path"):
+                     _fmt(pnr["fmax_mhz"] if final else None), _fmt(r["clock_mhz"]),
+                     "yes" if pnr["met"] else "**no**", _fmt(pnr["seconds"])]
+            if final and not pnr["met"] and pnr.get("critical_path"):
                 missed.append((r, pnr["critical_path"]))
         source = (_record_source_hash(r) or "")[:8]
         lines.append(f"| {r['board']} | {r['top']} | {overrides} | {status} | " + " | ".join(cells)
@@ -582,7 +583,11 @@ def collect(out: Path | str) -> list[dict]:
     manifests = [json.loads(p.read_text()) for p in Path(out).glob("*/*/manifest.json")]
     manifests.sort(key=lambda m: (order.get(m["board"], len(order)), m["top"] != DEFAULT_TOP, m["top"],
                                   sorted(m["overrides"].items())))
-    return [{**m["result"], "source_sha256": m["source_sha256"]} for m in manifests]
+    records = [{**m["result"], "source_sha256": m["source_sha256"]} for m in manifests]
+    for r in records:
+        if r.get("pnr") and r["pnr"]["status"] not in ("ok", "timing-missed"):
+            r["pnr"]["fmax_mhz"] = None  # builds made before unfinished runs stopped reporting estimates
+    return records
 
 
 def run(args: argparse.Namespace) -> int:

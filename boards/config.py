@@ -63,7 +63,9 @@ def _non_empty(v) -> str | None:
 
 def _platform_ref(v) -> str | None:
     module, _, cls = v.partition(":")
-    return None if module and cls and " " not in v else "'module:Class', e.g. 'amaranth_boards.ulx3s:ULX3S_85F_Platform'"
+    if module and cls and " " not in v:
+        return None
+    return "'module:Class', e.g. 'amaranth_boards.ulx3s:ULX3S_85F_Platform'"
 
 
 @dataclass(frozen=True)
