@@ -48,6 +48,8 @@ firmware:
 # The long fuzz run of the firmware frame parser (the test suite runs a bounded one).
 fuzz: $(STAMP)
 	$(MAKE) -C firmware fuzz-long
+	mkdir -p build/fuzz/protocol
+	$(BIN)/python tests/host/test_fuzz_protocol.py -max_total_time=3600 -artifact_prefix=build/fuzz/ build/fuzz/protocol
 
 clean:
 	rm -rf build bench/results.json bench/results.md
