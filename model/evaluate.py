@@ -338,7 +338,7 @@ def lm_variants(quick: bool, everything: bool = False) -> list[LMVariant]:
         LMVariant("full", "full attention", "reference", long=True),
         LMVariant("seed", "seed preset (ring 16, keys field a=0.1, no self)", "seed", "seed"),
         LMVariant("ring64", "ring 64", "ring", "ring64"),
-        LMVariant("ring128", "ring 128", "ring", "ring128", in_grid=False),
+        LMVariant("ring128", "ring 128", "ring", "ring128"),
         LMVariant("ring256", "ring 256", "ring", "ring256", long=True),
         LMVariant("sinks4_ring60", "4 sinks + ring 60", "sinks", "sinks4_ring60"),
         LMVariant("default", "4 sinks + ring 252 (default preset)", "sinks", "default", long=True),
