@@ -205,6 +205,7 @@ class DeviceEndpoint:
         self.handlers = dict(handlers)
         self.parser = FrameParser(max_payload)
         self.last_seq: int | None = None
+        self.last_opcode: int | None = None
         self.last_answer = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -221,7 +222,9 @@ class DeviceEndpoint:
                                 self.api_level)
         if event.opcode == Opcode.HELLO:
             self.last_seq = None
-        elif self.last_seq is not None and event.seq == self.last_seq:
+        elif self.last_seq is not None and event.seq == self.last_seq and event.opcode == self.last_opcode:
+            # A retry repeats the whole request; the same seq with another opcode is a new request that reused
+            # a number, refused below with SEQUENCE rather than answered with another command's result.
             return self.last_answer
         elif self.last_seq is None or event.seq != (self.last_seq + 1) & 0xFFFF:
             expected = 0 if self.last_seq is None else (self.last_seq + 1) & 0xFFFF
@@ -233,7 +236,7 @@ class DeviceEndpoint:
             answer = encode_frame(self.api_level, event.opcode | RESPONSE_FLAG, event.seq, handler(event.payload))
         except CommandError as exc:
             answer = encode_error(self.api_level, exc.code, event.opcode, event.seq, exc.detail)
-        self.last_seq, self.last_answer = event.seq, answer
+        self.last_seq, self.last_opcode, self.last_answer = event.seq, event.opcode, answer
         return answer
 
 

@@ -69,6 +69,7 @@ struct fw_device {
     struct fw_parser parser;
     int synced;           /* a HELLO set the sequence */
     uint16_t last_seq;
+    uint8_t last_opcode;  /* a retry repeats seq AND opcode of the cached request */
     uint32_t answer_len;  /* bytes of the cached answer */
 };
 

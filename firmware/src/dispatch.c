@@ -163,6 +163,7 @@ static void execute(struct fw_device *dev)
         dev->answer_len = fw_frame_seal(answer_buffer, (uint8_t)(p->opcode | WIRE_RESPONSE_FLAG), p->seq, out_len);
     dev->synced = 1;
     dev->last_seq = p->seq;
+    dev->last_opcode = p->opcode;
     (void)hal_link_write(answer_buffer, dev->answer_len);
 }
 
@@ -177,7 +178,7 @@ static void on_frame(struct fw_device *dev)
     }
     if (p->opcode == WIRE_OP_HELLO) {
         dev->synced = 0;
-    } else if (dev->synced && p->seq == dev->last_seq) {
+    } else if (dev->synced && p->seq == dev->last_seq && p->opcode == dev->last_opcode) {
         (void)hal_link_write(answer_buffer, dev->answer_len);
         return;
     } else if (!dev->synced || p->seq != expected) {
@@ -200,6 +201,7 @@ void fw_init(struct fw_device *dev)
     fw_parser_init(&dev->parser, receive_buffer, FW_MAX_PAYLOAD);
     dev->synced = 0;
     dev->last_seq = 0;
+    dev->last_opcode = 0;
     dev->answer_len = 0;
 }
 

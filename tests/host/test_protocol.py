@@ -92,6 +92,19 @@ def test_endpoint_replays_a_repeated_seq_without_executing_twice():
     assert counter.calls == 1
 
 
+
+def test_endpoint_refuses_a_reused_seq_with_another_opcode_instead_of_replaying():
+    # Found by the differential fuzz run: HELLO seq 0 then a TILE request also numbered 0 used to get the
+    # cached HELLO answer. A retry repeats seq and opcode; anything else with the last seq is refused.
+    counter, ep = endpoint()
+    ep.feed(frames((Opcode.HELLO, 0, b"")))
+    (answer,) = parse_all(ep.feed(frames((Opcode.TILE, 0, b"abc"))))
+    assert answer.opcode == protocol.ERROR_OPCODE
+    assert protocol.ERROR_PAYLOAD.unpack(answer.payload) == (LinkError.SEQUENCE, Opcode.TILE, 0, 1)
+    assert counter.calls == 0
+    (answer,) = parse_all(ep.feed(frames((Opcode.TILE, 1, b"abc"))))
+    assert answer.payload == b"cba" and counter.calls == 1
+
 def test_endpoint_refuses_wrong_seq_wrong_level_and_unknown_opcode():
     counter, ep = endpoint()
     (answer,) = parse_all(ep.feed(frames((Opcode.TILE, 3, b"x"))))  # before HELLO
