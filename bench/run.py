@@ -11,11 +11,8 @@ Usage: python bench/run.py [AREA ...]   (default: every bench_*.py)
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import json
-import os
-import platform
 import subprocess
 import sys
 import traceback
@@ -25,22 +22,15 @@ HERE = Path(__file__).resolve().parent
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """The machine facts of `somatile.model.evaluate.machine` (one reader of /proc/cpuinfo), plus the commit."""
+    from somatile.model.evaluate import machine as host_facts
+
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=HERE).stdout.strip()
     except OSError:
         commit = ""
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "commit": commit}
+    return host_facts() | {"commit": commit}
 
 
 def _fmt(v) -> str:
