@@ -22,25 +22,29 @@ Ports (``amaranth.lib.stream``; Verilog names ``i__payload/i__valid/i__ready`` e
 Structure (why it sustains one beat per cycle). The row maximum is known only after the last beat, and the
 row sum only after the maximum, so a row passes three reading passes over a row buffer plus a reciprocal:
 
-1. ingest: write beats into bank ``r mod 4`` of the row memory, running max of the valid lanes;
+1. ingest: write beats into bank ``r mod 4`` of the row memory; the beat's maximum over the valid lanes goes
+   through a pipeline of one compare level per register stage into the row's running max;
 2. sum: read the row back, ``sum d_i`` over valid lanes (``d = min(m - x, Dmax)``) and their count; the row
    total is ``count*B - S*sum d`` (equal to ``sum (B - S*d_i)``, so no per-lane multiplier here);
 3. reciprocal: ``div`` a restoring divider, ``div_bits`` quotient bits per cycle; ``clb`` a leading-one
    detector and a shift;
-4. normalise: read the row again, ``min((B - S*d_i) * inv >> shift, max)`` per lane, to ``o`` (four
-   register stages: distance, score, product, saturate).
+4. normalise: read the row again, ``min((B - S*d_i) * inv >> shift, max)`` per lane, to ``o`` (register
+   stages: read data, distance, ``S*d``, score, two partial products, their sum, saturate).
 
 Four banks let ingest of row r+3, sum of r+2, reciprocal of r+1 and normalise of r run at the same time,
 each stage taking the next row as soon as it is free (one ``amaranth.lib.memory`` with one write and two
-read ports; bank depth ``n_max / lanes`` rounded up to a power of two).
+read ports; bank depth ``n_max / lanes`` rounded up to a power of two). The register stages are there for
+the clock: no path has more than one carry chain or one multiplier (8 lanes: 108.9 MHz on the ECP5 85F).
 
 Contract
 - Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
-  ``max(nb, D, (3*nb + D + 3) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
-  (:func:`reciprocal_cycles`: ``1 + ceil(23 / div_bits)`` for div uint8, ``1 + ceil(15 / div_bits)`` for
-  div int16, 2 for clb). Rows of at least ``D + 3`` beats therefore stream at one beat per cycle; shorter
-  rows are bound by the reciprocal (div) or the four-bank ring.
-- Latency of a lone row: ``3*nb + D + 8`` cycles from its first input beat to its last output beat.
+  ``max(nb, D, (3*nb + D + E + 6) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
+  (:func:`reciprocal_cycles`: ``2 + ceil(23 / div_bits)`` for div uint8, ``2 + ceil(15 / div_bits)`` for
+  div int16, 3 for clb) and ``E = 1 + log2(lanes)`` the ingest pipeline (:func:`ingest_pipeline`). Rows of
+  at least ``(D + E + 6) / 3`` and ``D`` beats therefore stream at one beat per cycle; shorter rows are
+  bound by the reciprocal (div) or the four-bank ring.
+- Latency of a lone row: ``3*nb + D + E + 14`` cycles from its first input beat to its last output beat
+  (:data:`SUM_PIPELINE` + :data:`NORMALISE_PIPELINE` = 14).
 - Backpressure: ``o`` stalls only the normalise stage; the other stages run on until they need a bank it
   holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` depends only on internal state.
 - :func:`expected_cycles` gives the exact cycle count of back-to-back rows with ``o`` always ready.
@@ -67,13 +71,15 @@ from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_N
 LANE_CHOICES = (1, 4, 8, 16, 32)
 OUT_TYPES = ("uint8", "int16")
 BANKS = 4
-NORMALISE_PIPELINE = 5
-"""Cycles from a normalise-stage memory read to its beat being taken from ``o`` (read, distance, score,
-product, saturate into the output register)."""
-SUM_PIPELINE = 3
-"""Cycles from the sum stage's read of a row's last beat to the row total being visible (read, distance,
-adder tree and accumulate)."""
+NORMALISE_PIPELINE = 8
+"""Cycles from a normalise-stage memory read to its beat being taken from ``o`` (read, read register,
+distance, ``S*d``, score, two partial products, their sum, saturate into the output register)."""
+SUM_PIPELINE = 6
+"""Cycles from the sum stage's read of a row's last beat to the row total being visible (read, read register,
+distance, adder tree, accumulate, the two products ``count*B`` and ``S*sum d``, their difference)."""
 OUT_BITS = {"uint8": 8, "int16": 16}
+INV_SPLIT = 12
+"""The normaliser multiplies ``score * inv`` as ``score * inv[:12] + (score * inv[12:] << 12)``."""
 NUMERATOR_BITS = {OUT_UINT8: UINT8_NUMERATOR.bit_length(), OUT_INT16: INT16_NUMERATOR.bit_length()}
 
 
@@ -140,8 +146,8 @@ status_layout = data.StructLayout({"overflow": 1, "framing": 1, "bad_head": 1, "
 def reciprocal_cycles(cfg: HCCSConfig, mode: str = "div", out: str = "uint8") -> int:
     """Cycles the reciprocal stage holds one row (its occupancy ``D``)."""
     if MODE_CODES[mode] == MODE_CLB:
-        return 2
-    return 1 + math.ceil(NUMERATOR_BITS[OUT_CODES[out]] / cfg.div_bits)
+        return 3
+    return 2 + math.ceil(NUMERATOR_BITS[OUT_CODES[out]] / cfg.div_bits)
 
 
 def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", out: str = "uint8") -> int:
@@ -150,19 +156,21 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
 
     This evaluates the stage recurrence of the design exactly (each stage starts a row when the previous stage
     has finished it and the stage itself is free; bank ``r mod 4`` is reused once row r-4 is normalised):
-    ingest takes ``nb`` cycles, the sum stage ``nb`` cycles plus :data:`SUM_PIPELINE`, the reciprocal ``D``, the
-    normaliser ``nb`` plus :data:`NORMALISE_PIPELINE` to the output register. See the module docstring for the closed form.
+    ingest takes ``nb`` cycles plus :func:`ingest_pipeline`, the sum stage ``nb`` cycles plus
+    :data:`SUM_PIPELINE`, the reciprocal ``D``, the normaliser ``nb`` plus :data:`NORMALISE_PIPELINE` to the
+    output register. See the module docstring for the closed form.
     """
     if rows < 1 or not 1 <= n <= cfg.n_max:
         raise ValueError(f"rows must be >= 1 and n within 1..{cfg.n_max}, got rows={rows}, n={n}")
     nb = -(-n // cfg.lanes)
     recip = reciprocal_cycles(cfg, mode, out)
+    extra = ingest_pipeline(cfg)
     ingest, summed, recips, norm = [], [], [], []
     for r in range(rows):
         i_start = 0 if r == 0 else ingest[r - 1] + nb
         if r >= BANKS:
             i_start = max(i_start, norm[r - BANKS] + nb)
-        s_start = max(i_start + nb, summed[r - 1] + nb if r else 0)
+        s_start = max(i_start + nb + extra, summed[r - 1] + nb if r else 0)
         d_start = max(s_start + nb + SUM_PIPELINE, recips[r - 1] + recip if r else 0)
         n_start = max(d_start + recip, norm[r - 1] + nb if r else 0)
         ingest.append(i_start)
@@ -181,13 +189,31 @@ def _capped_distances(row_max, dmax, word):
     return lanes
 
 
-def _tree(values, op):
-    """Balanced reduction (log depth) of a list of Amaranth values."""
+def _tree_levels(values, op, levels):
+    """``levels`` levels of a balanced pairwise reduction of a list of Amaranth values (the partial results)."""
     values = list(values)
-    while len(values) > 1:
+    for _ in range(levels):
         values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
                   for i in range(0, len(values), 2)]
-    return values[0]
+    return values
+
+
+def _tree(values, op):
+    """Balanced reduction (log depth) of a list of Amaranth values."""
+    return _tree_levels(values, op, ceil_log2(len(values)))[0]
+
+
+def _max_tree_levels(lanes: int) -> list[int]:
+    """Compare levels of the beat-maximum tree per ingest pipeline stage: one per stage (two chained 8-bit
+    compare-and-select levels measured 12.8 ns on the ECP5 85F), and a last stage with none, where the
+    running maximum takes its one compare."""
+    return [1] * ceil_log2(lanes) + [0]
+
+
+def ingest_pipeline(cfg: HCCSConfig) -> int:
+    """Extra cycles from a row's last input beat to its bank being ready for the sum stage: the registered
+    lanes plus one stage per level of the beat-maximum tree (``1 + log2(lanes)``)."""
+    return len(_max_tree_levels(cfg.lanes))
 
 
 class HCCS(wiring.Component):
@@ -233,34 +259,33 @@ class HCCS(wiring.Component):
             if cfg.out_type == "uint8":
                 m.d.sync += regfile[self.cfg.payload.head].out.eq(OUT_UINT8)
 
-        FREE, FULL, SUMMED, READY = range(4)
-        state = Array(Signal(2, name=f"bank{b}_state") for b in range(BANKS))
+        # FILLING: the row's last beat is in, its maximum still in the ingest pipeline. SUMMING: the sum stage has
+        # read the whole row and its total is still in the sum pipeline. Both pipelines are longer than a lap
+        # of the four banks when rows are one beat long, so these states keep the next stage off the bank.
+        FREE, FILLING, FULL, SUMMING, SUMMED, READY = range(6)
+        state = Array(Signal(3, name=f"bank{b}_state") for b in range(BANKS))
 
         def per_bank(shape, name):
             return Array(Signal(shape, name=f"bank{b}_{name}") for b in range(BANKS))
 
-        d_beats = per_bank(count_bits, "beats")
+        d_final = per_bank(count_bits, "final")  # index of the row's last stored beat
         d_max = per_bank(signed(INPUT_BITS), "max")
         d_head = per_bank(cfg.head_bits, "head")
         d_params = per_bank(params_layout, "params")
-        d_dsum = per_bank(bits_for(cfg.n_max * DMAX_MAX), "dsum")
-        d_count = per_bank(bits_for(cfg.n_max), "count")
         d_inv = per_bank(bits_for(UINT8_NUMERATOR), "inv")
 
-        # Ingest: beats of row r go to bank r mod 4 while the normaliser has released it.
+        # Ingest: beats of row r go to bank r mod 4 while the normaliser has released it. The beat is written
+        # to the row memory when accepted; its maximum goes through a pipeline (masked lanes registered, then one
+        # compare level per stage, the last stage folding in the running maximum), and the bank turns FULL when
+        # the row's last beat leaves that pipeline (ingest_pipeline(cfg) cycles later).
         wbank = Signal(bank_bits)
         iptr = Signal(count_bits)
         in_row = Signal()
-        run_max = Signal(signed(INPUT_BITS))
         row_head = Signal(cfg.head_bits)
         row_params = Signal(params_layout)
         beat = self.i.payload
         m.d.comb += self.i.ready.eq(state[wbank] == FREE)
         lane_min = Const(-(1 << (INPUT_BITS - 1)), signed(INPUT_BITS))
-        masked = [Mux(beat.mask[j], beat.data[j], lane_min) for j in range(L)]
-        beat_max = _tree(masked, lambda a, b: Mux(a > b, a, b))
-        prior = Mux(in_row, run_max, lane_min)
-        new_max = Mux(beat_max > prior, beat_max, prior)
         stored = iptr < NB
         bad_head = Signal()
         cur_head = Mux(in_row, row_head, beat.head)
@@ -275,7 +300,7 @@ class HCCS(wiring.Component):
         with m.If(accepted):
             m.d.comb += wr.en.eq(stored)
             with m.If(stored):
-                m.d.sync += [run_max.eq(new_max), iptr.eq(iptr + 1)]
+                m.d.sync += iptr.eq(iptr + 1)
             with m.Else():
                 m.d.sync += self.status.overflow.eq(1)
             with m.If(beat.first != ~in_row):
@@ -285,111 +310,163 @@ class HCCS(wiring.Component):
             m.d.sync += [in_row.eq(1), row_head.eq(cur_head), row_params.eq(cur_params)]
             with m.If(beat.last):
                 m.d.sync += [
-                    d_beats[wbank].eq(Mux(stored, iptr + 1, iptr)),
-                    d_max[wbank].eq(Mux(stored, new_max, prior)),
+                    d_final[wbank].eq(Mux(stored, iptr, iptr - 1)),
                     d_head[wbank].eq(cur_head),
-                    d_params[wbank].eq(cur_params),
-                    state[wbank].eq(FULL),
+                    d_params[wbank].eq(cur_params), state[wbank].eq(FILLING),
                     wbank.eq(wbank + 1), iptr.eq(0), in_row.eq(0),
                 ]
+
+        def max_stage(lanes):
+            return data.StructLayout({"valid": 1, "start": 1, "last": 1, "bank": bank_bits,
+                                      "lanes": data.ArrayLayout(signed(INPUT_BITS), lanes)})
+
+        def signed_max(a, b):
+            return Mux(a > b, a, b)
+
+        # A beat past the row's capacity is dropped: it enters the pipeline with every lane masked.
+        mx = Signal(max_stage(L), name="max0")
+        m.d.sync += [mx.valid.eq(accepted), mx.start.eq(~in_row), mx.last.eq(beat.last), mx.bank.eq(wbank)]
+        m.d.sync += [mx.lanes[j].eq(Mux(beat.mask[j] & stored, beat.data[j], lane_min)) for j in range(L)]
+        max_pipe = [mx]
+        for k, levels in enumerate(_max_tree_levels(L)[:-1]):
+            values = _tree_levels([mx.lanes[j] for j in range(len(mx.lanes))], signed_max, levels)
+            nxt = Signal(max_stage(len(values)), name=f"max{k + 1}")
+            m.d.sync += [nxt.valid.eq(mx.valid), nxt.start.eq(mx.start), nxt.last.eq(mx.last),
+                         nxt.bank.eq(mx.bank)] + [nxt.lanes[j].eq(v) for j, v in enumerate(values)]
+            max_pipe.append(nxt)
+            mx = nxt
+        run_max = Signal(signed(INPUT_BITS))
+        beat_max = _tree([mx.lanes[j] for j in range(len(mx.lanes))], signed_max)
+        new_max = signed_max(beat_max, Mux(mx.start, lane_min, run_max))
+        with m.If(mx.valid):
+            m.d.sync += run_max.eq(new_max)
+            with m.If(mx.last):
+                m.d.sync += [d_max[mx.bank].eq(new_max), state[mx.bank].eq(FULL)]
 
         # Sum pass: read the row back; per beat sum of d over valid lanes and their count; accumulate.
         sbank = Signal(bank_bits)
         s_active = Signal()
         s_ptr = Signal(count_bits)
-        s_beats = Signal(count_bits)
+        s_final = Signal(count_bits)
         s_max = Signal(signed(INPUT_BITS))
         s_dmax = Signal(bits_for(DMAX_MAX))
         s_start = ~s_active & (state[sbank] == FULL)
         s_ptr_now = Mux(s_active, s_ptr, 0)
-        s_beats_now = Mux(s_active, s_beats, d_beats[sbank])
+        s_final_now = Mux(s_active, s_final, d_final[sbank])
         s_max_now = Mux(s_active, s_max, d_max[sbank])
         s_dmax_now = Mux(s_active, s_dmax, d_params[sbank].dmax)
         s_issue = s_active | s_start
-        s_last = s_ptr_now == s_beats_now - 1
+        s_last = s_ptr_now == s_final_now
         m.d.comb += [rd_sum.addr.eq(Cat(s_ptr_now[:ptr_bits], sbank)), rd_sum.en.eq(1)]
         with m.If(s_start):
-            m.d.sync += [s_beats.eq(d_beats[sbank]), s_max.eq(d_max[sbank]), s_dmax.eq(d_params[sbank].dmax)]
+            m.d.sync += [s_final.eq(d_final[sbank]), s_max.eq(d_max[sbank]), s_dmax.eq(d_params[sbank].dmax)]
         with m.If(s_issue):
             with m.If(s_last):
-                m.d.sync += [s_active.eq(0), sbank.eq(sbank + 1)]
+                m.d.sync += [s_active.eq(0), sbank.eq(sbank + 1), state[sbank].eq(SUMMING)]
             with m.Else():
                 m.d.sync += [s_active.eq(1), s_ptr.eq(s_ptr_now + 1)]
-        s1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
-                                       "max": signed(INPUT_BITS), "dmax": bits_for(DMAX_MAX)}))
+        s_ctl = data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
+                                   "max": signed(INPUT_BITS), "dmax": bits_for(DMAX_MAX)})
+        s1 = Signal(s_ctl)
         m.d.sync += [s1.valid.eq(s_issue), s1.first.eq(s_ptr_now == 0), s1.last.eq(s_last), s1.bank.eq(sbank),
                      s1.max.eq(s_max_now), s1.dmax.eq(s_dmax_now)]
-        # Register the capped distances before the adder tree: memory read, then one subtract-and-cap per stage.
+        # The block RAM's output goes straight into a register (its clock-to-out leaves no room for logic).
+        s_read = Signal(data.StructLayout({"ctl": s_ctl, "word": word}))
+        m.d.sync += [s_read.ctl.eq(s1), s_read.word.eq(rd_sum.data)]
+        # Register the capped distances before the adder tree: one subtract-and-cap per stage.
         s_dist = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits, "mask": L,
                                            "d": data.ArrayLayout(bits_for(DMAX_MAX), L)}))
-        m.d.sync += [s_dist.valid.eq(s1.valid), s_dist.first.eq(s1.first), s_dist.last.eq(s1.last),
-                     s_dist.bank.eq(s1.bank), s_dist.mask.eq(rd_sum.data.mask)]
-        m.d.sync += [s_dist.d[j].eq(d) for j, d in enumerate(_capped_distances(s1.max, s1.dmax, rd_sum.data))]
+        m.d.sync += [s_dist.valid.eq(s_read.ctl.valid), s_dist.first.eq(s_read.ctl.first),
+                     s_dist.last.eq(s_read.ctl.last), s_dist.bank.eq(s_read.ctl.bank), s_dist.mask.eq(s_read.word.mask)]
+        m.d.sync += [s_dist.d[j].eq(d) for j, d in
+                     enumerate(_capped_distances(s_read.ctl.max, s_read.ctl.dmax, s_read.word))]
         s2 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
                                        "dsum": bits_for(L * DMAX_MAX), "count": bits_for(L)}))
         m.d.sync += [s2.valid.eq(s_dist.valid), s2.first.eq(s_dist.first), s2.last.eq(s_dist.last),
                      s2.bank.eq(s_dist.bank),
                      s2.dsum.eq(_tree([s_dist.d[j] for j in range(L)], lambda a, b: a + b)),
                      s2.count.eq(_tree([s_dist.mask[j] for j in range(L)], lambda a, b: a + b))]
-        acc_dsum = Signal.like(d_dsum[0])
-        acc_count = Signal.like(d_count[0])
+        acc_dsum = Signal(bits_for(cfg.n_max * DMAX_MAX))
+        acc_count = Signal(bits_for(cfg.n_max))
         next_dsum = Mux(s2.first, 0, acc_dsum) + s2.dsum
         next_count = Mux(s2.first, 0, acc_count) + s2.count
+        # Row total = count*B - S*sum(d): the two products in one stage, their difference in the next.
+        s3 = Signal(data.StructLayout({"valid": 1, "bank": bank_bits, "dsum": len(acc_dsum),
+                                       "count": len(acc_count), "B": params_layout["B"].shape,
+                                       "S": params_layout["S"].shape}))
+        s4 = Signal(data.StructLayout({"valid": 1, "bank": bank_bits, "countB": total_bits + 1,
+                                       "Sdsum": total_bits + 1}))
+        m.d.sync += [s3.valid.eq(s2.valid & s2.last), s3.bank.eq(s2.bank)]
         with m.If(s2.valid):
-            m.d.sync += [acc_dsum.eq(next_dsum), acc_count.eq(next_count)]
-            with m.If(s2.last):
-                m.d.sync += [d_dsum[s2.bank].eq(next_dsum), d_count[s2.bank].eq(next_count),
-                             state[s2.bank].eq(SUMMED)]
+            m.d.sync += [acc_dsum.eq(next_dsum), acc_count.eq(next_count), s3.dsum.eq(next_dsum),
+                         s3.count.eq(next_count), s3.B.eq(d_params[s2.bank].B), s3.S.eq(d_params[s2.bank].S)]
+        m.d.sync += [s4.valid.eq(s3.valid), s4.bank.eq(s3.bank), s4.countB.eq(s3.count * s3.B),
+                     s4.Sdsum.eq(s3.S * s3.dsum)]
+        d_total = per_bank(total_bits, "total")
+        with m.If(s4.valid):
+            m.d.sync += [d_total[s4.bank].eq((s4.countB - s4.Sdsum)[:total_bits]), state[s4.bank].eq(SUMMED)]
 
-        # Reciprocal: total = count*B - S*sum(d), then a restoring divider or a leading-one shift.
+        # Reciprocal: a restoring divider (div_bits quotient bits per cycle) or a leading-one shift (clb).
         rbank = Signal(bank_bits)
         r_active = Signal()
         r_iter = Signal(range(max(NUMERATOR_BITS.values()) // cfg.div_bits + 2))
         divisor = Signal(total_bits)
+        divisor_zero = Signal()
         remainder = Signal(total_bits + 1)
         quotient = Signal(bits_for(UINT8_NUMERATOR))
         steps = math.ceil(NUMERATOR_BITS[OUT_UINT8] / cfg.div_bits)
         numerator_reg = Signal(steps * cfg.div_bits)
         r_params = d_params[rbank]
         r_start = ~r_active & (state[rbank] == SUMMED)
-        total = (d_count[rbank] * r_params.B - r_params.S * d_dsum[rbank])[:total_bits]
         with m.If(r_start):
             numerators = {OUT_UINT8: UINT8_NUMERATOR, OUT_INT16: INT16_NUMERATOR}
             iters = {o: math.ceil(NUMERATOR_BITS[o] / cfg.div_bits) for o in numerators}
             # Left-align each numerator in the shift register so its first quotient step reads its top bits.
             aligned = {o: numerators[o] << (len(numerator_reg) - iters[o] * cfg.div_bits) for o in numerators}
-            m.d.sync += [r_active.eq(1), divisor.eq(total), remainder.eq(0), quotient.eq(0),
+            m.d.sync += [r_active.eq(1), divisor.eq(d_total[rbank]), divisor_zero.eq(d_total[rbank] == 0),
+                         remainder.eq(0), quotient.eq(0),
                          numerator_reg.eq(Mux(r_params.out == OUT_INT16, aligned[OUT_INT16], aligned[OUT_UINT8])),
-                         r_iter.eq(Mux(r_params.out == OUT_INT16, iters[OUT_INT16], iters[OUT_UINT8]))]
+                         r_iter.eq(Mux(r_params.mode == MODE_CLB, 1,
+                                       Mux(r_params.out == OUT_INT16, iters[OUT_INT16], iters[OUT_UINT8])))]
         r_done = Signal()
         r_inv = Signal.like(d_inv[0])
         with m.If(r_active):
             with m.If(r_params.mode == MODE_CLB):
-                leading = Signal(range(total_bits))
-                for bit in range(total_bits):
-                    with m.If(divisor[bit]):
-                        m.d.comb += leading.eq(bit)
+                # numerator >> (position of the leading one): select the shifted numerator by a one-hot of the
+                # leading one (log-depth OR trees rather than a priority chain). Two cycles: the one-hot into a
+                # register, then the selection.
                 clb_num = Mux(r_params.out == OUT_INT16, INT16_NUMERATOR, UINT8_NUMERATOR)
-                m.d.comb += [r_done.eq(1), r_inv.eq(clb_num >> leading)]
+                onehot = Signal(total_bits)
+                with m.If(r_iter != 0):
+                    m.d.sync += [onehot.eq(Cat(divisor[bit] & ~divisor[bit + 1:].any() if bit + 1 < total_bits
+                                               else divisor[bit] for bit in range(total_bits))),
+                                 r_iter.eq(r_iter - 1)]
+                shifted = [Mux(onehot[bit], clb_num >> bit, 0) for bit in range(total_bits)]
+                m.d.comb += [r_done.eq(r_iter == 0), r_inv.eq(_tree(shifted, lambda a, b: a | b))]
             with m.Else():
                 rem, quo, num = remainder, quotient, numerator_reg
                 for _ in range(cfg.div_bits):
                     shifted = Cat(num[-1], rem)[:total_bits + 1]
-                    fits = shifted >= divisor
-                    rem = Mux(fits, shifted - divisor, shifted)[:total_bits + 1]
+                    # One subtractor per quotient bit: its borrow is the comparison.
+                    diff = (shifted - divisor)[:total_bits + 2]
+                    fits = ~diff[-1]
+                    rem = Mux(fits, diff[:total_bits + 1], shifted)
                     quo = Cat(fits, quo)[:len(quotient)]
                     num = Cat(Const(0, 1), num)[:len(numerator_reg)]
-                m.d.sync += [remainder.eq(rem), quotient.eq(quo), numerator_reg.eq(num), r_iter.eq(r_iter - 1)]
-                m.d.comb += [r_done.eq(r_iter == 1), r_inv.eq(quo)]
+                # The quotient is taken from its register one cycle after the last step, so the divider's
+                # chain of div_bits subtractors ends at a register rather than at the banks' inv registers.
+                with m.If(r_iter != 0):
+                    m.d.sync += [remainder.eq(rem), quotient.eq(quo), numerator_reg.eq(num), r_iter.eq(r_iter - 1)]
+                m.d.comb += [r_done.eq(r_iter == 0), r_inv.eq(quotient)]
             with m.If(r_done):
-                m.d.sync += [d_inv[rbank].eq(Mux(divisor == 0, 0, r_inv)), state[rbank].eq(READY),
+                m.d.sync += [d_inv[rbank].eq(Mux(divisor_zero, 0, r_inv)), state[rbank].eq(READY),
                              rbank.eq(rbank + 1), r_active.eq(0)]
 
         # Normalise: read the row a last time; one output beat per cycle while o is taken.
         nbank = Signal(bank_bits)
         n_active = Signal()
         n_ptr = Signal(count_bits)
-        row = data.StructLayout({"beats": count_bits, "max": signed(INPUT_BITS), "head": cfg.head_bits,
+        row = data.StructLayout({"final": count_bits, "max": signed(INPUT_BITS), "head": cfg.head_bits,
                                  "params": params_layout, "inv": d_inv[0].shape()})
         n_row = Signal(row)
         advance = ~self.o.valid | self.o.ready
@@ -397,12 +474,12 @@ class HCCS(wiring.Component):
         n_row_now = Signal(row)
         m.d.comb += n_row_now.eq(n_row)
         with m.If(~n_active):
-            m.d.comb += [n_row_now.beats.eq(d_beats[nbank]), n_row_now.max.eq(d_max[nbank]),
+            m.d.comb += [n_row_now.final.eq(d_final[nbank]), n_row_now.max.eq(d_max[nbank]),
                          n_row_now.head.eq(d_head[nbank]), n_row_now.params.eq(d_params[nbank]),
                          n_row_now.inv.eq(d_inv[nbank])]
         n_ptr_now = Mux(n_active, n_ptr, 0)
         n_issue = advance & (n_active | n_start)
-        n_last = n_ptr_now == n_row_now.beats - 1
+        n_last = n_ptr_now == n_row_now.final
         m.d.comb += [rd_norm.addr.eq(Cat(n_ptr_now[:ptr_bits], nbank)), rd_norm.en.eq(advance)]
         with m.If(n_issue):
             m.d.sync += n_row.eq(n_row_now)
@@ -410,37 +487,55 @@ class HCCS(wiring.Component):
                 m.d.sync += [n_active.eq(0), nbank.eq(nbank + 1), state[nbank].eq(FREE)]
             with m.Else():
                 m.d.sync += [n_active.eq(1), n_ptr.eq(n_ptr_now + 1)]
-        # Four register stages after the memory (distance, score, product, saturate): one multiply per path.
+        # After the memory: read register, distance, S*d, score, two partial products, their sum, saturate; every
+        # stage moves only when the output moves (advance), so a stalled o holds the whole pipeline.
         n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row}))
+        n_read = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row, "word": word}))
         framing = {"valid": 1, "first": 1, "last": 1, "head": cfg.head_bits, "mask": L, "out": 1}
         n_dist = Signal(data.StructLayout({**framing, "B": params_layout["B"].shape, "S": params_layout["S"].shape,
                                            "inv": d_inv[0].shape(), "d": data.ArrayLayout(bits_for(DMAX_MAX), L)}))
+        n_sd = Signal(data.StructLayout({**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape(),
+                                         "sd": data.ArrayLayout(bits_for(S_MAX * DMAX_MAX), L)}))
         n2 = Signal(data.StructLayout({**framing, "inv": d_inv[0].shape(),
                                        "score": data.ArrayLayout(bits_for(B_MAX), L)}))
-        n3 = Signal(data.StructLayout({**framing, "product": data.ArrayLayout(PRODUCT_BITS, L)}))
+        # score * inv as two products on the low and high INV_SPLIT bits of inv: each fits one 18x18 multiplier.
+        inv_bits = len(d_inv[0])
+        n3 = Signal(data.StructLayout({**framing, "lo": data.ArrayLayout(bits_for(B_MAX) + INV_SPLIT, L),
+                                       "hi": data.ArrayLayout(bits_for(B_MAX) + inv_bits - INV_SPLIT, L)}))
+        n4 = Signal(data.StructLayout({**framing, "product": data.ArrayLayout(PRODUCT_BITS, L)}))
         with m.If(advance):
             m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last),
                          n1.row.eq(n_row_now)]
-            p = n1.row.params
-            m.d.sync += [n_dist.valid.eq(n1.valid), n_dist.first.eq(n1.first), n_dist.last.eq(n1.last),
-                         n_dist.head.eq(n1.row.head), n_dist.mask.eq(rd_norm.data.mask), n_dist.out.eq(p.out),
-                         n_dist.B.eq(p.B), n_dist.S.eq(p.S), n_dist.inv.eq(n1.row.inv)]
-            m.d.sync += [n_dist.d[j].eq(d) for j, d in enumerate(_capped_distances(n1.row.max, p.dmax, rd_norm.data))]
-            m.d.sync += [n2[name].eq(n_dist[name]) for name in framing] + [n2.inv.eq(n_dist.inv)]
-            m.d.sync += [n2.score[j].eq(Mux(n_dist.mask[j], n_dist.B - n_dist.S * n_dist.d[j], 0)) for j in range(L)]
-            # score * inv <= numerator (div) or < 255 << 16 (clb): PRODUCT_BITS hold it exactly.
+            m.d.sync += [n_read.valid.eq(n1.valid), n_read.first.eq(n1.first), n_read.last.eq(n1.last),
+                         n_read.row.eq(n1.row), n_read.word.eq(rd_norm.data)]
+            p = n_read.row.params
+            m.d.sync += [n_dist.valid.eq(n_read.valid), n_dist.first.eq(n_read.first), n_dist.last.eq(n_read.last),
+                         n_dist.head.eq(n_read.row.head), n_dist.mask.eq(n_read.word.mask), n_dist.out.eq(p.out),
+                         n_dist.B.eq(p.B), n_dist.S.eq(p.S), n_dist.inv.eq(n_read.row.inv)]
+            m.d.sync += [n_dist.d[j].eq(d)
+                         for j, d in enumerate(_capped_distances(n_read.row.max, p.dmax, n_read.word))]
+            m.d.sync += [n_sd[name].eq(n_dist[name]) for name in framing] + [n_sd.inv.eq(n_dist.inv),
+                                                                            n_sd.B.eq(n_dist.B)]
+            m.d.sync += [n_sd.sd[j].eq(n_dist.S * n_dist.d[j]) for j in range(L)]
+            m.d.sync += [n2[name].eq(n_sd[name]) for name in framing] + [n2.inv.eq(n_sd.inv)]
+            m.d.sync += [n2.score[j].eq(Mux(n_sd.mask[j], n_sd.B - n_sd.sd[j], 0)) for j in range(L)]
             m.d.sync += [n3[name].eq(n2[name]) for name in framing]
-            m.d.sync += [n3.product[j].eq(n2.score[j] * n2.inv) for j in range(L)]
-            out_max = Mux(n3.out == OUT_INT16, INT16_MAX, UINT8_MAX)
+            m.d.sync += [n3.lo[j].eq(n2.score[j] * n2.inv[:INV_SPLIT]) for j in range(L)]
+            m.d.sync += [n3.hi[j].eq(n2.score[j] * n2.inv[INV_SPLIT:]) for j in range(L)]
+            # score * inv <= numerator (div) or < 255 << 16 (clb): PRODUCT_BITS hold it exactly.
+            m.d.sync += [n4[name].eq(n3[name]) for name in framing]
+            m.d.sync += [n4.product[j].eq(n3.lo[j] + (n3.hi[j] << INV_SPLIT)) for j in range(L)]
+            out_max = Mux(n4.out == OUT_INT16, INT16_MAX, UINT8_MAX)
             for j in range(L):
-                scaled = Mux(n3.out == OUT_INT16, n3.product[j], n3.product[j] >> INV_SHIFT)
+                scaled = Mux(n4.out == OUT_INT16, n4.product[j], n4.product[j] >> INV_SHIFT)
                 m.d.sync += self.o.payload.data[j].eq(Mux(scaled > out_max, out_max, scaled))
-            m.d.sync += [self.o.valid.eq(n3.valid), self.o.payload.mask.eq(n3.mask),
-                         self.o.payload.first.eq(n3.first), self.o.payload.last.eq(n3.last),
-                         self.o.payload.head.eq(n3.head)]
+            m.d.sync += [self.o.valid.eq(n4.valid), self.o.payload.mask.eq(n4.mask),
+                         self.o.payload.first.eq(n4.first), self.o.payload.last.eq(n4.last),
+                         self.o.payload.head.eq(n4.head)]
 
         with m.If(self.clear_status):
             m.d.sync += [self.status.overflow.eq(0), self.status.framing.eq(0), self.status.bad_head.eq(0)]
+        pipeline_valid = [stage.valid for stage in max_pipe + [n1, n_read, n_dist, n_sd, n2, n3, n4, self.o]]
         m.d.comb += self.status.busy.eq(in_row | Cat(state[b] != FREE for b in range(BANKS)).any()
-                                        | n1.valid | n_dist.valid | n2.valid | n3.valid | self.o.valid)
+                                        | Cat(pipeline_valid).any())
         return m

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from somatile.hw.hccs import SUM_PIPELINE, HCCS, HCCSConfig, expected_cycles, reciprocal_cycles
+from somatile.hw.hccs import SUM_PIPELINE, HCCS, HCCSConfig, expected_cycles, ingest_pipeline, reciprocal_cycles
 from somatile.model import calibrate, quant, synth
 from somatile.model.hccs import DMAX_MAX, MAX_ROW_MASS, MIN_FLOOR_MASS, S_MAX, hccs_int
 from somatile.sim import runner
@@ -127,7 +127,7 @@ def test_expected_cycles_closed_form_period():
     config = HCCSConfig(lanes=8, n_max=256, div_bits=2)
     for beats, mode in ((32, "div"), (5, "div"), (1, "clb"), (2, "clb")):
         d = reciprocal_cycles(config, mode)
-        period = max(beats, d, (3 * beats + d + SUM_PIPELINE) / 4)
+        period = max(beats, d, (3 * beats + d + SUM_PIPELINE + ingest_pipeline(config)) / 4)
         n = beats * config.lanes
         measured = expected_cycles(config, 2001, n, mode=mode) - expected_cycles(config, 1001, n, mode=mode)
         assert measured == pytest.approx(1000 * period, rel=0.01), (beats, mode)
