@@ -239,7 +239,7 @@ def soma_run(runner, cfg, state, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     if cfg.slots > metal_kernels.SOMA_MAX_SLOTS:
         raise ValueError(f"SomaConfig.ring: sinks + ring = {cfg.slots} exceeds the {metal_kernels.SOMA_MAX_SLOTS} "
                          f"slots the Metal kernel keeps in threadgroup memory")
-    soma._check_state(cfg, state, None)
+    soma.check_state(cfg, state, None)
     words = {"heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads, "dim": cfg.head_dim, "ring": cfg.ring,
              "sinks": cfg.sinks, "include_self": cfg.include_self, "gated": cfg.gated,
              "field_keys": cfg.field_source == "keys", "normaliser": soma_int.NORM_CODES[cfg.normaliser],
@@ -267,7 +267,7 @@ def soma_prefill(runner, cfg, q, k, v, *, state=None):
     """somatile.model.soma.prefill for integer configs, on the GPU: returns (out int8 (T, H, D), state)."""
     from somatile.model import soma
 
-    q, k, v = soma._check_inputs(cfg, q, k, v, seq=True)
+    q, k, v = soma.check_inputs(cfg, q, k, v, seq=True)
     state = soma.SomaState.empty(cfg) if state is None else state
     return soma_run(runner, cfg, state, q, k, v), state
 
@@ -276,7 +276,7 @@ def soma_decode_step(runner, cfg, state, q, k, v):
     """somatile.model.soma.decode_step for integer configs, on the GPU: returns (out int8 (H, D), state)."""
     from somatile.model import soma
 
-    q, k, v = soma._check_inputs(cfg, q, k, v, seq=False)
+    q, k, v = soma.check_inputs(cfg, q, k, v, seq=False)
     return soma_run(runner, cfg, state, q[None], k[None], v[None])[0], state
 
 
@@ -338,7 +338,7 @@ def sfa_apply(runner, cfg, state, layer: int, x):
     (T, hidden) of layer ``layer``; returns (float32 array of x's shape, state updated in place)."""
     from somatile.model import sfa
 
-    x = sfa._check_x(state, x)
+    x = sfa.check_x(state, x)
     sfa.alpha_decay(layer, cfg.n_layers, cfg.alpha_base, cfg.cross_decay)  # validates the layer index
     alpha = float(sfa_alphas(runner, cfg)[layer])
     rows = x[None] if x.ndim == 1 else x
@@ -359,7 +359,7 @@ def tile_class():
             super().__init__(params, tile_index)
             self.runner = runner
 
-        def _decode(self, head: int, q, k, v) -> bytes:
+        def decode_head(self, head: int, q, k, v) -> bytes:
             from somatile.model import soma
 
             cfg = self._configs[head]
@@ -369,8 +369,8 @@ def tile_class():
             arrays_to_state(self.params, state.to_arrays(), into=record.state)
             return out.astype(np.int8).tobytes()
 
-        def _hccs(self, head: int, rows: int, n: int, payload: bytes) -> bytes:
-            values = self._hccs_params(head, n)
+        def hccs_rows(self, head: int, rows: int, n: int, payload: bytes) -> bytes:
+            values = self.hccs_params(head, n)
             n_pad = regmap.padded(n)
             x = np.ascontiguousarray(np.frombuffer(payload, np.int8).reshape(rows, n_pad)[:, :n])
             probs = hccs(self.runner, x, values["hccs_B"], values["hccs_S"], values["hccs_dmax"],

@@ -210,7 +210,7 @@ class TileModel:
             if not all(self.heads[h].configured for h in range(head, head + max(count, 1))):
                 raise CommandError(ErrorCode.NOT_CONFIGURED)
         if opcode == Opcode.HCCS:
-            self._hccs_params(head, arg1)
+            self.hccs_params(head, arg1)
         expected = {
             Opcode.CONFIGURE_HEAD: regmap.padded(regmap.REGISTER_BYTES * len(regmap.HEAD_PARAMS)),
             Opcode.LOAD_STATE: self._state_bytes,
@@ -221,7 +221,8 @@ class TileModel:
             raise CommandError(ErrorCode.BAD_LENGTH, expected)
         return expected
 
-    def _hccs_params(self, head: int, cols: int):
+    def hccs_params(self, head: int, cols: int):
+        """The head's HCCS fields, checked for rows of ``cols`` (a bad configuration raises the tile's fault)."""
         from somatile.model import hccs
 
         values = regmap.head_fields(self.heads[head].values)
@@ -266,14 +267,16 @@ class TileModel:
             return 0, b""
         if opcode == Opcode.DECODE:
             vectors = np.frombuffer(payload, np.int8).reshape(count, 3, p.head_dim)
-            out = [self._decode(h, *vectors[i]) for i, h in enumerate(range(head, head + count))]
+            out = [self.decode_head(h, *vectors[i]) for i, h in enumerate(range(head, head + count))]
             self.globals["TOKENS"] = (self.globals["TOKENS"] + count) & 0xFFFFFFFF
             return 0, b"".join(out)
         if opcode == Opcode.HCCS:
-            return 0, self._hccs(head, arg0, arg1, payload)
+            return 0, self.hccs_rows(head, arg0, arg1, payload)
         raise AssertionError(f"opcode {opcode!r} passed the header checks but has no behaviour")
 
-    def _decode(self, head: int, q, k, v) -> bytes:
+    def decode_head(self, head: int, q, k, v) -> bytes:
+        """One decode step of ``head`` on its stored state (updated in place); the int8 output as bytes.
+        A backend with another compute engine (Metal) overrides this and :meth:`hccs_rows` only."""
         from somatile.model import soma
 
         cfg = self._configs[head]
@@ -283,10 +286,12 @@ class TileModel:
         arrays_to_state(self.params, state.to_arrays(), into=record.state)
         return out.astype(np.int8).tobytes()
 
-    def _hccs(self, head: int, rows: int, n: int, payload: bytes) -> bytes:
+    def hccs_rows(self, head: int, rows: int, n: int, payload: bytes) -> bytes:
+        """The HCCS command: ``rows`` rows of ``n`` int8 logits (each padded to regmap.padded(n)) normalised
+        with the head's parameters; the output rows padded the same way, little-endian."""
         from somatile.model import hccs
 
-        values = self._hccs_params(head, n)
+        values = self.hccs_params(head, n)
         n_pad = regmap.padded(n)
         x = np.frombuffer(payload, np.int8).reshape(rows, n_pad)[:, :n]
         probs = hccs.hccs_int(np.ascontiguousarray(x), values["hccs_B"], values["hccs_S"], values["hccs_dmax"],

@@ -166,7 +166,8 @@ def scale_and_clip(cfg: SfaConfig, fused: np.ndarray, alpha: float) -> np.ndarra
     return (a * clip(fused, cfg.clip)).astype(F32)
 
 
-def _check_x(state: SfaState, x, name: str = "x") -> np.ndarray:
+def check_x(state: SfaState, x, name: str = "x") -> np.ndarray:
+    """``x`` as an array of shape (hidden,) or (T, hidden) for this SFA state, or ValueError naming it."""
     x = np.asarray(x)
     if x.ndim not in (1, 2) or x.shape[-1] != state.hidden:
         raise ValueError(f"SFA input {name!r}: expected shape (hidden,) or (T, hidden) with hidden="
@@ -178,7 +179,7 @@ def _check_x(state: SfaState, x, name: str = "x") -> np.ndarray:
 
 def sfa_step(cfg: SfaConfig, state: SfaState, layer: int, x) -> tuple[np.ndarray, SfaState]:
     """Enhancement (hidden,) float32 for one token's attention output x (hidden,); state in place."""
-    x = _check_x(state, x)
+    x = check_x(state, x)
     if x.ndim != 1:
         raise ValueError(f"SFA input 'x': sfa_step takes one token (hidden,), got {x.shape}; use sfa_apply")
     alpha = alpha_decay(layer, cfg.n_layers, cfg.alpha_base, cfg.cross_decay)
@@ -198,7 +199,7 @@ def _step(cfg: SfaConfig, st: SfaState, alpha: float, x: np.ndarray) -> np.ndarr
 def sfa_apply(cfg: SfaConfig, state: SfaState, layer: int, x) -> tuple[np.ndarray, SfaState]:
     """x + enhancement for one token (hidden,) or a sequence (T, hidden) of layer ``layer``'s attention
     outputs, in order; returns (float32 array of x's shape, state). The state is updated in place."""
-    x = _check_x(state, x)
+    x = check_x(state, x)
     alpha = alpha_decay(layer, cfg.n_layers, cfg.alpha_base, cfg.cross_decay)
     if x.ndim == 1:
         return x + _step(cfg, state, alpha, x), state

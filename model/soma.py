@@ -364,7 +364,9 @@ def state_dtypes(cfg: SomaConfig, float_dtype=np.float32) -> tuple[np.dtype, np.
     return np.dtype(float_dtype), np.dtype(float_dtype)
 
 
-def _check_inputs(cfg: SomaConfig, q, k, v, seq: bool):
+def check_inputs(cfg: SomaConfig, q, k, v, seq: bool):
+    """q, k, v as arrays of the shapes ``cfg`` asks for (with a leading T axis when ``seq``), or ValueError
+    naming the tensor and the expected shape. Every backend of prefill/decode_step calls this first."""
     lead = "(T, " if seq else "("
     shapes = {"q": (cfg.n_heads, cfg.head_dim), "k": (cfg.n_kv_heads, cfg.head_dim),
               "v": (cfg.n_kv_heads, cfg.head_dim)}
@@ -397,7 +399,9 @@ def _float_dtype(*arrays) -> np.dtype:
     return np.result_type(np.float32, *[a.dtype for a in arrays])
 
 
-def _check_state(cfg: SomaConfig, state: SomaState, dtype):
+def check_state(cfg: SomaConfig, state: SomaState, dtype):
+    """ValueError naming the state array whose shape or dtype does not match ``cfg`` (``dtype`` None: the
+    configuration's own); shared by every backend that takes a SomaState."""
     kv_dtype, _ = state_dtypes(cfg, dtype)
     want = (cfg.n_kv_heads, cfg.ring, cfg.head_dim)
     if not isinstance(state, SomaState):
@@ -417,16 +421,16 @@ def prefill(cfg: SomaConfig, q, k, v, *, state: SomaState | None = None, impl: s
     :func:`decode_step`. The float path from a fresh state is evaluated in blocks of queries (vectorised);
     ``impl`` ("numba" default or "numpy") selects the integer implementation; both are bit-identical.
     """
-    q, k, v = _check_inputs(cfg, q, k, v, seq=True)
+    q, k, v = check_inputs(cfg, q, k, v, seq=True)
     if cfg.integer:
         from somatile.model import soma_int
         state = SomaState.empty(cfg) if state is None else state
-        _check_state(cfg, state, None)
+        check_state(cfg, state, None)
         return soma_int.run(cfg, state, q, k, v, impl=impl), state
     dtype = _float_dtype(q, k, v)
     q, k, v = q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
     if state is not None:
-        _check_state(cfg, state, dtype)
+        check_state(cfg, state, dtype)
         out = np.empty(q.shape, dtype)
         for t in range(q.shape[0]):
             out[t] = _float_step(cfg, state, q[t], k[t], v[t])
@@ -440,13 +444,13 @@ def decode_step(cfg: SomaConfig, state: SomaState, q, k, v, *, impl: str = "numb
     Cost and memory do not depend on the sequence position. ``state`` (from :func:`prefill`,
     :meth:`SomaState.empty` or :meth:`SomaState.from_arrays`) is updated in place and returned.
     """
-    q, k, v = _check_inputs(cfg, q, k, v, seq=False)
+    q, k, v = check_inputs(cfg, q, k, v, seq=False)
     if cfg.integer:
         from somatile.model import soma_int
-        _check_state(cfg, state, None)
+        check_state(cfg, state, None)
         return soma_int.run(cfg, state, q[None], k[None], v[None], impl=impl)[0], state
     dtype = _float_dtype(q, k, v)
-    _check_state(cfg, state, dtype)
+    check_state(cfg, state, dtype)
     return _float_step(cfg, state, q.astype(dtype), k.astype(dtype), v.astype(dtype)), state
 
 
