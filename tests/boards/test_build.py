@@ -70,10 +70,12 @@ def test_pll_refuses_an_unreachable_target():
         ice40_pll(12, 10)
 
 
-def test_all_builds_the_array_the_hccs_unit_and_a_lane_sweep_on_ecp5():
+def test_all_builds_the_array_a_lone_tile_the_hccs_unit_and_a_lane_sweep_on_ecp5():
     jobs = build.standard_builds(boards.load("ulx3s_85f"))
-    assert [(c.hccs_lanes, top) for c, top in jobs] == [(8, "array"), (8, "hccs"), (4, "hccs"), (16, "hccs")]
+    assert [(c.hccs_lanes, top) for c, top in jobs] == [(8, "array"), (8, "tile"), (8, "hccs"), (4, "hccs"),
+                                                         (16, "hccs")]
     assert [top for _, top in build.standard_builds(boards.load("sim"))] == ["array", "hccs"]
+    assert [top for _, top in build.standard_builds(boards.load("icebreaker"))] == ["array", "hccs"]
 
 
 def test_bad_override_exits_with_a_message(tmp_path, capsys):
