@@ -431,6 +431,10 @@ class SomaDecode(wiring.Component):
                          + [(self.state_base + layout["counters"], Cat(write_pos, fill, step))]
                          + [(self.out_base + i, out.word_select(i, 8 * W)) for i in range(words)])
 
+        def enter_scores():
+            m.d.sync += [n_issue.eq(0), c_issue.eq(0), arriving.eq(0), dot_ready.eq(0)]
+            m.next = "SCORES"
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -456,8 +460,7 @@ class SomaDecode(wiring.Component):
                     with m.If(par["include_self"]):
                         m.next = "WRITE"
                     with m.Else():
-                        m.d.sync += [n_issue.eq(0), c_issue.eq(0), arriving.eq(0), dot_ready.eq(0)]
-                        m.next = "SCORES"
+                        enter_scores()
             with m.State("WRITE"):
                 m.d.comb += self.busy.eq(1)
                 with m.Switch(write_slot_word):
@@ -472,8 +475,7 @@ class SomaDecode(wiring.Component):
                         m.d.sync += counter.eq(0)
                         m.next = "STORE"
                     with m.Else():
-                        m.d.sync += [n_issue.eq(0), c_issue.eq(0), arriving.eq(0), dot_ready.eq(0)]
-                        m.next = "SCORES"
+                        enter_scores()
             with m.State("SCORES"):
                 m.d.comb += self.busy.eq(1)
                 issuing = n_issue < slots

@@ -200,6 +200,17 @@ def masked_row_max(x_row, valid_row):
 
 
 @numba.njit(cache=True, nogil=True)
+def begin_row(x_row, valid_row, out_row):
+    """:func:`masked_row_max` of a row kernel's input, with ``out_row`` cleared when no element takes part
+    (a fully masked row outputs zeros); the shared start of the HCCS and integer-exp row kernels."""
+    m, count = masked_row_max(x_row, valid_row)
+    if count == 0:
+        for i in range(out_row.shape[0]):
+            out_row[i] = 0
+    return m, count
+
+
+@numba.njit(cache=True, nogil=True)
 def leading_bit(v):
     """floor(log2 v) for v >= 1: the position of the leading one."""
     k = 0
@@ -233,10 +244,8 @@ def hccs_row(x_row, valid_row, B, S, dmax, mode_code, out_code, out_row):
     """
     n = x_row.shape[0]
     every = valid_row.shape[0] == 0
-    m, count = masked_row_max(x_row, valid_row)
+    m, count = begin_row(x_row, valid_row, out_row)
     if count == 0:
-        for i in range(n):
-            out_row[i] = 0
         return np.int64(0)
     b32, s32, d32 = np.int32(B), np.int32(S), np.int32(dmax)
     dsum = np.int32(0)

@@ -21,8 +21,8 @@ import math
 import numba
 import numpy as np
 
-from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, code_of,
-                                 floor_log2, leading_bit, masked_row_max, per_head)
+from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, begin_row,
+                                 code_of, floor_log2, leading_bit, per_head)
 
 EXP_FRAC_BITS = 15
 """Fraction bits of the log2 distance u and of the exponential e (Q15: 32768 = 1.0)."""
@@ -125,10 +125,8 @@ def intexp_row(x_row, valid_row, mult, out_code, out_row):
     """
     n = x_row.shape[0]
     every = valid_row.shape[0] == 0
-    m, count = masked_row_max(x_row, valid_row)
+    m, count = begin_row(x_row, valid_row, out_row)
     if count == 0:
-        for i in range(n):
-            out_row[i] = 0
         return np.int64(0)
     m32 = np.int32(m)
     mult32 = np.int32(mult)
