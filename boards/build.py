@@ -282,6 +282,28 @@ def resource_counts(family: str, cells: dict[str, int]) -> dict[str, int]:
             for kind, prefixes in RESOURCE_CELLS[family].items()}
 
 
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _run_plan(plan, work: Path, name: str, log_path: Path, timeout_s: float) -> int | None:
+    """Extract an amaranth build plan into ``work`` (emptied first) and run its script: the exit code, or
+    None when it did not finish within ``timeout_s`` (the script's whole process group is then stopped)."""
+    if work.exists():
+        shutil.rmtree(work)
+    plan.extract(str(work))
+    with open(log_path, "w") as log:
+        # Own process group: on timeout the tools the script started are stopped too, not left orphaned.
+        proc = subprocess.Popen(["sh", f"build_{name}.sh"], cwd=work, env=tool_env(), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=max(timeout_s, 1.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            return None
+
+
 def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
     """Synthesise, place and route ``unit`` in the board harness; parse the logs into a :class:`PnrResult`."""
     from .harness import ShiftHarness, port_bits
@@ -295,24 +317,12 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
     options = {"nextpnr_opts": "--timing-allow-fail"}
     if cfg.fpga["device"].startswith("iCE40UP"):
         options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
-    plan = platform.prepare(ShiftHarness(unit, pll), name=name, **options)
-    if work.exists():
-        shutil.rmtree(work)
-    plan.extract(str(work))
     started = time.monotonic()
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
                        harness_ffs=in_bits + out_bits, log=str(log_path))
-    with open(log_path, "w") as log:
-        # Own process group: on timeout the tools the script started are stopped too, not left orphaned.
-        proc = subprocess.Popen(["sh", f"build_{name}.sh"], cwd=work, env=tool_env(), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait()
-            returncode = None
+    returncode = _run_plan(platform.prepare(ShiftHarness(unit, pll), name=name, **options), work, name,
+                           log_path, timeout_s)
     result.seconds = round(time.monotonic() - started, 1)
     if (work / f"{name}.rpt").exists():
         result.resources = resource_counts(family, parse_yosys_cells((work / f"{name}.rpt").read_text()))
@@ -328,7 +338,9 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
         result.status, result.error = "timed-out", f"toolchain did not finish in {timeout_s:.0f} s"
     elif returncode != 0 or bitstream is None:
         over = {cell: used for cell, (used, total) in result.utilisation.items() if used > total}
-        errors = [line.strip() for line in log_path.read_text().splitlines() if line.startswith("ERROR")]
+        # Yosys writes its errors to the synthesis report, nextpnr to the timing log: the last ERROR of either.
+        errors = [line.strip() for line in (_read(work / f"{name}.rpt") + _read(log_path)).splitlines()
+                  if line.startswith("ERROR")]
         if over:
             result.status = "does-not-fit"
             result.error = "needs " + ", ".join(f"{cell} {used}/{result.utilisation[cell][1]}"
