@@ -299,9 +299,17 @@ def _run_plan(plan, work: Path, name: str, log_path: Path, timeout_s: float) -> 
         try:
             return proc.wait(timeout=max(timeout_s, 1.0))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait()
+            _stop(proc)
             return None
+        except BaseException:
+            # Ctrl-C or SIGTERM (see run): the tools run in their own session and would otherwise go on.
+            _stop(proc)
+            raise
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait()
 
 
 def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
@@ -629,6 +637,8 @@ def run(args: argparse.Namespace) -> int:
     except BoardError as exc:
         print(f"somatile build: {exc}", file=sys.stderr)
         return 2
+    # SIGTERM as an exception, so that a stopped build also stops the toolchain it started (_run_plan).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     records, failed = [], False
     sources = source_hash()  # before the first RTL import: the files may change while a long run goes on
     for cfg, top in jobs:

@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,55 @@ def test_parameters_a_unit_refuses_are_reported_with_the_board(tmp_path, capsys)
                 "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "board sim" in err and "top 'hccs'" in err and "n_max: expected a positive multiple of lanes (8)" in err
+
+
+class _SleepPlan:
+    """A stand-in for an amaranth build plan whose script starts a long-running tool in the background."""
+
+    def extract(self, root):
+        Path(root).mkdir(parents=True)
+        (Path(root) / "build_x.sh").write_text("sleep 30 &\necho $! > tool.pid\nwait\n")
+
+
+def _tool_alive(work) -> bool:
+    pid = int((work / "tool.pid").read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed tool may linger as a zombie until init reaps it: that is not a running tool.
+    state = Path(f"/proc/{pid}/stat")
+    return not (state.exists() and state.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def _wait_for_pid_file(work, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not (work / "tool.pid").exists() or not (work / "tool.pid").read_text().strip():
+        assert time.monotonic() < deadline, "the stand-in build script did not start"
+        time.sleep(0.05)
+
+
+def test_a_timed_out_toolchain_is_stopped_with_the_tools_it_started(tmp_path):
+    work = tmp_path / "pnr"
+    assert build._run_plan(_SleepPlan(), work, "x", tmp_path / "log.txt", timeout_s=1.0) is None
+    time.sleep(0.2)
+    assert not _tool_alive(work)
+
+
+def test_an_interrupted_build_stops_the_tools_it_started(tmp_path):
+    work = tmp_path / "pnr"
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build._run_plan(_SleepPlan(), work, "x", tmp_path / "log.txt", timeout_s=60.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    _wait_for_pid_file(work)
+    time.sleep(0.2)
+    assert not _tool_alive(work)
