@@ -307,9 +307,18 @@ def _run_plan(plan, work: Path, name: str, log_path: Path, timeout_s: float) -> 
             raise
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM to the script's process group, then wait until every process of the group has gone (the
+    script ends first; its tools may take a moment); SIGKILL what is left after ``grace_s``."""
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait()
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline + 2.0:  # a zombie nobody reaps must not hang the build
+        try:
+            os.killpg(proc.pid, signal.SIGKILL if time.monotonic() > deadline else 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
