@@ -34,45 +34,41 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
+from somatile.hw.pipe import delay, delay_line, floor_log2, reg, round_shift, saturate, split_mul
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
 DIVIDER_BITS = 31
 """Quotient bits of the sequential reciprocal: the largest numerator is 32767 << 15 < 2**30."""
 
-
-def rshift_round(x, shift, width: int = 64):
-    """Round-half-up arithmetic right shift of a signed value by a variable amount (soma_int.rshift_round)."""
-    half = ((Const(1, width) << shift) >> 1)[:width]
-    return (x.as_signed() + half.as_signed()) >> shift
-
-
-def saturate(x, lo: int, hi: int):
-    return Mux(x < lo, lo, Mux(x > hi, hi, x))
+NORM_SUM_DEPTH = 9
+"""Cycles from a row index's issue to its score reaching the running total (RowNormaliser's SUM pass)."""
+NORM_OUT_DEPTH = 13
+"""Cycles from a row index's issue to its probability being written (RowNormaliser's OUT pass)."""
+NORM_RECIPROCAL_PREP = 4
+"""Cycles between the final total and the divider's first step: leading one (2), pre-shift, divisor."""
 
 
-def _floor_log2(value, width: int):
-    """Position of the leading one of a positive unsigned value (0 for 0 and 1)."""
-    result = Const(0, range(width))
-    for bit in range(width):
-        result = Mux(value[bit], bit, result)
-    return result
+PASS_MAX, PASS_SUM, PASS_OUT = 0, 1, 2
 
 
 def normaliser_cycles(n: int) -> int:
     """Cycles of :class:`RowNormaliser` for a row of ``n`` entries, from the cycle after ``start`` through
-    the ``done`` pulse: max n, sum n, reciprocal DIVIDER_BITS + 1, output n, done 1."""
-    return 3 * n + DIVIDER_BITS + 2
+    the ``done`` pulse: max ``n + 1``, sum ``n + NORM_SUM_DEPTH``, reciprocal ``NORM_RECIPROCAL_PREP +
+    DIVIDER_BITS + 1``, output ``n + NORM_OUT_DEPTH``, done 1."""
+    return (n + 1) + (n + NORM_SUM_DEPTH) + (NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1) + (n + NORM_OUT_DEPTH) + 1
 
 
 class RowNormaliser(wiring.Component):
     """Integer HCCS (div/clb) or integer-exp softmax over one row of up to ``n_max`` int8 logits.
 
     Bit-exact with ``hccs.hccs_row`` and ``intexp.intexp_row`` (masks included). The row is written through
-    ``row_we/row_index/row_x/row_valid`` before ``start``; the probabilities are read through
-    ``prob_index -> prob`` (combinational) after ``done``. Passes: max (n cycles), sum (n), reciprocal
-    (DIVIDER_BITS + 1), output (n): :func:`normaliser_cycles`. One element per cycle: the decode unit's MACs,
-    not the normaliser, dominate a decode step.
+    ``row_we/row_index/row_x/row_valid`` before ``start``; the parameters (``count``, ``use_exp``, ``clb``,
+    ``out16``, ``B``, ``S``, ``dmax``, ``exp_mult``) are sampled in the ``start`` cycle. After ``done`` the
+    probabilities are read through ``prob_index -> prob`` with a one-cycle (synchronous) read. Passes: max,
+    sum, reciprocal, output, each streaming one element per cycle through a pipeline whose depth it adds
+    once (:func:`normaliser_cycles`). No register-to-register path holds more than one multiplier, one carry
+    chain or one barrel shifter.
     """
 
     def __init__(self, n_max: int):
@@ -91,97 +87,141 @@ class RowNormaliser(wiring.Component):
         m.submodules.row = row = Memory(shape=unsigned(9), depth=n_max, init=[])
         m.submodules.probs = probs = Memory(shape=unsigned(16), depth=n_max, init=[])
         row_w = row.write_port()
-        row_r = row.read_port(domain="comb")
+        row_r = row.read_port()
         prob_w = probs.write_port()
-        prob_r = probs.read_port(domain="comb")
+        prob_r = probs.read_port()
         m.d.comb += [row_w.addr.eq(self.row_index), row_w.data.eq(Cat(self.row_x, self.row_valid)),
                      row_w.en.eq(self.row_we), prob_r.addr.eq(self.prob_index), self.prob.eq(prob_r.data)]
 
+        # Parameters, sampled at start.
+        count = Signal.like(self.count)
+        use_exp, clb, out16 = Signal(), Signal(), Signal()
+        B, S, dmax, exp_mult = Signal(16), Signal(8), Signal(8), Signal(16)
+        with m.If(self.start):
+            m.d.sync += [count.eq(self.count), use_exp.eq(self.use_exp), clb.eq(self.clb), out16.eq(self.out16),
+                         B.eq(self.B), S.eq(self.S), dmax.eq(self.dmax), exp_mult.eq(self.exp_mult)]
+
+        # Issue: one row index per cycle while `issuing`; the tags (valid, last, pass, index) travel with it,
+        # so that a consumer ignores the previous pass's elements still in the pipeline.
         index = Signal(range(n_max + 1))
+        issuing = Signal()
+        pass_code = Signal(2)
+        m.d.comb += row_r.addr.eq(index)
+        tags = Cat(issuing, index == count - 1, pass_code, index)
+        tag = delay_line(m, tags, NORM_OUT_DEPTH, "norm_tag")
+
+        def at(stage, code):
+            """(valid, last, index) of the element of pass ``code`` issued ``stage`` cycles ago."""
+            t = tag[stage]
+            return t[0] & (t[2:4] == code), t[1], t[4:]
+
         row_max = Signal(signed(10))
         total = Signal(32)
         inv = Signal(32)
-        remainder = Signal(33)
-        bit = Signal(range(DIVIDER_BITS + 1))
-        m.d.comb += row_r.addr.eq(index)
-        x = row_r.data[:8].as_signed()
-        valid = row_r.data[8]
 
-        # Per-element score: HCCS B - S * min(m - x, dmax), or the integer exponential E of m - x.
-        distance = Signal(9)
-        m.d.comb += distance.eq(row_max - x)
-        capped = Mux(distance > self.dmax, self.dmax, distance)
-        hccs_score = (self.B - self.S * capped)[:16]
-        u = Signal(25)
-        m.d.comb += u.eq(distance * self.exp_mult)
-        z = u >> intexp.EXP_FRAC_BITS
-        r = u[:intexp.EXP_FRAC_BITS]
-        w = Signal(17)
-        m.d.comb += w.eq((intexp.POLY_B - r) >> 1)
-        square = Signal(34)
-        m.d.comb += square.eq(w * w)
-        e = ((intexp.POLY_A * (square >> 13)) >> 15) + intexp.POLY_C
-        exp_score = Signal(17)
-        m.d.comb += exp_score.eq(Mux(z >= intexp.EXP_ZERO_SHIFT, 0,
-                                     (e + ((Const(1, 17) << z[:5]) >> 1)) >> z[:5]))
+        # s1: the element from the row memory.
+        x = row_r.data[:8].as_signed()
+        valid1 = row_r.data[8]
+        distance = reg(m, row_max - x, "distance", unsigned(9))                       # s2
+        valid = delay(m, valid1, 1)
+        capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s3
+        u = reg(m, distance * exp_mult, "u", unsigned(25))
+        hccs_product = reg(m, S * capped, "hccs_product", unsigned(16))              # s4
+        w = reg(m, (intexp.POLY_B - u[:intexp.EXP_FRAC_BITS]) >> 1, "w", unsigned(17))
+        z = delay(m, u >> intexp.EXP_FRAC_BITS, 1)
+        hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s5
+        square = reg(m, w * w, "square", unsigned(34))
+        z = delay(m, z, 1)
+        poly = reg(m, intexp.POLY_A * (square >> 13), "poly", unsigned(36))          # s6
+        hccs_score, z = delay(m, hccs_score, 1), delay(m, z, 1)
+        e = reg(m, (poly >> 15) + intexp.POLY_C, "e", unsigned(22))                  # s7
+        rounding = reg(m, (Const(1, 17) << z[:5]) >> 1, "rounding", unsigned(17))
+        underflow = reg(m, z >= intexp.EXP_ZERO_SHIFT, "underflow")
+        z_shift = reg(m, z[:5], "z_shift")
+        hccs_score = delay(m, hccs_score, 1)
+        e_rounded = reg(m, e + rounding, "e_rounded", unsigned(23))                  # s8
+        underflow, z_shift, hccs_score = (delay(m, s, 1) for s in (underflow, z_shift, hccs_score))
+        exp_score = reg(m, Mux(underflow, 0, e_rounded >> z_shift), "exp_score", unsigned(17))  # s9 (below)
+        hccs_score = delay(m, hccs_score, 1)
+        valid = delay(m, valid, NORM_SUM_DEPTH - 2)
         score = Signal(17)
-        m.d.comb += score.eq(Mux(valid, Mux(self.use_exp, exp_score, hccs_score), 0))
+        m.d.comb += score.eq(Mux(valid, Mux(use_exp, exp_score, hccs_score), 0))
 
         # Reciprocal operands: HCCS divides the numerator by the total (div) or shifts it (clb); the integer
         # exp first brings the total into [2**14, 2**15) with a pre-shift.
-        log2_total = _floor_log2(total, 32)
-        pre_shift = Signal(range(32))
-        m.d.comb += pre_shift.eq(Mux(self.use_exp & (log2_total > intexp.SUM_NORM_BITS - 1),
-                                     log2_total - (intexp.SUM_NORM_BITS - 1), 0))
-        divisor = Signal(32)
-        m.d.comb += divisor.eq(total >> pre_shift)
+        log2_total = floor_log2(m, total, "log2_total")
+        pre_shift = reg(m, Mux(use_exp & (log2_total > intexp.SUM_NORM_BITS - 1),
+                               log2_total - (intexp.SUM_NORM_BITS - 1), 0), "pre_shift", range(32))
+        divisor = reg(m, total >> pre_shift, "divisor", unsigned(32))
         numerator = Signal(DIVIDER_BITS)
-        m.d.comb += numerator.eq(Mux(self.use_exp,
-                                     Mux(self.out16, intexp.INT16_NUMERATOR, intexp.UINT8_NUMERATOR),
-                                     Mux(self.out16, hccs.INT16_NUMERATOR, hccs.UINT8_NUMERATOR)))
-        product = Signal(48)
-        m.d.comb += product.eq(Mux(self.use_exp, score >> pre_shift, score) * inv)
-        hccs_prob = Mux(self.out16, Mux(product > hccs.INT16_MAX, hccs.INT16_MAX, product),
+        m.d.comb += numerator.eq(Mux(use_exp,
+                                     Mux(out16, intexp.INT16_NUMERATOR, intexp.UINT8_NUMERATOR),
+                                     Mux(out16, hccs.INT16_NUMERATOR, hccs.UINT8_NUMERATOR)))
+        clb_inv = reg(m, numerator >> log2_total, "clb_inv", unsigned(DIVIDER_BITS))
+
+        # s10-s13 of the OUT pass: pre-shift, score * inv (split), saturate, write.
+        shifted = reg(m, Mux(use_exp, score >> pre_shift, score), "shifted", unsigned(17))      # s10
+        product = split_mul(m, inv[:DIVIDER_BITS], shifted, "prob_product")                   # s12
+        valid = delay(m, valid, 3)
+        hccs_prob = Mux(out16, Mux(product > hccs.INT16_MAX, hccs.INT16_MAX, product),
                         Mux((product >> hccs.INV_SHIFT) > hccs.UINT8_MAX, hccs.UINT8_MAX,
                             product >> hccs.INV_SHIFT))
-        m.d.comb += [prob_w.addr.eq(index),
-                     prob_w.data.eq(Mux(valid, Mux(self.use_exp, product >> 15, hccs_prob), 0))]
+        prob = reg(m, Mux(valid, Mux(use_exp, product >> 15, hccs_prob), 0), "prob", unsigned(16))  # s13
+        _, _, out_index = at(NORM_OUT_DEPTH, PASS_OUT)
+        m.d.comb += [prob_w.addr.eq(out_index), prob_w.data.eq(prob)]
+
+        remainder = Signal(33)
+        numerator_bits = Signal(DIVIDER_BITS)
+        step = Signal(range(NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1))
+
+        def next_pass(state, code):
+            m.d.sync += [index.eq(0), issuing.eq(1), pass_code.eq(code)]
+            m.next = state
+
+        with m.If(issuing):
+            m.d.sync += index.eq(index + 1)
+            with m.If(index == count - 1):
+                m.d.sync += issuing.eq(0)
 
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [index.eq(0), row_max.eq(-256), total.eq(0)]
-                    m.next = "MAX"
+                    m.d.sync += [row_max.eq(-256), total.eq(0)]
+                    next_pass("MAX", PASS_MAX)
             with m.State("MAX"):
-                with m.If(valid & (x > row_max)):
+                v, last, _ = at(1, PASS_MAX)
+                with m.If(v & valid1 & (x > row_max)):
                     m.d.sync += row_max.eq(x)
-                m.d.sync += index.eq(index + 1)
-                with m.If(index == self.count - 1):
-                    m.d.sync += index.eq(0)
-                    m.next = "SUM"
+                with m.If(v & last):
+                    next_pass("SUM", PASS_SUM)
             with m.State("SUM"):
-                m.d.sync += [total.eq(total + score), index.eq(index + 1)]
-                with m.If(index == self.count - 1):
-                    m.d.sync += [index.eq(0), remainder.eq(0), inv.eq(0), bit.eq(DIVIDER_BITS)]
+                v, last, _ = at(NORM_SUM_DEPTH, PASS_SUM)
+                with m.If(v):
+                    m.d.sync += total.eq(total + score)
+                with m.If(v & last):
+                    m.d.sync += step.eq(0)
                     m.next = "RECIPROCAL"
             with m.State("RECIPROCAL"):
-                with m.If(bit == 0):
+                m.d.sync += step.eq(step + 1)
+                with m.If(step == NORM_RECIPROCAL_PREP - 1):
+                    m.d.sync += [remainder.eq(0), inv.eq(0), numerator_bits.eq(numerator)]
+                with m.Elif(step == NORM_RECIPROCAL_PREP + DIVIDER_BITS):
                     with m.If(total == 0):
                         m.d.sync += inv.eq(0)
-                    with m.Elif(~self.use_exp & self.clb):
-                        m.d.sync += inv.eq(numerator >> log2_total)
-                    m.next = "OUT"
-                with m.Else():
-                    shifted = Cat(numerator.bit_select((bit - 1)[:5], 1), remainder[:32])
-                    with m.If(shifted >= divisor):
-                        m.d.sync += [remainder.eq(shifted - divisor), inv.eq(Cat(1, inv[:31]))]
+                    with m.Elif(~use_exp & clb):
+                        m.d.sync += inv.eq(clb_inv)
+                    next_pass("OUT", PASS_OUT)
+                with m.Elif(step >= NORM_RECIPROCAL_PREP):
+                    shifted_rem = Cat(numerator_bits[-1], remainder[:32])
+                    m.d.sync += numerator_bits.eq(numerator_bits << 1)
+                    with m.If(shifted_rem >= divisor):
+                        m.d.sync += [remainder.eq(shifted_rem - divisor), inv.eq(Cat(1, inv[:31]))]
                     with m.Else():
-                        m.d.sync += [remainder.eq(shifted), inv.eq(Cat(0, inv[:31]))]
-                    m.d.sync += bit.eq(bit - 1)
+                        m.d.sync += [remainder.eq(shifted_rem), inv.eq(Cat(0, inv[:31]))]
             with m.State("OUT"):
-                m.d.comb += prob_w.en.eq(1)
-                m.d.sync += index.eq(index + 1)
-                with m.If(index == self.count - 1):
+                v, last, _ = at(NORM_OUT_DEPTH, PASS_OUT)
+                m.d.comb += prob_w.en.eq(v)
+                with m.If(v & last):
                     m.next = "DONE"
             with m.State("DONE"):
                 m.d.comb += self.done.eq(1)
@@ -202,17 +242,43 @@ def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig":
     return hccs_unit.HCCSConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, out_type="uint8")
 
 
+PHASE_SCORES, PHASE_GATE, PHASE_WEIGHTED, PHASE_FINAL = range(4)
+
+READ_LATENCY = 2
+"""Cycles from an address chosen to its word at the unit: the address register, then the memory's read."""
+WEIGHTED_DEPTH = READ_LATENCY + 2
+"""WEIGHTED SUM: read, then the probability and value operands registered, then their products."""
+FINAL_DEPTH = 8
+"""FINAL: operands selected (1), near term (split product 2, round-shift 2, saturate 1) beside the far term
+(a product 1, split product 2, round-shift 2, saturate 1), their sum saturated (1)."""
+GATE_DEPTH = 7
+"""Query gate after its last element's issue: operands (1), product (1), accumulate (1), split product (2),
+round-shift (2); the gate register follows one cycle later."""
+
+
+def tree_levels(lanes: int) -> int:
+    """Registered adder levels that sum ``lanes`` products (one carry chain per stage)."""
+    return (lanes - 1).bit_length()
+
+
+def score_depth(params: TileParams) -> int:
+    """SCORES: cycles from a (slot, chunk) read's address to the slot's int8 logit written into the row: read,
+    operands, products, the adder tree, the accumulator, ``dot * score_mult`` (2), round-shift (2), recency
+    subtraction (1), saturation (1)."""
+    return READ_LATENCY + 2 + tree_levels(params.mac_lanes) + 1 + 6
+
+
 def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
     """Cycles of one head's decode step in :class:`SomaDecode`: from the cycle after the ``start`` pulse
     through the cycle of the ``done`` pulse, for a head with this normaliser (and HCCS mode).
 
     Depends on ring, sinks, head_dim, lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory word
     ``max(16, mac_lanes)`` bytes), hccs_lanes and the normaliser only; not on the sequence position or the
-    fill level. Per phase: LOAD ``7 w + 2`` (w = head_dim / word), WRITE ``2 w``, SCORES
-    ``slots * chunks + 3`` (chunks = head_dim / mac_lanes), NORMALISE ``max(N, head_dim) + 1`` with N the
-    normaliser's row latency (the HCCS unit's ``expected_cycles`` for one row of ``slots``, or
-    :func:`normaliser_cycles` for the integer exp), WEIGHTED SUM ``chunks * (slots + 2 + mac_lanes)``,
-    STORE ``5 w + 1``, DONE 1.
+    fill level. Per phase: LOAD ``7 w + 3`` (w = head_dim / word), WRITE ``2 w``, SCORES
+    ``slots * chunks + score_depth`` (chunks = head_dim / mac_lanes), NORMALISE
+    ``max(N, head_dim + GATE_DEPTH) + 1`` with N the normaliser's row latency (the HCCS unit's
+    ``expected_cycles`` for one row of ``slots``, or :func:`normaliser_cycles` for the integer exp), WEIGHTED
+    SUM and FINAL ``chunks * (slots + WEIGHTED_DEPTH + mac_lanes + FINAL_DEPTH)``, STORE ``5 w + 1``, DONE 1.
     """
     words = params.head_dim // params.word_bytes
     slots, chunks = params.slots, params.head_dim // params.mac_lanes
@@ -220,11 +286,11 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
         row = hccs_unit.expected_cycles(near_field_unit(params), 1, slots, mode=hccs_mode, out="uint8")
     else:
         row = normaliser_cycles(slots)
-    load = 7 * words + 2
+    load = 7 * words + 1 + READ_LATENCY
     write = 2 * words
-    scores = slots * chunks + 3
-    normalise = max(row, params.head_dim) + 1
-    weighted = chunks * (slots + 2 + params.mac_lanes)
+    scores = slots * chunks + score_depth(params)
+    normalise = max(row, params.head_dim + GATE_DEPTH) + 1
+    weighted = chunks * (slots + WEIGHTED_DEPTH + params.mac_lanes + FINAL_DEPTH)
     store = 5 * words + 1
     return load + write + scores + normalise + weighted + store + 1
 
@@ -232,12 +298,14 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
 class SomaDecode(wiring.Component):
     """One head's integer decode step over the tile's local memory (see the module docstring).
 
-    Ports: ``start`` (pulse; the head's parameters on ``p_<name>`` and the addresses must hold until
-    ``done``), ``state_base`` (word address of the head's state), ``stage_base`` (word address of q, k, v:
-    three vectors of head_dim bytes), ``out_base`` (word address for the int8 output); memory ports
-    ``rd_addr -> rd_data`` (synchronous read, one cycle) and ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit
-    per byte); and the :class:`RowNormaliser` it drives (``norm`` submodule, shared with the tile's HCCS
-    command through ``norm_*`` pass-through when the unit is idle).
+    Ports: ``start`` (pulse; the head's parameters on ``p_<name>`` and the three base addresses are sampled
+    in that cycle), ``state_base`` (word address of the head's state), ``stage_base`` (word address of q, k,
+    v: three vectors of head_dim bytes), ``out_base`` (word address for the int8 output); memory ports
+    ``rd_addr -> rd_data`` (synchronous read: the word arrives the cycle after ``rd_addr``) and
+    ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit per byte); all four outputs come from registers. ``busy``
+    is high from the cycle after ``start`` through the ``done`` cycle (the last store is written in the done
+    cycle); while it is high the unit owns the memory ports and drives the :class:`RowNormaliser` through
+    ``n_*``.
     """
 
     def __init__(self, params: TileParams, mem_words: int):
@@ -256,6 +324,7 @@ class SomaDecode(wiring.Component):
             "n_row_valid": Out(1), "n_prob_index": Out(range(params.n_max)), "n_prob": In(16),
             **head_param_ports(),
         })
+        self.mem_words = mem_words
 
     def elaborate(self, platform):
         m = Module()
@@ -265,9 +334,27 @@ class SomaDecode(wiring.Component):
         chunks = D // L
         slots, sinks, ring = p.slots, p.sinks, p.ring
         layout = {name: offset // W for name, offset, _, _ in regmap.state_layout(p)}
-        par = {hp.name: getattr(self, f"p_{hp.name}") for hp in HEAD_PARAMS}
+
+        # The head's parameters and the base addresses, sampled at start.
+        par = {}
+        for hp in HEAD_PARAMS:
+            par[hp.name] = Signal(range(hp.hi + 1), name=f"par_{hp.name}")
+        state_base, stage_base, out_base = (Signal(range(self.mem_words), name=n)
+                                            for n in ("state_base", "stage_base", "out_base"))
+        with m.If(self.start):
+            m.d.sync += [par[hp.name].eq(getattr(self, f"p_{hp.name}")) for hp in HEAD_PARAMS]
+            m.d.sync += [state_base.eq(self.state_base), stage_base.eq(self.stage_base),
+                         out_base.eq(self.out_base)]
         gated = par["gating"] == HEAD_PARAMS[HEAD_INDEX["gating"]].choices.index("query")
         field_of_keys = par["field_source"] == HEAD_PARAMS[HEAD_INDEX["field_source"]].choices.index("keys")
+        use_exp = par["normaliser"] == HEAD_PARAMS[HEAD_INDEX["normaliser"]].choices.index("exp_int")
+
+        # Memory ports from registers: the FSM sets the *_next values.
+        rd_addr_next = Signal.like(self.rd_addr)
+        wr_addr_next, wr_data_next, wr_en_next = Signal.like(self.wr_addr), Signal.like(self.wr_data), \
+            Signal.like(self.wr_en)
+        m.d.sync += [self.rd_addr.eq(rd_addr_next), self.wr_addr.eq(wr_addr_next),
+                     self.wr_data.eq(wr_data_next), self.wr_en.eq(wr_en_next)]
 
         q = Signal(8 * D)
         k = Signal(8 * D)
@@ -280,72 +367,101 @@ class SomaDecode(wiring.Component):
         out = Signal(8 * D)
         wrote = Signal()
 
-        # LOAD reads words 0..7*words (q, k, v, F, G, counters); the word read in cycle i arrives in i+1.
-        load_sources = ([(self.stage_base + i, q, i) for i in range(words)] +
-                        [(self.stage_base + words + i, k, i) for i in range(words)] +
-                        [(self.stage_base + 2 * words + i, v, i) for i in range(words)] +
-                        [(self.state_base + layout["field"] + i, fld, i) for i in range(2 * words)] +
-                        [(self.state_base + layout["gate_field"] + i, gate_fld, i) for i in range(2 * words)] +
-                        [(self.state_base + layout["counters"], None, 0)])
-        counter = Signal(range(max(len(load_sources), slots * chunks, 5 * words + 1, D) + 2))
+        # LOAD reads words 0..7*words (q, k, v, F, G, counters); the word addressed in cycle i arrives in
+        # cycle i + READ_LATENCY.
+        load_sources = ([(stage_base + i, q, i) for i in range(words)] +
+                        [(stage_base + words + i, k, i) for i in range(words)] +
+                        [(stage_base + 2 * words + i, v, i) for i in range(words)] +
+                        [(state_base + layout["field"] + i, fld, i) for i in range(2 * words)] +
+                        [(state_base + layout["gate_field"] + i, gate_fld, i) for i in range(2 * words)] +
+                        [(state_base + layout["counters"], None, 0)])
+        counter = Signal(range(max(len(load_sources) + READ_LATENCY, 5 * words + 1) + 1))
         m.d.comb += self.n_count.eq(slots)
-        m.d.comb += [self.n_use_exp.eq(par["normaliser"] == 1), self.n_clb.eq(par["hccs_mode"] == 1),
-                     self.n_out16.eq(0)]
+        m.d.comb += [self.n_use_exp.eq(use_exp), self.n_clb.eq(par["hccs_mode"] == 1), self.n_out16.eq(0)]
 
-        # SCORES: item i = (slot n, chunk c); K[n] chunk c sits at word key_base(n) + (c * L) // W, lane
-        # group (c * L % W) // L of that word.
-        n_issue = Signal(range(slots + 1))
-        c_issue = Signal(range(chunks + 1))
-        n_arrive = Signal(range(slots + 1))
-        c_arrive = Signal(range(chunks + 1))
-        arriving = Signal()
-        acc = Signal(signed(32))
-        dot = Signal(signed(32))
-        dot_slot = Signal(range(slots + 1))
-        dot_ready = Signal()
-
+        # Slot n's chunk c of K or V: word key_base(n) + (c * L) // W, lane group (c * L % W) // L.
         def slot_word(region_sink: str, region_ring: str, n, c):
             in_sink = n < sinks
             base = Mux(in_sink, layout[region_sink], layout[region_ring])
             row_index = Mux(in_sink, n, n - sinks) if sinks else n
-            return self.state_base + base + row_index * words + (c * L) // W
+            return state_base + base + row_index * words + (c * L) // W
 
         def lane_group(data, c):
             if L >= W:
                 return data
             return data.word_select(c % (W // L), 8 * L)
 
-        def dot_lanes(a, b):
-            terms = [a.word_select(l, 8).as_signed() * b.word_select(l, 8).as_signed() for l in range(L)]
-            while len(terms) > 1:
-                terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
-                         for i in range(0, len(terms), 2)]
-            return terms[0]
+        # An issue counter over (slot n, chunk c) or (element); tags (valid, last, n, c) travel down a
+        # delay line so that every pipeline stage knows which item it holds.
+        n_issue = Signal(range(max(slots, D, L) + 1))
+        c_issue = Signal(range(chunks + 1))
+        issuing = Signal()
+        last_issue = Signal()
+        phase = Signal(2)
+        max_depth = max(score_depth(p), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
+        tags = Cat(issuing, last_issue, phase, n_issue, c_issue)
+        tag = delay_line(m, tags, max_depth, "tag")
+        n_bits, c_bits = len(n_issue), len(c_issue)
 
-        # Slot validity and distance from the current counters (after the write when include_self).
+        def at(stage, code):
+            """(valid, last, n, c) of the item of phase ``code`` issued ``stage`` cycles ago (an item of the
+            previous phase may still be further down the line)."""
+            t = tag[stage]
+            return (t[0] & (t[2:4] == code), t[1], t[4:4 + n_bits], t[4 + n_bits:4 + n_bits + c_bits])
+
+        def begin_issue(code):
+            m.d.sync += [n_issue.eq(0), issuing.eq(1), phase.eq(code)]
+
+        # SCORES: read, operands, products, adder tree, accumulator.
+        s = READ_LATENCY
+        _, _, _, c_read = at(s, PHASE_SCORES)
+        q_chunk = reg(m, q.word_select(c_read, 8 * L), "q_chunk")
+        k_chunk = reg(m, lane_group(self.rd_data, c_read), "k_chunk")
+        s += 1
+        terms = [reg(m, q_chunk.word_select(l, 8).as_signed() * k_chunk.word_select(l, 8).as_signed(),
+                     f"qk{l}", signed(16)) for l in range(L)]
+        s += 1
+        while len(terms) > 1:
+            terms = [reg(m, terms[i] + terms[i + 1]) if i + 1 < len(terms) else reg(m, terms[i])
+                     for i in range(0, len(terms), 2)]
+            s += 1
+        partial = terms[0]
+        acc = Signal(signed(32))
+        dot = Signal(signed(32))
+        v_acc, last_acc, n_acc, c_acc = at(s, PHASE_SCORES)
+        dot_tags = Signal(2 + n_bits)  # valid, last, slot of `dot`
+        m.d.sync += dot_tags.eq(0)
+        with m.If(v_acc):
+            with m.If(c_acc == chunks - 1):
+                m.d.sync += [dot.eq(Mux(c_acc == 0, 0, acc) + partial), dot_tags.eq(Cat(1, last_acc, n_acc))]
+            with m.Else():
+                m.d.sync += acc.eq(Mux(c_acc == 0, 0, acc) + partial)
+        s += 1
+
+        # Logit of the completed dot product: x8 = sat8(rshift_round(dot * score_mult, score_shift) -
+        # recency_int * distance), 0 for an empty slot.
+        dot_slot = dot_tags[2:]
         sink_fill = Mux(step < sinks, step, sinks)
-
-        def slot_valid(n):
-            if sinks:
-                return Mux(n < sinks, n < sink_fill, (n - sinks) < fill)
-            return n < fill
-
-        def slot_distance(n):
-            j = (n - sinks).as_signed()
-            age = Signal(signed(34))
-            m.d.comb += age.eq(write_pos.as_signed() - 1 - j)
-            wrapped = Mux(age < 0, age + ring, age)
-            dist = wrapped + Mux(par["include_self"], 0, 1)
-            return Mux(n < sinks, 0, dist) if sinks else dist
-
-        # Logit of the completed dot product (registered in dot/dot_slot).
-        scaled = rshift_round(dot * par["score_mult"], par["score_shift"])
-        logit = Signal(signed(64))
-        m.d.comb += logit.eq(scaled - par["recency_int"] * slot_distance(dot_slot))
-        dot_valid = slot_valid(dot_slot)
-        m.d.comb += [self.n_row_index.eq(dot_slot), self.n_row_valid.eq(dot_valid),
-                     self.n_row_x.eq(Mux(dot_valid, saturate(logit, -128, 127), 0)),
-                     self.n_row_we.eq(dot_ready)]
+        if sinks:
+            slot_valid = Mux(dot_slot < sinks, dot_slot < sink_fill, (dot_slot - sinks) < fill)
+        else:
+            slot_valid = dot_slot < fill
+        age = reg(m, write_pos.as_signed() - 1 - (dot_slot - sinks).as_signed(), "age", signed(34))
+        in_sink = delay(m, dot_slot < sinks, 1)
+        wrapped = Mux(age < 0, age + ring, age) + Mux(par["include_self"], 0, 1)
+        distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", signed(34))
+        recency = reg(m, par["recency_int"] * distance, "recency", signed(42))
+        scaled = round_shift(m, split_mul(m, dot, par["score_mult"], "score_product"), par["score_shift"],
+                             soma.INT_SHIFT_MAX, "scaled")
+        recency = delay(m, recency, 1)
+        logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
+        row_x = reg(m, Mux(delay(m, slot_valid, 5), saturate(logit, -128, 127), 0), "row_x", signed(8))
+        row_tags = delay(m, Cat(dot_tags, slot_valid), 6)
+        s += 6
+        assert s == score_depth(p)
+        row_we, row_last, row_slot, row_slot_valid = row_tags[0], row_tags[1], row_tags[2:2 + n_bits], row_tags[-1]
+        m.d.comb += [self.n_row_index.eq(row_slot), self.n_row_valid.eq(row_slot_valid),
+                     self.n_row_x.eq(row_x), self.n_row_we.eq(row_we)]
 
         # HCCS heads normalise through the streaming HCCS unit (hw/hccs.py): the row is kept in registers as
         # it is scored, fed in beats of hccs_lanes, and the probabilities come back in beats.
@@ -354,57 +470,86 @@ class SomaDecode(wiring.Component):
         row_beats = unit_config.n_max // hl
         m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
         row_bits = Signal(8 * unit_config.n_max)
-        row_valid = Signal(unit_config.n_max)
+        row_valid_bits = Signal(unit_config.n_max)
         prob_bits = Signal(8 * unit_config.n_max)
         feed_beat = Signal(range(row_beats + 1))
         drain_beat = Signal(range(row_beats + 1))
-        use_exp = par["normaliser"] == HEAD_PARAMS[HEAD_INDEX["normaliser"]].choices.index("exp_int")
-        with m.If(dot_ready):
-            m.d.sync += [row_bits.word_select(dot_slot, 8).eq(self.n_row_x), row_valid.bit_select(dot_slot, 1).eq(dot_valid)]
+        with m.If(row_we):
+            m.d.sync += [row_bits.word_select(row_slot, 8).eq(row_x),
+                         row_valid_bits.bit_select(row_slot, 1).eq(row_slot_valid)]
         m.d.comb += [near_unit.i.payload.data.eq(row_bits.word_select(feed_beat, 8 * hl)),
-                     near_unit.i.payload.mask.eq(row_valid.word_select(feed_beat, hl)),
-                     near_unit.i.payload.first.eq(feed_beat == 0), near_unit.i.payload.last.eq(feed_beat == row_beats - 1),
+                     near_unit.i.payload.mask.eq(row_valid_bits.word_select(feed_beat, hl)),
+                     near_unit.i.payload.first.eq(feed_beat == 0),
+                     near_unit.i.payload.last.eq(feed_beat == row_beats - 1),
                      near_unit.i.payload.head.eq(0), near_unit.o.ready.eq(1),
                      near_unit.cfg.payload.head.eq(0), near_unit.cfg.payload.params.B.eq(par["hccs_B"]),
-                     near_unit.cfg.payload.params.S.eq(par["hccs_S"]), near_unit.cfg.payload.params.dmax.eq(par["hccs_dmax"]),
-                     near_unit.cfg.payload.params.mode.eq(par["hccs_mode"]), near_unit.cfg.payload.params.out.eq(hccs.OUT_UINT8)]
+                     near_unit.cfg.payload.params.S.eq(par["hccs_S"]),
+                     near_unit.cfg.payload.params.dmax.eq(par["hccs_dmax"]),
+                     near_unit.cfg.payload.params.mode.eq(par["hccs_mode"]),
+                     near_unit.cfg.payload.params.out.eq(hccs.OUT_UINT8)]
         with m.If(near_unit.o.valid):
             m.d.sync += [prob_bits.word_select(drain_beat, 8 * hl).eq(near_unit.o.payload.data.as_value()),
                          drain_beat.eq(drain_beat + 1)]
 
-        # Gate: z = q . G serially, in parallel with the normaliser.
-        z = Signal(signed(48))
+        # Query gate: z = q . G over the head_dim elements (issued as n = 0..D-1), in parallel with the
+        # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
+        g_q = reg(m, q.word_select(n_issue, 8).as_signed(), "g_q")
+        g_f = reg(m, gate_fld.word_select(n_issue, 16).as_signed(), "g_f")
+        g_product = reg(m, g_q * g_f, "g_product", signed(24))
+        z = Signal(signed(24 + (D - 1).bit_length() + 1))
+        v_g, _, n_g, _ = at(2, PHASE_GATE)
+        with m.If(v_g):
+            m.d.sync += z.eq(Mux(n_g == 0, 0, z) + g_product)
+        gate_scaled = round_shift(m, split_mul(m, z, par["gate_mult"], "gate_product"), par["gate_shift"],
+                                  soma.INT_SHIFT_MAX, "gate_scaled")
+        gate_value = reg(m, saturate(soma.GATE_ONE // 2 + gate_scaled, 0, soma.GATE_ONE), "gate_value",
+                         range(soma.GATE_ONE + 1))
         gate = Signal(range(soma.GATE_ONE + 1))
-        gate_index = Signal(range(D + 1))
         gate_busy = Signal()
         norm_busy = Signal()
 
-        # WEIGHTED SUM: per chunk c, slots n; the final per-element stage runs over the chunk's L lanes.
+        # WEIGHTED SUM over slots for chunk c (c_issue holds the chunk); then FINAL over its L elements.
+        _, _, n_prob_read, _ = at(1, PHASE_WEIGHTED)
+        m.d.comb += self.n_prob_index.eq(n_prob_read)
+        prob_reg = reg(m, prob_bits.word_select(n_prob_read, 8), "prob_bits_sel")
+        prob = reg(m, Mux(use_exp, self.n_prob[:8], prob_reg), "prob", unsigned(8))
+        v_group = reg(m, lane_group(self.rd_data, c_issue), "v_group")
+        products = [reg(m, prob * v_group.word_select(l, 8).as_signed(), f"pv{l}", signed(17)) for l in range(L)]
         lane_acc = [Signal(signed(32), name=f"lane_acc{l}") for l in range(L)]
-        lane_acc_array = Array(lane_acc)
-        element = Signal(range(L + 1))
-        d_index = Signal(range(D + 1))
-        m.d.comb += self.n_prob_index.eq(n_arrive)
+        v_w, last_w, n_w, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
 
+        # FINAL: element e = n of chunk c, d = c * L + e.
+        d_issue = Signal(range(D + 1))
+        acc_sel = reg(m, Array(lane_acc)[n_issue[:max(1, (L - 1).bit_length())]], "acc_sel")
+        f_old = reg(m, fld.word_select(d_issue, 16).as_signed(), "f_old")
+        g_old = reg(m, gate_fld.word_select(d_issue, 16).as_signed(), "g_old")
+        src = reg(m, Mux(field_of_keys, k.word_select(d_issue, 8), v.word_select(d_issue, 8)).as_signed(), "src")
+        k_d = reg(m, k.word_select(d_issue, 8).as_signed(), "k_d")
+        d_tags = delay_line(m, d_issue, FINAL_DEPTH, "d")
+        near = round_shift(m, split_mul(m, acc_sel, par["out_mult"], "near_product"), par["out_shift"],
+                           soma.INT_SHIFT_MAX, "near_scaled")
+        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
+        far_f = reg(m, f_old * par["alpha_mult"], "far_f", signed(32))
+        far = round_shift(m, split_mul(m, far_f, gate, "far_product"), par["alpha_shift"] + 7,
+                          soma.INT_SHIFT_MAX + 7, "far_scaled")
+        far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
+        out_element = reg(m, saturate(near + far, -128, 127), "out_element", signed(8))
         gamma = par["gamma_q15"]
-        f_old = fld.word_select(d_index, 16).as_signed()
-        g_old = gate_fld.word_select(d_index, 16).as_signed()
-        src = Mux(field_of_keys, k.word_select(d_index, 8), v.word_select(d_index, 8)).as_signed()
-        k_d = k.word_select(d_index, 8).as_signed()
 
-        def field_update(f, x):
-            acc_f = gamma * f + (soma.GAMMA_Q15_ONE - gamma) * (x.as_signed() << soma.FIELD_FRAC_BITS)
-            return rshift_round(acc_f, 15)[:16]
+        def field_update(f, x, name):
+            """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): products (1), sum and rounding (1)."""
+            kept = reg(m, gamma * f, f"{name}_kept", signed(33))
+            added = reg(m, (soma.GAMMA_Q15_ONE - gamma) * (x << soma.FIELD_FRAC_BITS), f"{name}_added", signed(33))
+            return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
 
-        near = saturate(rshift_round(lane_acc_array[element] * par["out_mult"], par["out_shift"]), -32768, 32767)
-        far = saturate(rshift_round(f_old * par["alpha_mult"] * gate, par["alpha_shift"] + 7), -32768, 32767)
-        out_element = saturate(near + far, -128, 127)[:8]
+        f_new = field_update(f_old, src, "field")
+        g_new = field_update(g_old, k_d, "gate_field")
 
         # WRITE / STORE word sources.
         write_slot_word = Signal(range(2 * words + 1))
 
         def do_write_word(i):
-            """Write word i of (k, v) into the slot the counters select; returns the memory address."""
+            """Write word i of (k, v) into the slot the counters select."""
             in_sink = step < sinks
             if sinks:
                 k_base = Mux(in_sink, layout["sink_k"] + step * words, layout["ring_k"] + write_pos * words)
@@ -416,8 +561,8 @@ class SomaDecode(wiring.Component):
                 address, data = k_base + i, k.word_select(i, 8 * W)
             else:
                 address, data = v_base + i - words, v.word_select(i - words, 8 * W)
-            m.d.comb += [self.wr_addr.eq(self.state_base + address), self.wr_data.eq(data),
-                         self.wr_en.eq((1 << W) - 1)]
+            m.d.comb += [wr_addr_next.eq(state_base + address), wr_data_next.eq(data),
+                         wr_en_next.eq((1 << W) - 1)]
 
         def advance_counters():
             with m.If(step >= sinks):
@@ -425,14 +570,15 @@ class SomaDecode(wiring.Component):
                              fill.eq(Mux(fill < ring, fill + 1, fill))]
             m.d.sync += step.eq(Mux(step < soma.COUNTER_MAX, step + 1, step))
 
-        store_sources = ([(self.state_base + layout["field"] + i, fld.word_select(i, 8 * W)) for i in range(2 * words)]
-                         + [(self.state_base + layout["gate_field"] + i, gate_fld.word_select(i, 8 * W))
+        store_sources = ([(state_base + layout["field"] + i, fld.word_select(i, 8 * W)) for i in range(2 * words)]
+                         + [(state_base + layout["gate_field"] + i, gate_fld.word_select(i, 8 * W))
                             for i in range(2 * words)]
-                         + [(self.state_base + layout["counters"], Cat(write_pos, fill, step))]
-                         + [(self.out_base + i, out.word_select(i, 8 * W)) for i in range(words)])
+                         + [(state_base + layout["counters"], Cat(write_pos, fill, step))]
+                         + [(out_base + i, out.word_select(i, 8 * W)) for i in range(words)])
 
         def enter_scores():
-            m.d.sync += [n_issue.eq(0), c_issue.eq(0), arriving.eq(0), dot_ready.eq(0)]
+            m.d.sync += [c_issue.eq(0)]
+            begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
         with m.FSM():
@@ -445,17 +591,17 @@ class SomaDecode(wiring.Component):
                 with m.Switch(counter):
                     for i, (addr, _, _) in enumerate(load_sources):
                         with m.Case(i):
-                            m.d.comb += self.rd_addr.eq(addr)
+                            m.d.comb += rd_addr_next.eq(addr)
                 with m.Switch(counter):
                     for i, (_, target, part) in enumerate(load_sources):
-                        with m.Case(i + 1):
+                        with m.Case(i + READ_LATENCY):
                             if target is None:
                                 m.d.sync += [write_pos.eq(self.rd_data[:32]), fill.eq(self.rd_data[32:64]),
                                              step.eq(self.rd_data[64:96])]
                             else:
                                 m.d.sync += target.word_select(part, 8 * W).eq(self.rd_data)
                 m.d.sync += counter.eq(counter + 1)
-                with m.If(counter == len(load_sources)):
+                with m.If(counter == len(load_sources) + READ_LATENCY - 1):
                     m.d.sync += write_slot_word.eq(0)
                     with m.If(par["include_self"]):
                         m.next = "WRITE"
@@ -478,35 +624,30 @@ class SomaDecode(wiring.Component):
                         enter_scores()
             with m.State("SCORES"):
                 m.d.comb += self.busy.eq(1)
-                issuing = n_issue < slots
+                m.d.comb += last_issue.eq((n_issue == slots - 1) & (c_issue == chunks - 1))
                 with m.If(issuing):
-                    m.d.comb += self.rd_addr.eq(slot_word("sink_k", "ring_k", n_issue, c_issue))
+                    m.d.comb += rd_addr_next.eq(slot_word("sink_k", "ring_k", n_issue, c_issue))
                     with m.If(c_issue == chunks - 1):
                         m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1)]
+                        with m.If(n_issue == slots - 1):
+                            m.d.sync += issuing.eq(0)
                     with m.Else():
                         m.d.sync += c_issue.eq(c_issue + 1)
-                m.d.sync += [arriving.eq(issuing), n_arrive.eq(n_issue), c_arrive.eq(c_issue)]
-                partial = dot_lanes(q.word_select(c_arrive, 8 * L), lane_group(self.rd_data, c_arrive))
-                m.d.sync += dot_ready.eq(0)
-                with m.If(arriving):
-                    with m.If(c_arrive == chunks - 1):
-                        m.d.sync += [dot.eq(Mux(c_arrive == 0, 0, acc) + partial), dot_slot.eq(n_arrive),
-                                     dot_ready.eq(1)]
-                    with m.Else():
-                        m.d.sync += acc.eq(Mux(c_arrive == 0, 0, acc) + partial)
-                with m.If(~issuing & ~arriving & ~dot_ready):
-                    m.d.sync += [gate_index.eq(0), z.eq(0), gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0),
-                                 drain_beat.eq(0)]
+                with m.If(row_we & row_last):
+                    m.d.sync += [gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0), drain_beat.eq(0)]
+                    begin_issue(PHASE_GATE)
                     m.d.comb += [self.n_start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(gate_busy):
-                    m.d.sync += [z.eq(z + q.word_select(gate_index, 8).as_signed() *
-                                      gate_fld.word_select(gate_index, 16).as_signed()),
-                                 gate_index.eq(gate_index + 1)]
-                    with m.If(gate_index == D - 1):
-                        m.d.sync += gate_busy.eq(0)
+                m.d.comb += last_issue.eq(n_issue == D - 1)
+                with m.If(issuing):
+                    m.d.sync += n_issue.eq(n_issue + 1)
+                    with m.If(n_issue == D - 1):
+                        m.d.sync += issuing.eq(0)
+                v_gate_done, last_gate_done, _, _ = at(GATE_DEPTH, PHASE_GATE)
+                with m.If(v_gate_done & last_gate_done):
+                    m.d.sync += gate_busy.eq(0)
                 with m.If(~use_exp & (feed_beat < row_beats)):
                     m.d.comb += near_unit.i.valid.eq(1)
                     with m.If(near_unit.i.ready):
@@ -514,35 +655,40 @@ class SomaDecode(wiring.Component):
                 with m.If(Mux(use_exp, self.n_done, near_unit.o.valid & near_unit.o.payload.last)):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate_busy & ~norm_busy):
-                    gate_value = soma.GATE_ONE // 2 + rshift_round(z * par["gate_mult"], par["gate_shift"])
-                    m.d.sync += [gate.eq(Mux(gated, saturate(gate_value, 0, soma.GATE_ONE), soma.GATE_ONE)),
-                                 n_issue.eq(0), c_issue.eq(0), arriving.eq(0), d_index.eq(0)]
+                    m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), d_issue.eq(0)]
+                    begin_issue(PHASE_WEIGHTED)
                     m.next = "WEIGHTED"
             with m.State("WEIGHTED"):
                 m.d.comb += self.busy.eq(1)
-                issuing = n_issue < slots
+                m.d.comb += last_issue.eq(n_issue == slots - 1)
                 with m.If(issuing):
-                    m.d.comb += self.rd_addr.eq(slot_word("sink_v", "ring_v", n_issue, c_issue))
+                    m.d.comb += rd_addr_next.eq(slot_word("sink_v", "ring_v", n_issue, c_issue))
                     m.d.sync += n_issue.eq(n_issue + 1)
-                m.d.sync += [arriving.eq(issuing), n_arrive.eq(n_issue)]
-                v_group = lane_group(self.rd_data, c_issue)
-                with m.If(arriving):
-                    prob = Mux(use_exp, self.n_prob[:8], prob_bits.word_select(n_arrive, 8))  # uint8
+                    with m.If(n_issue == slots - 1):
+                        m.d.sync += issuing.eq(0)
+                with m.If(v_w):
                     for l in range(L):
-                        product = prob * v_group.word_select(l, 8).as_signed()
-                        m.d.sync += lane_acc[l].eq(Mux(n_arrive == 0, 0, lane_acc[l]) + product)
-                with m.If(~issuing & ~arriving):
-                    m.d.sync += element.eq(0)
-                    m.next = "FINAL"
+                        m.d.sync += lane_acc[l].eq(Mux(n_w == 0, 0, lane_acc[l]) + products[l])
+                    with m.If(last_w):
+                        begin_issue(PHASE_FINAL)
+                        m.next = "FINAL"
             with m.State("FINAL"):
                 m.d.comb += self.busy.eq(1)
-                m.d.sync += [out.word_select(d_index, 8).eq(out_element),
-                             fld.word_select(d_index, 16).eq(field_update(f_old, src)),
-                             element.eq(element + 1), d_index.eq(d_index + 1)]
-                with m.If(gated):
-                    m.d.sync += gate_fld.word_select(d_index, 16).eq(field_update(g_old, k_d))
-                with m.If(element == L - 1):
-                    m.d.sync += [n_issue.eq(0), arriving.eq(0), c_issue.eq(c_issue + 1)]
+                m.d.comb += last_issue.eq(n_issue == L - 1)
+                with m.If(issuing):
+                    m.d.sync += [n_issue.eq(n_issue + 1), d_issue.eq(d_issue + 1)]
+                    with m.If(n_issue == L - 1):
+                        m.d.sync += issuing.eq(0)
+                v_f, _, _, _ = at(3, PHASE_FINAL)
+                with m.If(v_f):
+                    m.d.sync += fld.word_select(d_tags[3], 16).eq(f_new)
+                    with m.If(gated):
+                        m.d.sync += gate_fld.word_select(d_tags[3], 16).eq(g_new)
+                v_o, last_o, _, _ = at(FINAL_DEPTH, PHASE_FINAL)
+                with m.If(v_o):
+                    m.d.sync += out.word_select(d_tags[FINAL_DEPTH], 8).eq(out_element)
+                with m.If(v_o & last_o):
+                    m.d.sync += c_issue.eq(c_issue + 1)
                     with m.If(c_issue == chunks - 1):
                         m.d.sync += write_slot_word.eq(0)
                         with m.If(par["include_self"]):
@@ -552,17 +698,18 @@ class SomaDecode(wiring.Component):
                             m.d.sync += wrote.eq(1)
                             m.next = "WRITE"
                     with m.Else():
+                        begin_issue(PHASE_WEIGHTED)
                         m.next = "WEIGHTED"
             with m.State("STORE"):
                 m.d.comb += self.busy.eq(1)
                 with m.Switch(counter):
                     for i, (addr, data) in enumerate(store_sources):
                         with m.Case(i):
-                            m.d.comb += [self.wr_addr.eq(addr), self.wr_data.eq(data), self.wr_en.eq((1 << W) - 1)]
+                            m.d.comb += [wr_addr_next.eq(addr), wr_data_next.eq(data), wr_en_next.eq((1 << W) - 1)]
                 m.d.sync += counter.eq(counter + 1)
                 with m.If(counter == len(store_sources) - 1):
                     m.next = "DONE"
             with m.State("DONE"):
-                m.d.comb += self.done.eq(1)
+                m.d.comb += [self.done.eq(1), self.busy.eq(1)]
                 m.next = "IDLE"
         return m

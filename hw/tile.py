@@ -54,13 +54,13 @@ def expected_decode_cycles(params: TileParams, configs) -> int:
     """Cycles of a DECODE frame for heads with these configs (anything with ``normaliser`` and
     ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
     the first header beat is accepted through the cycle the last response beat is accepted: header beats,
-    one check cycle, payload beats, one execute cycle, the heads' decode steps with one cycle between them,
-    response header and payload beats. Independent of the sequence position."""
+    one check cycle, payload beats, one execute cycle, per head one start cycle and its decode step, response
+    header and payload beats. Independent of the sequence position."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
     intake = header + 1 + 3 * params.head_dim * count // sb
     steps = sum(expected_cycles(params, c.normaliser, c.hccs_mode) for c in configs)
-    execute = 1 + steps + (count - 1)
+    execute = 1 + steps + count
     respond = header + params.head_dim * count // sb
     return intake + execute + respond
 
@@ -464,9 +464,9 @@ class Tile(wiring.Component):
                                      pending_error.eq(0)]
                         m.next = "CLEAR"
                     with m.Case(Opcode.DECODE):
+                        # The decode unit samples its head's parameters at start: cur first.
                         m.d.sync += [cur.eq(head), last.eq(head_end - 1)]
-                        m.d.comb += dec_start.eq(1)
-                        m.next = "DECODE"
+                        m.next = "DECODE_NEXT"
                     with m.Case(Opcode.HCCS):
                         m.d.sync += [resp_length.eq(hccs_bytes * out_bytes), row.eq(0), hccs_active.eq(1)]
                         start_response()
@@ -533,11 +533,14 @@ class Tile(wiring.Component):
                         m.d.comb += hccs_start.eq(1)
                         m.next = "HCCS_RUN"
             with m.State("HCCS_RUN"):
+                # The probabilities are read one cycle after their index: HCCS_PACK consumes row_index's and
+                # addresses the next; HCCS_SEND holds the address of the one it will consume next.
+                m.d.comb += hccs_prob_index.eq(0)
                 with m.If(norm.done):
                     m.d.sync += [row_index.eq(0), beat_fill.eq(0), beat_data.eq(0)]
                     m.next = "HCCS_PACK"
             with m.State("HCCS_PACK"):
-                m.d.comb += hccs_prob_index.eq(row_index)
+                m.d.comb += hccs_prob_index.eq(row_index + 1)
                 value = Mux(row_index < arg1, norm.prob, 0)[:8 * out_bytes]
                 m.d.sync += [beat_data.word_select(beat_fill, 8 * out_bytes).eq(value),
                              beat_fill.eq(beat_fill + 1), row_index.eq(row_index + 1)]
@@ -546,7 +549,8 @@ class Tile(wiring.Component):
             with m.State("HCCS_SEND"):
                 row_done = row_index == n_pad
                 final = row_done & (row == rows - 1)
-                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(beat_data), self.m_axis_tlast.eq(final)]
+                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(beat_data), self.m_axis_tlast.eq(final),
+                             hccs_prob_index.eq(row_index)]
                 with m.If(m_beat):
                     m.d.sync += [beat_fill.eq(0), beat_data.eq(0)]
                     with m.If(final):

@@ -1,0 +1,84 @@
+"""Pipeline building blocks shared by the decode unit and the row normaliser (hw/soma.py).
+
+Each helper adds registers to a module and returns the registered result; its docstring states the latency
+in cycles. They keep every register-to-register path to at most one carry chain, one 18x18 multiplier or
+one barrel shifter, the recipe that took the HCCS unit to 108 MHz on the ECP5 (docs/hardware.md, Timing).
+The arithmetic is exact: widths are derived from the operands' shapes, never truncated.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Mux, Shape, Signal, signed, unsigned
+
+MUL_SPLIT = 17
+"""Low part of a split product: an unsigned 17-bit slice times a <= 18-bit signed operand fits one 18x18."""
+
+
+def reg(m, value, name: str | None = None, shape=None):
+    """``value`` registered once (latency 1). ``shape`` defaults to the value's own shape."""
+    out = Signal(shape if shape is not None else value.shape(), name=name)
+    m.d.sync += out.eq(value)
+    return out
+
+
+def delay(m, value, cycles: int, name: str | None = None):
+    """``value`` delayed by ``cycles`` registers (0: the value itself)."""
+    for i in range(cycles):
+        value = reg(m, value, None if name is None else f"{name}_d{i + 1}")
+    return value
+
+
+def delay_line(m, value, cycles: int, name: str):
+    """[value, value delayed 1, ..., value delayed ``cycles``]: one shift register, every stage tapped."""
+    line = [value]
+    for i in range(cycles):
+        line.append(reg(m, line[-1], f"{name}_d{i + 1}"))
+    return line
+
+
+def split_mul(m, a, b, name: str):
+    """``a * b`` exactly, latency 2: the partial products of ``b`` with ``a``'s low MUL_SPLIT bits and its
+    high bits are registered (each one multiplier), then added. ``b`` should be at most 18 bits signed."""
+    a_shape, b_shape = Shape.cast(a.shape()), Shape.cast(b.shape())
+    width = a_shape.width + b_shape.width + 1
+    if a_shape.width <= MUL_SPLIT:
+        return delay(m, reg(m, a * b, f"{name}_p", signed(width)), 1, name)
+    lo = reg(m, a[:MUL_SPLIT].as_unsigned() * b, f"{name}_lo", signed(width))
+    hi_part = a[MUL_SPLIT:].as_signed() if a_shape.signed else a[MUL_SPLIT:].as_unsigned()
+    hi = reg(m, hi_part * b, f"{name}_hi", signed(width))
+    return reg(m, lo + (hi << MUL_SPLIT), name, signed(width))
+
+
+def round_shift(m, x, shift, max_shift: int, name: str):
+    """Round-half-up arithmetic right shift of signed ``x`` by the variable ``shift`` (0..max_shift), as
+    ``soma_int.rshift_round``: ``(x + ((1 << shift) >> 1)) >> shift``. Latency 2 (the add, then the shift)."""
+    width = max(Shape.cast(x.shape()).width, max_shift) + 2
+    half = Signal(unsigned(max_shift + 1), name=f"{name}_half")
+    m.d.comb += half.eq((Const(1, max_shift + 1) << shift) >> 1)
+    total = reg(m, x.as_signed() + half, f"{name}_sum", signed(width))
+    amount = reg(m, shift, f"{name}_amount")
+    return reg(m, total >> amount, name, signed(width))
+
+
+def saturate(x, lo: int, hi: int):
+    """``x`` clipped to [lo, hi] (combinational)."""
+    return Mux(x < lo, lo, Mux(x > hi, hi, x))
+
+
+def floor_log2(m, value, name: str):
+    """Position of the leading one of the unsigned ``value`` (0 for 0 and 1), latency 2: a leading-one
+    position per byte (with an any-bit flag) is registered, then the highest non-empty byte's is chosen."""
+    width = Shape.cast(value.shape()).width
+    groups = -(-width // 8)
+    any_bits, local = [], []
+    for g in range(groups):
+        byte = value[8 * g: 8 * g + 8]
+        position = Const(0, 3)
+        for bit in range(len(byte)):
+            position = Mux(byte[bit], bit, position)
+        any_bits.append(reg(m, byte.any(), f"{name}_any{g}"))
+        local.append(reg(m, position, f"{name}_pos{g}", unsigned(3)))
+    result = Const(0, range(width))
+    for g in range(groups):
+        result = Mux(any_bits[g], Cat(local[g], Const(g, 5)), result)
+    return reg(m, result, name, range(8 * groups))
