@@ -32,6 +32,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
+from somatile.hw.pipe import reg
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
 from somatile.model import hccs
@@ -54,11 +55,11 @@ def expected_decode_cycles(params: TileParams, configs) -> int:
     """Cycles of a DECODE frame for heads with these configs (anything with ``normaliser`` and
     ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
     the first header beat is accepted through the cycle the last response beat is accepted: header beats,
-    one check cycle, payload beats, one execute cycle, per head one start cycle and its decode step, response
-    header and payload beats. Independent of the sequence position."""
+    a settle and a check cycle, payload beats, one execute cycle, per head one start cycle and its decode
+    step, response header and payload beats. Independent of the sequence position."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
-    intake = header + 1 + 3 * params.head_dim * count // sb
+    intake = header + 2 + 3 * params.head_dim * count // sb
     steps = sum(expected_cycles(params, c.normaliser, c.hccs_mode) for c in configs)
     execute = 1 + steps + count
     respond = header + params.head_dim * count // sb
@@ -143,9 +144,11 @@ class Tile(wiring.Component):
         head_end = head + Mux(is_counted, count, 1)
         bad_head = is_head_op & ((head >= p.heads) | (head_end > p.heads) | (is_counted & (count == 0)))
 
-        # Register read decode.
-        reg_value = Signal(32)
-        reg_ok = Signal()
+        # Register read decode. Like every product and rule check on the captured header below, it is
+        # registered (free-running): HEADER's last beat is followed by one SETTLE cycle before CHECK, so the
+        # registered values describe this frame's header by then (docs/hardware.md, Timing).
+        reg_value_now = Signal(32)
+        reg_ok_now = Signal()
         address = arg0
         info = regmap.info_values(p, self.tile_index)
         with m.If(address[:2] == 0):
@@ -155,22 +158,22 @@ class Tile(wiring.Component):
                          "COMMANDS": commands, "TOKENS": tokens, "CONFIGURED": configured,
                          "SCRATCH": scratch}[name]
                 with m.If(address == i * regmap.REGISTER_BYTES):
-                    m.d.comb += [reg_value.eq(value), reg_ok.eq(1)]
+                    m.d.comb += [reg_value_now.eq(value), reg_ok_now.eq(1)]
             for i, value in enumerate(info):
                 with m.If(address == regmap.INFO_BASE + i * regmap.REGISTER_BYTES):
-                    m.d.comb += [reg_value.eq(value), reg_ok.eq(1)]
+                    m.d.comb += [reg_value_now.eq(value), reg_ok_now.eq(1)]
             for h in range(p.heads):
                 for i in range(len(HEAD_PARAMS)):
                     with m.If(address == regmap.head_register(h, i)):
-                        m.d.comb += [reg_value.eq(head_regs[h][i]), reg_ok.eq(1)]
+                        m.d.comb += [reg_value_now.eq(head_regs[h][i]), reg_ok_now.eq(1)]
+        reg_value, reg_ok = reg(m, reg_value_now, "reg_value"), reg(m, reg_ok_now, "reg_ok")
         scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
 
         # HCCS command arguments and the HCCS parameter rules of hccs.check_params.
         n_pad = Signal(range(regmap.padded(p.n_max) + 1))
         m.d.comb += n_pad.eq((arg1[:16] + regmap.FRAME_GRANULE - 1) & ~(regmap.FRAME_GRANULE - 1))
         rows = arg0
-        hccs_bytes = Signal(48)
-        m.d.comb += hccs_bytes.eq(rows * n_pad)
+        hccs_bytes = reg(m, rows * n_pad, "hccs_bytes", unsigned(48))
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
                          (hccs_bytes > regmap.staging_bytes(p)))
 
@@ -183,8 +186,8 @@ class Tile(wiring.Component):
             return Array(head_regs[h][HEAD_INDEX[name]] for h in range(p.heads))[h_index]
 
         cmd_head_ok = head < p.heads
-        hccs_param_ok = hccs_rules_ok(head_field(head, "hccs_B"), head_field(head, "hccs_S"),
-                                      head_field(head, "hccs_dmax"), arg1[:16])
+        hccs_param_ok = reg(m, hccs_rules_ok(head_field(head, "hccs_B"), head_field(head, "hccs_S"),
+                                             head_field(head, "hccs_dmax"), arg1[:16]), "hccs_param_ok")
         heads_configured = Signal()
         mask = Signal(p.heads)
         for h in range(p.heads):
@@ -225,7 +228,6 @@ class Tile(wiring.Component):
         config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
         config = Signal(8 * config_bytes)
         config_values = [config.word_select(i, 32) for i in range(len(HEAD_PARAMS))]
-        config_ok = Signal()
         ranges_ok = Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]).all()
         cv = {hp.name: v for hp, v in zip(HEAD_PARAMS, config_values)}
         choice = {name: HEAD_PARAMS[HEAD_INDEX[name]].choices for name in ("gating", "field_source", "normaliser")}
@@ -233,7 +235,8 @@ class Tile(wiring.Component):
                     (cv["field_source"] == choice["field_source"].index("values"))
         uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
         config_hccs_ok = hccs_rules_ok(cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8], p.slots)
-        m.d.comb += config_ok.eq(ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok))
+        # Registered: CONFIGURE_HEAD waits one CONFIG_SETTLE cycle after its last payload beat.
+        config_ok = reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")
 
         # Error latch.
         def fail(code, detail=0, echo=True):
@@ -354,11 +357,14 @@ class Tile(wiring.Component):
                                  header_beat.eq(header_beat + 1)]
                     with m.If(header_beat == HB - 1):
                         m.d.sync += header_last.eq(self.s_axis_tlast)
-                        m.next = "CHECK"
+                        m.next = "SETTLE"
                     with m.Elif(self.s_axis_tlast):
                         m.d.sync += [resp_opcode.eq(0), resp_head.eq(0)]
                         fail(ErrorCode.BAD_LENGTH, 0, echo=False)
                         start_response()
+
+            with m.State("SETTLE"):
+                m.next = "CHECK"
 
             with m.State("CHECK"):
                 m.d.sync += [resp_opcode.eq(opcode), resp_head.eq(head), resp_error.eq(0), resp_result.eq(0),
@@ -421,9 +427,14 @@ class Tile(wiring.Component):
                                 m.next = "EXECUTE"
                         with m.Elif(length_ok):
                             m.next = "EXECUTE"
+                            with m.If(opcode == Opcode.CONFIGURE_HEAD):
+                                m.next = "CONFIG_SETTLE"
                         with m.Else():
                             fail(ErrorCode.BAD_LENGTH, expected)
                             start_response()
+
+            with m.State("CONFIG_SETTLE"):
+                m.next = "EXECUTE"
 
             with m.State("DRAIN"):
                 m.d.comb += self.s_axis_tready.eq(1)

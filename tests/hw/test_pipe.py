@@ -1,0 +1,86 @@
+"""The pipeline helpers of hw/pipe.py and the row normaliser of hw/soma.py in Amaranth's own simulator:
+exact results against Python integers and the integer models, and the latencies their docstrings state."""
+
+import numpy as np
+import pytest
+from amaranth.hdl import Module, Signal, signed, unsigned
+from amaranth.sim import Simulator
+
+from somatile.hw.pipe import floor_log2, round_shift, split_mul
+from somatile.hw.soma import RowNormaliser, normaliser_cycles
+from somatile.model import hccs, intexp, soma_int
+
+
+def test_split_mul_round_shift_and_floor_log2_are_exact_at_their_latencies(rng):
+    m = Module()
+    a, b, shift, u = Signal(signed(32)), Signal(unsigned(15)), Signal(range(48)), Signal(32)
+    product = split_mul(m, a, b, "p")                    # latency 2
+    rounded = round_shift(m, a, shift, 47, "r")          # latency 2
+    log2 = floor_log2(m, u, "lg")                        # latency 2
+    cases = list(zip(rng.integers(-2**31, 2**31, 200), rng.integers(0, 2**15, 200), rng.integers(0, 48, 200),
+                     rng.integers(0, 2**32, 200) >> rng.integers(0, 33, 200)))
+    cases += [(-2**31, 2**15 - 1, 47, 0), (2**31 - 1, 2**15 - 1, 0, 1), (-1, 1, 1, 2**31)]
+    got = []
+
+    async def bench(ctx):
+        for av, bv, sv, uv in cases:
+            ctx.set(a, int(av)), ctx.set(b, int(bv)), ctx.set(shift, int(sv)), ctx.set(u, int(uv))
+            await ctx.tick().repeat(2)
+            got.append((ctx.get(product), ctx.get(rounded), ctx.get(log2)))
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    for (av, bv, sv, uv), (p, r, lg) in zip(cases, got):
+        av, bv, sv, uv = int(av), int(bv), int(sv), int(uv)
+        assert p == av * bv
+        assert r == int(soma_int.rshift_round(np.int64(av), np.int64(sv)))
+        assert lg == max(uv.bit_length() - 1, 0)
+
+
+@pytest.mark.parametrize("mode", ["exp", "div", "clb"])
+def test_row_normaliser_is_bit_exact_in_normaliser_cycles(mode, rng):
+    n_max = 24
+    dut = RowNormaliser(n_max)
+    rows = [rng.integers(-128, 128, n).astype(np.int8) for n in (1, 7, n_max)]
+    masks = [np.ones(1, bool), rng.random(7) < 0.7, rng.random(n_max) < 0.9]
+    B, S, dmax, mult = 40, 1, 12, 2900
+    results = []
+
+    async def bench(ctx):
+        for x, valid in zip(rows, masks):
+            for i, (xi, vi) in enumerate(zip(x, valid)):
+                ctx.set(dut.row_we, 1), ctx.set(dut.row_index, i), ctx.set(dut.row_x, int(xi))
+                ctx.set(dut.row_valid, int(vi))
+                await ctx.tick()
+            ctx.set(dut.row_we, 0)
+            for port, value in (("count", len(x)), ("use_exp", mode == "exp"), ("clb", mode == "clb"),
+                                ("out16", 0), ("B", B), ("S", S), ("dmax", dmax), ("exp_mult", mult)):
+                ctx.set(getattr(dut, port), int(value))
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            cycles = 1
+            while not ctx.get(dut.done):
+                await ctx.tick()
+                cycles += 1
+            probs = []
+            for i in range(len(x)):
+                ctx.set(dut.prob_index, i)
+                await ctx.tick()
+                probs.append(ctx.get(dut.prob))   # one-cycle read
+            results.append((cycles, probs))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    for x, valid, (cycles, probs) in zip(rows, masks, results):
+        want = np.zeros(len(x), np.int32)
+        if mode == "exp":
+            intexp.intexp_row(x, valid, mult, intexp.OUT_UINT8, want)
+        else:
+            hccs.hccs_row(x, valid, B, S, dmax, hccs.MODE_CODES[mode], hccs.OUT_UINT8, want)
+        assert probs == want.tolist()
+        assert cycles == normaliser_cycles(len(x))
