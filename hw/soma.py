@@ -278,7 +278,8 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     ``slots * chunks + score_depth`` (chunks = head_dim / mac_lanes), NORMALISE
     ``max(N, head_dim + GATE_DEPTH) + 1`` with N the normaliser's row latency (the HCCS unit's
     ``expected_cycles`` for one row of ``slots``, or :func:`normaliser_cycles` for the integer exp), WEIGHTED
-    SUM and FINAL ``chunks * (slots + WEIGHTED_DEPTH + mac_lanes + FINAL_DEPTH)``, STORE ``5 w + 1``, DONE 1.
+    SUM and FINAL ``chunks * (slots + WEIGHTED_DEPTH + mac_lanes) + FINAL_DEPTH`` (a chunk's FINAL pipeline
+    drains during the next chunk's weighted sum), STORE ``5 w + 1``, DONE 1.
     """
     words = params.head_dim // params.word_bytes
     slots, chunks = params.slots, params.head_dim // params.mac_lanes
@@ -290,7 +291,7 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     write = 2 * words
     scores = slots * chunks + score_depth(params)
     normalise = max(row, params.head_dim + GATE_DEPTH) + 1
-    weighted = chunks * (slots + WEIGHTED_DEPTH + params.mac_lanes + FINAL_DEPTH)
+    weighted = chunks * (slots + WEIGHTED_DEPTH + params.mac_lanes) + FINAL_DEPTH
     store = 5 * words + 1
     return load + write + scores + normalise + weighted + store + 1
 
@@ -449,8 +450,10 @@ class SomaDecode(wiring.Component):
         age = reg(m, write_pos.as_signed() - 1 - (dot_slot - sinks).as_signed(), "age", signed(34))
         in_sink = delay(m, dot_slot < sinks, 1)
         wrapped = Mux(age < 0, age + ring, age) + Mux(par["include_self"], 0, 1)
-        distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", signed(34))
-        recency = reg(m, par["recency_int"] * distance, "recency", signed(42))
+        # A legal state has write_pos < ring (LOAD_STATE checks it), so a ring slot's distance is at most ring:
+        # the product fits one multiplier.
+        distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", range(ring + 1))
+        recency = reg(m, par["recency_int"] * distance, "recency", unsigned(7 + len(distance)))
         scaled = round_shift(m, split_mul(m, dot, par["score_mult"], "score_product"), par["score_shift"],
                              soma.INT_SHIFT_MAX, "scaled")
         recency = delay(m, recency, 1)
@@ -581,6 +584,16 @@ class SomaDecode(wiring.Component):
             begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
+        # FINAL's writes: the field updates 3 cycles after an element's issue, the output FINAL_DEPTH cycles.
+        v_f, _, _, _ = at(3, PHASE_FINAL)
+        with m.If(v_f):
+            m.d.sync += fld.word_select(d_tags[3], 16).eq(f_new)
+            with m.If(gated):
+                m.d.sync += gate_fld.word_select(d_tags[3], 16).eq(g_new)
+        v_o, _, _, _ = at(FINAL_DEPTH, PHASE_FINAL)
+        with m.If(v_o):
+            m.d.sync += out.word_select(d_tags[FINAL_DEPTH], 8).eq(out_element)
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -673,33 +686,27 @@ class SomaDecode(wiring.Component):
                         begin_issue(PHASE_FINAL)
                         m.next = "FINAL"
             with m.State("FINAL"):
+                # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
+                # (their writes are outside the FSM, below); after the last chunk the unit waits for them.
                 m.d.comb += self.busy.eq(1)
                 m.d.comb += last_issue.eq(n_issue == L - 1)
                 with m.If(issuing):
                     m.d.sync += [n_issue.eq(n_issue + 1), d_issue.eq(d_issue + 1)]
                     with m.If(n_issue == L - 1):
                         m.d.sync += issuing.eq(0)
-                v_f, _, _, _ = at(3, PHASE_FINAL)
-                with m.If(v_f):
-                    m.d.sync += fld.word_select(d_tags[3], 16).eq(f_new)
-                    with m.If(gated):
-                        m.d.sync += gate_fld.word_select(d_tags[3], 16).eq(g_new)
-                v_o, last_o, _, _ = at(FINAL_DEPTH, PHASE_FINAL)
-                with m.If(v_o):
-                    m.d.sync += out.word_select(d_tags[FINAL_DEPTH], 8).eq(out_element)
-                with m.If(v_o & last_o):
-                    m.d.sync += c_issue.eq(c_issue + 1)
-                    with m.If(c_issue == chunks - 1):
-                        m.d.sync += write_slot_word.eq(0)
-                        with m.If(par["include_self"]):
-                            m.d.sync += counter.eq(0)
-                            m.next = "STORE"
-                        with m.Else():
-                            m.d.sync += wrote.eq(1)
-                            m.next = "WRITE"
-                    with m.Else():
+                with m.If(c_issue != chunks - 1):
+                    with m.If(n_issue == L - 1):
+                        m.d.sync += c_issue.eq(c_issue + 1)
                         begin_issue(PHASE_WEIGHTED)
                         m.next = "WEIGHTED"
+                with m.Elif(v_o & (d_tags[FINAL_DEPTH] == D - 1)):
+                    m.d.sync += write_slot_word.eq(0)
+                    with m.If(par["include_self"]):
+                        m.d.sync += counter.eq(0)
+                        m.next = "STORE"
+                    with m.Else():
+                        m.d.sync += wrote.eq(1)
+                        m.next = "WRITE"
             with m.State("STORE"):
                 m.d.comb += self.busy.eq(1)
                 with m.Switch(counter):
