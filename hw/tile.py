@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import struct
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import reg
+from somatile.hw.pipe import delay, reg
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
 from somatile.model import hccs
@@ -51,15 +51,22 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
+CHECK_SETTLE = 5
+"""Cycles between a header's last beat and CHECK: the header's checks are a pipeline of that depth (head
+parameters selected, HCCS floor, masses, comparisons, the check result)."""
+CONFIG_SETTLE = 4
+"""Cycles between a CONFIGURE_HEAD block's last beat and its execution (the rules' pipeline depth)."""
+
+
 def expected_decode_cycles(params: TileParams, configs) -> int:
     """Cycles of a DECODE frame for heads with these configs (anything with ``normaliser`` and
     ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
     the first header beat is accepted through the cycle the last response beat is accepted: header beats,
-    a settle and a check cycle, payload beats, one execute cycle, per head one start cycle and its decode
-    step, response header and payload beats. Independent of the sequence position."""
+    ``CHECK_SETTLE`` settle cycles and a check cycle, payload beats, one execute cycle, per head one start
+    cycle and its decode step, response header and payload beats. Independent of the sequence position."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
-    intake = header + 2 + 3 * params.head_dim * count // sb
+    intake = header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb
     steps = sum(expected_cycles(params, c.normaliser, c.hccs_mode) for c in configs)
     execute = 1 + steps + count
     respond = header + params.head_dim * count // sb
@@ -104,6 +111,7 @@ class Tile(wiring.Component):
         magic, opcode, head, count = (header.word_select(i, 8) for i in range(4))
         length, arg0, arg1 = (header.word_select(i, 32) for i in (1, 2, 3))
         header_beat = Signal(range(HB + 1))
+        settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
         header_last = Signal()
 
         # Registers.
@@ -145,8 +153,8 @@ class Tile(wiring.Component):
         bad_head = is_head_op & ((head >= p.heads) | (head_end > p.heads) | (is_counted & (count == 0)))
 
         # Register read decode. Like every product and rule check on the captured header below, it is
-        # registered (free-running): HEADER's last beat is followed by one SETTLE cycle before CHECK, so the
-        # registered values describe this frame's header by then (docs/hardware.md, Timing).
+        # registered (free-running): HEADER's last beat is followed by CHECK_SETTLE cycles before CHECK, so
+        # the registered values describe this frame's header by then (docs/hardware.md, Timing).
         reg_value_now = Signal(32)
         reg_ok_now = Signal()
         address = arg0
@@ -177,52 +185,69 @@ class Tile(wiring.Component):
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
                          (hccs_bytes > regmap.staging_bytes(p)))
 
-        def hccs_rules_ok(B, S, dmax, cols):
-            floor = B.as_signed() - S * dmax
-            return ((floor >= 0) & (cols * floor >= hccs.MIN_FLOOR_MASS) &
-                    (cols * B <= hccs.MAX_ROW_MASS))
+        def hccs_rules_ok(B, S, dmax, cols, name):
+            """hccs.check_params' rules for (B, S, Dmax) over ``cols`` columns, registered in three steps
+            (latency 3): the floor B - S Dmax; the two masses; their comparisons."""
+            floor = reg(m, B.as_signed() - S * dmax, f"{name}_floor", signed(18))
+            cols, B = (c if isinstance(c, int) else delay(m, c, 1) for c in (cols, B))
+            floor_mass = reg(m, cols * floor, f"{name}_floor_mass", signed(36))
+            row_mass = reg(m, cols * B, f"{name}_row_mass", unsigned(34))
+            floor_ok = delay(m, floor >= 0, 1)
+            return reg(m, floor_ok & (floor_mass >= hccs.MIN_FLOOR_MASS) & (row_mass <= hccs.MAX_ROW_MASS), name)
 
         def head_field(h_index, name):
             return Array(head_regs[h][HEAD_INDEX[name]] for h in range(p.heads))[h_index]
 
         cmd_head_ok = head < p.heads
-        hccs_param_ok = reg(m, hccs_rules_ok(head_field(head, "hccs_B"), head_field(head, "hccs_S"),
-                                             head_field(head, "hccs_dmax"), arg1[:16]), "hccs_param_ok")
+        selected = [reg(m, head_field(head, f"hccs_{n}"), f"selected_{n}") for n in ("B", "S", "dmax")]
+        hccs_param_ok = hccs_rules_ok(*selected, arg1[:16], "hccs_param_ok")   # 4 cycles after the header
         heads_configured = Signal()
         mask = Signal(p.heads)
         for h in range(p.heads):
             m.d.comb += mask[h].eq((h >= head) & (h < head_end))
         m.d.comb += heads_configured.eq((configured & mask) == mask)
 
-        expected = Signal(32)
+        # Products of header fields, registered like hccs_bytes (the first settle cycle).
+        decode_bytes = reg(m, 3 * D * count, "decode_bytes", unsigned(32))
+        decode_out_bytes = reg(m, D * count, "decode_out_bytes", unsigned(32))
+        decode_out_words = reg(m, dw * count, "decode_out_words", range(mem_words + 1))
+        head_words = reg(m, head * state_words, "head_words", unsigned(32))
+        next_head_words = reg(m, (head + 1) * state_words, "next_head_words", unsigned(32))
+        end_head_words = reg(m, head_end * state_words, "end_head_words", unsigned(32))
+
+        # The payload length the opcode expects and the header's check result, registered at the end of the
+        # second settle cycle (CHECK reads the registers).
+        expected_now = Signal(32)
         with m.Switch(opcode):
             with m.Case(Opcode.CONFIGURE_HEAD):
-                m.d.comb += expected.eq(regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS)))
+                m.d.comb += expected_now.eq(regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS)))
             with m.Case(Opcode.LOAD_STATE):
-                m.d.comb += expected.eq(regmap.state_bytes(p))
+                m.d.comb += expected_now.eq(regmap.state_bytes(p))
             with m.Case(Opcode.DECODE):
-                m.d.comb += expected.eq(3 * D * count)
+                m.d.comb += expected_now.eq(decode_bytes)
             with m.Case(Opcode.HCCS):
-                m.d.comb += expected.eq(hccs_bytes)
+                m.d.comb += expected_now.eq(hccs_bytes)
+        expected = reg(m, expected_now, "expected")
 
-        check_error = Signal(8)
+        check_error_now = Signal(8)
         with m.If(magic != regmap.FRAME_MAGIC):
-            m.d.comb += check_error.eq(ErrorCode.BAD_MAGIC)
+            m.d.comb += check_error_now.eq(ErrorCode.BAD_MAGIC)
         with m.Elif(~known):
-            m.d.comb += check_error.eq(ErrorCode.UNKNOWN_OPCODE)
+            m.d.comb += check_error_now.eq(ErrorCode.UNKNOWN_OPCODE)
         with m.Elif(bad_head):
-            m.d.comb += check_error.eq(ErrorCode.BAD_HEAD)
+            m.d.comb += check_error_now.eq(ErrorCode.BAD_HEAD)
         with m.Elif(((opcode == Opcode.REG_READ) & ~reg_ok) |
                     ((opcode == Opcode.REG_WRITE) & (address != scratch_address))):
-            m.d.comb += check_error.eq(ErrorCode.BAD_REGISTER)
+            m.d.comb += check_error_now.eq(ErrorCode.BAD_REGISTER)
         with m.Elif((opcode == Opcode.HCCS) & bad_hccs_args):
-            m.d.comb += check_error.eq(ErrorCode.BAD_ARGUMENT)
+            m.d.comb += check_error_now.eq(ErrorCode.BAD_ARGUMENT)
         with m.Elif(((opcode == Opcode.DECODE) | (opcode == Opcode.HCCS)) & ~heads_configured):
-            m.d.comb += check_error.eq(ErrorCode.NOT_CONFIGURED)
+            m.d.comb += check_error_now.eq(ErrorCode.NOT_CONFIGURED)
         with m.Elif((opcode == Opcode.HCCS) & cmd_head_ok & ~hccs_param_ok):
-            m.d.comb += check_error.eq(ErrorCode.BAD_ARGUMENT)
-        with m.Elif(length != expected):
-            m.d.comb += check_error.eq(ErrorCode.BAD_LENGTH)
+            m.d.comb += check_error_now.eq(ErrorCode.BAD_ARGUMENT)
+        with m.Elif(length != expected_now):
+            m.d.comb += check_error_now.eq(ErrorCode.BAD_LENGTH)
+        check_error = reg(m, check_error_now, "check_error")
 
         # CONFIGURE_HEAD: the parameter block as received, its range checks and the SomaConfig rules.
         config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
@@ -234,8 +259,10 @@ class Tile(wiring.Component):
         gating_ok = (cv["gating"] != choice["gating"].index("query")) | \
                     (cv["field_source"] == choice["field_source"].index("values"))
         uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
-        config_hccs_ok = hccs_rules_ok(cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8], p.slots)
-        # Registered: CONFIGURE_HEAD waits one CONFIG_SETTLE cycle after its last payload beat.
+        config_hccs_ok = hccs_rules_ok(cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8], p.slots,
+                                       "config_hccs_ok")
+        ranges_ok, gating_ok, uses_hccs = (delay(m, v, 3) for v in (ranges_ok, gating_ok, uses_hccs))
+        # 4 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles before executing.
         config_ok = reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")
 
         # Error latch.
@@ -308,10 +335,12 @@ class Tile(wiring.Component):
         # Decode unit: parameters of the current head, addresses, memory ports.
         for hp in HEAD_PARAMS:
             m.d.comb += getattr(dec, f"p_{hp.name}").eq(head_field(cur, hp.name))
-        m.d.comb += [dec.state_base.eq(cur * state_words),
-                     dec.stage_base.eq(stage_word + (cur - head) * 3 * dw),
-                     dec.out_base.eq(out_word + (cur - head) * dw),
-                     dec.rd_data.eq(rd.data)]
+        # The current head's addresses advance with cur (no multiplier between cur and the decode unit).
+        dec_state_base = Signal(range(mem_words))
+        dec_stage_base = Signal(range(mem_words))
+        dec_out_base = Signal(range(mem_words))
+        m.d.comb += [dec.state_base.eq(dec_state_base), dec.stage_base.eq(dec_stage_base),
+                     dec.out_base.eq(dec_out_base), dec.rd_data.eq(rd.data)]
         dec_start = Signal()
         m.d.comb += dec.start.eq(dec_start)
 
@@ -357,6 +386,7 @@ class Tile(wiring.Component):
                                  header_beat.eq(header_beat + 1)]
                     with m.If(header_beat == HB - 1):
                         m.d.sync += header_last.eq(self.s_axis_tlast)
+                        m.d.sync += settle.eq(0)
                         m.next = "SETTLE"
                     with m.Elif(self.s_axis_tlast):
                         m.d.sync += [resp_opcode.eq(0), resp_head.eq(0)]
@@ -364,7 +394,9 @@ class Tile(wiring.Component):
                         start_response()
 
             with m.State("SETTLE"):
-                m.next = "CHECK"
+                m.d.sync += settle.eq(settle + 1)
+                with m.If(settle == CHECK_SETTLE - 1):
+                    m.next = "CHECK"
 
             with m.State("CHECK"):
                 m.d.sync += [resp_opcode.eq(opcode), resp_head.eq(head), resp_error.eq(0), resp_result.eq(0),
@@ -380,7 +412,7 @@ class Tile(wiring.Component):
                     # The frame ends where the payload should start, or carries one the opcode forbids.
                     with m.If(header_last):
                         with m.If(opcode == Opcode.LOAD_STATE):
-                            m.d.sync += [clear_word.eq(head * state_words), clear_end.eq((head + 1) * state_words),
+                            m.d.sync += [clear_word.eq(head_words), clear_end.eq(next_head_words),
                                          pending_error.eq(ErrorCode.BAD_LENGTH)]
                             m.next = "CLEAR"
                         with m.Else():
@@ -392,7 +424,7 @@ class Tile(wiring.Component):
                 with m.Else():
                     with m.Switch(opcode):
                         with m.Case(Opcode.LOAD_STATE):
-                            m.d.sync += payload_base.eq(head * state_words)
+                            m.d.sync += payload_base.eq(head_words)
                         with m.Default():
                             m.d.sync += payload_base.eq(stage_word)
                     with m.If(header_last):
@@ -418,8 +450,8 @@ class Tile(wiring.Component):
                         length_ok = byte_count + SB == expected
                         with m.If(opcode == Opcode.LOAD_STATE):
                             with m.If(~length_ok | counters_bad | beat_counters_bad):
-                                m.d.sync += [clear_word.eq(head * state_words),
-                                             clear_end.eq((head + 1) * state_words),
+                                m.d.sync += [clear_word.eq(head_words),
+                                             clear_end.eq(next_head_words),
                                              pending_error.eq(Mux(length_ok, ErrorCode.BAD_ARGUMENT,
                                                                      ErrorCode.BAD_LENGTH))]
                                 m.next = "CLEAR"
@@ -428,13 +460,16 @@ class Tile(wiring.Component):
                         with m.Elif(length_ok):
                             m.next = "EXECUTE"
                             with m.If(opcode == Opcode.CONFIGURE_HEAD):
+                                m.d.sync += settle.eq(0)
                                 m.next = "CONFIG_SETTLE"
                         with m.Else():
                             fail(ErrorCode.BAD_LENGTH, expected)
                             start_response()
 
             with m.State("CONFIG_SETTLE"):
-                m.next = "EXECUTE"
+                m.d.sync += settle.eq(settle + 1)
+                with m.If(settle == CONFIG_SETTLE - 1):
+                    m.next = "EXECUTE"
 
             with m.State("DRAIN"):
                 m.d.comb += self.s_axis_tready.eq(1)
@@ -469,14 +504,15 @@ class Tile(wiring.Component):
                         start_response()
                     with m.Case(Opcode.READ_STATE):
                         m.d.sync += resp_length.eq(state_words * W)
-                        start_response(state_words, head * state_words)
+                        start_response(state_words, head_words)
                     with m.Case(Opcode.RESET_STATE):
-                        m.d.sync += [clear_word.eq(head * state_words), clear_end.eq(head_end * state_words),
+                        m.d.sync += [clear_word.eq(head_words), clear_end.eq(end_head_words),
                                      pending_error.eq(0)]
                         m.next = "CLEAR"
                     with m.Case(Opcode.DECODE):
                         # The decode unit samples its head's parameters at start: cur first.
-                        m.d.sync += [cur.eq(head), last.eq(head_end - 1)]
+                        m.d.sync += [cur.eq(head), last.eq(head_end - 1), dec_state_base.eq(head_words),
+                                     dec_stage_base.eq(stage_word), dec_out_base.eq(out_word)]
                         m.next = "DECODE_NEXT"
                     with m.Case(Opcode.HCCS):
                         m.d.sync += [resp_length.eq(hccs_bytes * out_bytes), row.eq(0), hccs_active.eq(1)]
@@ -486,10 +522,11 @@ class Tile(wiring.Component):
                 with m.If(dec.done):
                     m.d.sync += tokens.eq(tokens + 1)
                     with m.If(cur == last):
-                        m.d.sync += resp_length.eq(count * D)
-                        start_response(count * dw, out_word)
+                        m.d.sync += resp_length.eq(decode_out_bytes)
+                        start_response(decode_out_words, out_word)
                     with m.Else():
-                        m.d.sync += cur.eq(cur + 1)
+                        m.d.sync += [cur.eq(cur + 1), dec_state_base.eq(dec_state_base + state_words),
+                                     dec_stage_base.eq(dec_stage_base + 3 * dw), dec_out_base.eq(dec_out_base + dw)]
                         m.next = "DECODE_NEXT"
             with m.State("DECODE_NEXT"):
                 m.d.comb += dec_start.eq(1)
