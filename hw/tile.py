@@ -155,26 +155,24 @@ class Tile(wiring.Component):
         # Register read decode. Like every product and rule check on the captured header below, it is
         # registered (free-running): HEADER's last beat is followed by CHECK_SETTLE cycles before CHECK, so
         # the registered values describe this frame's header by then (docs/hardware.md, Timing).
-        reg_value_now = Signal(32)
-        reg_ok_now = Signal()
+        # The address is decoded to a register index (the addresses are distinct constants: an OR of the
+        # matches), registered, then the value is selected and registered.
         address = arg0
         info = regmap.info_values(p, self.tile_index)
-        with m.If(address[:2] == 0):
-            for i, (name, _, _) in enumerate(regmap.GLOBAL_REGISTERS):
-                value = {"ID": regmap.ID_VALUE, "API_LEVEL": regmap.API_LEVEL, "STATUS": error_latched,
-                         "ERROR_CODE": error_code, "ERROR_OPCODE": error_opcode, "CYCLES_LAST": cycles_last,
-                         "COMMANDS": commands, "TOKENS": tokens, "CONFIGURED": configured,
-                         "SCRATCH": scratch}[name]
-                with m.If(address == i * regmap.REGISTER_BYTES):
-                    m.d.comb += [reg_value_now.eq(value), reg_ok_now.eq(1)]
-            for i, value in enumerate(info):
-                with m.If(address == regmap.INFO_BASE + i * regmap.REGISTER_BYTES):
-                    m.d.comb += [reg_value_now.eq(value), reg_ok_now.eq(1)]
-            for h in range(p.heads):
-                for i in range(len(HEAD_PARAMS)):
-                    with m.If(address == regmap.head_register(h, i)):
-                        m.d.comb += [reg_value_now.eq(head_regs[h][i]), reg_ok_now.eq(1)]
-        reg_value, reg_ok = reg(m, reg_value_now, "reg_value"), reg(m, reg_ok_now, "reg_ok")
+        globals_ = {"ID": regmap.ID_VALUE, "API_LEVEL": regmap.API_LEVEL, "STATUS": error_latched,
+                    "ERROR_CODE": error_code, "ERROR_OPCODE": error_opcode, "CYCLES_LAST": cycles_last,
+                    "COMMANDS": commands, "TOKENS": tokens, "CONFIGURED": configured, "SCRATCH": scratch}
+        readable = ([(i * regmap.REGISTER_BYTES, globals_[name]) for i, (name, _, _) in
+                     enumerate(regmap.GLOBAL_REGISTERS)]
+                    + [(regmap.INFO_BASE + i * regmap.REGISTER_BYTES, value) for i, value in enumerate(info)]
+                    + [(regmap.head_register(h, i), head_regs[h][i]) for h in range(p.heads)
+                       for i in range(len(HEAD_PARAMS))])
+        matches = [address == a for a, _ in readable]
+        reg_index = reg(m, Cat(*[Cat(*[matches[i] for i in range(len(readable)) if i >> b & 1]).any()
+                                 for b in range(max(1, (len(readable) - 1).bit_length()))]), "reg_index")
+        reg_ok = reg(m, Cat(*matches).any(), "reg_ok")
+        reg_value = reg(m, Array(Const(v, 32) if isinstance(v, int) else v for _, v in readable)[reg_index],
+                        "reg_value", unsigned(32))
         scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
 
         # HCCS command arguments and the HCCS parameter rules of hccs.check_params.
@@ -228,25 +226,25 @@ class Tile(wiring.Component):
             with m.Case(Opcode.HCCS):
                 m.d.comb += expected_now.eq(hccs_bytes)
         expected = reg(m, expected_now, "expected")
+        last_beat_at = reg(m, expected - SB, "last_beat_at", signed(34))   # byte_count of the payload's last beat
 
+        # Each condition is registered on its own (at most 4 cycles after the header), then the priority.
+        conditions = [
+            (reg(m, magic != regmap.FRAME_MAGIC), ErrorCode.BAD_MAGIC),
+            (reg(m, ~known), ErrorCode.UNKNOWN_OPCODE),
+            (reg(m, bad_head), ErrorCode.BAD_HEAD),
+            (reg(m, ((opcode == Opcode.REG_READ) & ~reg_ok) |
+                 ((opcode == Opcode.REG_WRITE) & (address != scratch_address))), ErrorCode.BAD_REGISTER),
+            (reg(m, (opcode == Opcode.HCCS) & bad_hccs_args), ErrorCode.BAD_ARGUMENT),
+            (reg(m, ((opcode == Opcode.DECODE) | (opcode == Opcode.HCCS)) & ~heads_configured),
+             ErrorCode.NOT_CONFIGURED),
+            (reg(m, (opcode == Opcode.HCCS) & cmd_head_ok) & ~hccs_param_ok, ErrorCode.BAD_ARGUMENT),
+            (reg(m, length != expected), ErrorCode.BAD_LENGTH),
+        ]
         check_error_now = Signal(8)
-        with m.If(magic != regmap.FRAME_MAGIC):
-            m.d.comb += check_error_now.eq(ErrorCode.BAD_MAGIC)
-        with m.Elif(~known):
-            m.d.comb += check_error_now.eq(ErrorCode.UNKNOWN_OPCODE)
-        with m.Elif(bad_head):
-            m.d.comb += check_error_now.eq(ErrorCode.BAD_HEAD)
-        with m.Elif(((opcode == Opcode.REG_READ) & ~reg_ok) |
-                    ((opcode == Opcode.REG_WRITE) & (address != scratch_address))):
-            m.d.comb += check_error_now.eq(ErrorCode.BAD_REGISTER)
-        with m.Elif((opcode == Opcode.HCCS) & bad_hccs_args):
-            m.d.comb += check_error_now.eq(ErrorCode.BAD_ARGUMENT)
-        with m.Elif(((opcode == Opcode.DECODE) | (opcode == Opcode.HCCS)) & ~heads_configured):
-            m.d.comb += check_error_now.eq(ErrorCode.NOT_CONFIGURED)
-        with m.Elif((opcode == Opcode.HCCS) & cmd_head_ok & ~hccs_param_ok):
-            m.d.comb += check_error_now.eq(ErrorCode.BAD_ARGUMENT)
-        with m.Elif(length != expected_now):
-            m.d.comb += check_error_now.eq(ErrorCode.BAD_LENGTH)
+        for condition, code in reversed(conditions):
+            with m.If(condition):
+                m.d.comb += check_error_now.eq(code)
         check_error = reg(m, check_error_now, "check_error")
 
         # CONFIGURE_HEAD: the parameter block as received, its range checks and the SomaConfig rules.
@@ -297,7 +295,6 @@ class Tile(wiring.Component):
         resp_beat = Signal(range(HB + 1))
         resp_word = Signal(range(mem_words + 1))
         resp_words = Signal(range(mem_words + 1))
-        resp_base = Signal(range(mem_words))
         word_beat = Signal(range(beats_per_word + 1))
         info_bytes = struct.pack(f"<{len(info)}I", *info)
         info_beats = regmap.padded(len(info_bytes)) // SB
@@ -346,8 +343,12 @@ class Tile(wiring.Component):
 
         # Memory port defaults: the read address follows the response stream; writes come from the payload,
         # the clear sweep or the decode unit.
+        # resp_addr = resp_base + resp_word and resp_addr + 1 are kept in registers, so that the response's
+        # read address is one 2:1 mux behind the output handshake.
         advance = Signal()
-        m.d.comb += rd.addr.eq(resp_base + resp_word + advance)
+        resp_addr = Signal(range(mem_words + 1))
+        resp_addr_next = Signal(range(mem_words + 2))
+        m.d.comb += rd.addr.eq(Mux(advance, resp_addr_next, resp_addr))
         with m.If(dec.busy):
             m.d.comb += [rd.addr.eq(dec.rd_addr), wr.addr.eq(dec.wr_addr), wr.data.eq(dec.wr_data),
                          wr.en.eq(dec.wr_en)]
@@ -356,7 +357,7 @@ class Tile(wiring.Component):
 
         def start_response(words=0, base=0):
             m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0), info_beat.eq(0),
-                         resp_words.eq(words), resp_base.eq(base)]
+                         resp_words.eq(words), resp_addr.eq(base), resp_addr_next.eq(base + 1)]
             m.next = "RESPOND_HEADER"
 
         def finish():
@@ -447,7 +448,7 @@ class Tile(wiring.Component):
                         with m.If((opcode == Opcode.LOAD_STATE) & beat_counters_bad):
                             m.d.sync += counters_bad.eq(1)
                     with m.If(self.s_axis_tlast):
-                        length_ok = byte_count + SB == expected
+                        length_ok = byte_count == last_beat_at
                         with m.If(opcode == Opcode.LOAD_STATE):
                             with m.If(~length_ok | counters_bad | beat_counters_bad):
                                 m.d.sync += [clear_word.eq(head_words),
@@ -564,7 +565,8 @@ class Tile(wiring.Component):
                 with m.If(m_beat):
                     m.d.sync += word_beat.eq(Mux(last_beat_of_word, 0, word_beat + 1))
                     with m.If(last_beat_of_word):
-                        m.d.sync += resp_word.eq(resp_word + 1)
+                        m.d.sync += [resp_word.eq(resp_word + 1), resp_addr.eq(resp_addr_next),
+                                     resp_addr_next.eq(resp_addr_next + 1)]
                     with m.If(final):
                         finish()
 
