@@ -155,8 +155,8 @@ class Tile(wiring.Component):
         # Register read decode. Like every product and rule check on the captured header below, it is
         # registered (free-running): HEADER's last beat is followed by CHECK_SETTLE cycles before CHECK, so
         # the registered values describe this frame's header by then (docs/hardware.md, Timing).
-        # The address is decoded to a register index (the addresses are distinct constants: an OR of the
-        # matches), registered, then the value is selected and registered.
+        # The address is compared with every register's (registered), the matches encoded to an index (the
+        # addresses are distinct constants: an OR of the matches, registered), then the value selected.
         address = arg0
         info = regmap.info_values(p, self.tile_index)
         globals_ = {"ID": regmap.ID_VALUE, "API_LEVEL": regmap.API_LEVEL, "STATUS": error_latched,
@@ -167,7 +167,7 @@ class Tile(wiring.Component):
                     + [(regmap.INFO_BASE + i * regmap.REGISTER_BYTES, value) for i, value in enumerate(info)]
                     + [(regmap.head_register(h, i), head_regs[h][i]) for h in range(p.heads)
                        for i in range(len(HEAD_PARAMS))])
-        matches = [address == a for a, _ in readable]
+        matches = list(reg(m, Cat(*[address == a for a, _ in readable]), "reg_matches"))
         reg_index = reg(m, Cat(*[Cat(*[matches[i] for i in range(len(readable)) if i >> b & 1]).any()
                                  for b in range(max(1, (len(readable) - 1).bit_length()))]), "reg_index")
         reg_ok = reg(m, Cat(*matches).any(), "reg_ok")
@@ -176,8 +176,8 @@ class Tile(wiring.Component):
         scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
 
         # HCCS command arguments and the HCCS parameter rules of hccs.check_params.
-        n_pad = Signal(range(regmap.padded(p.n_max) + 1))
-        m.d.comb += n_pad.eq((arg1[:16] + regmap.FRAME_GRANULE - 1) & ~(regmap.FRAME_GRANULE - 1))
+        n_pad = reg(m, (arg1[:16] + regmap.FRAME_GRANULE - 1) & ~(regmap.FRAME_GRANULE - 1), "n_pad",
+                    range(regmap.padded(p.n_max) + 1))
         rows = arg0
         hccs_bytes = reg(m, rows * n_pad, "hccs_bytes", unsigned(48))
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
@@ -273,8 +273,9 @@ class Tile(wiring.Component):
 
         # Byte counter of the payload and where its beats go.
         byte_count = Signal(32)
-        payload_base = Signal(range(mem_words))
+        payload_addr = Signal(range(mem_words + 1))   # word the next payload beat goes to
         counters_bad = Signal()
+        load_length_ok = Signal()
         counter_offset = dict((n, o) for n, o, _, _ in regmap.state_layout(p))["counters"]
         counter_limits = (p.ring - 1, p.ring, (1 << 31) - 1)
         beat_counters_bad = Signal()
@@ -310,6 +311,8 @@ class Tile(wiring.Component):
         hccs_active = Signal()
         row_start = Signal(32)
         fetch_valid = Signal()
+        fetch_elem = Signal(32)
+        fetched_lane = reg(m, fetch_elem[:log2(W)], "fetched_lane")
 
         # Normaliser: driven by the decode unit, or by the HCCS command.
         for name in ("start", "count", "use_exp", "clb", "out16", "row_we", "row_index", "row_x", "row_valid",
@@ -425,9 +428,9 @@ class Tile(wiring.Component):
                 with m.Else():
                     with m.Switch(opcode):
                         with m.Case(Opcode.LOAD_STATE):
-                            m.d.sync += payload_base.eq(head_words)
+                            m.d.sync += payload_addr.eq(head_words)
                         with m.Default():
-                            m.d.sync += payload_base.eq(stage_word)
+                            m.d.sync += payload_addr.eq(stage_word)
                     with m.If(header_last):
                         m.next = "EXECUTE"
                     with m.Else():
@@ -442,7 +445,9 @@ class Tile(wiring.Component):
                             m.d.sync += config.word_select(byte_count[:8] >> log2(SB), SW).eq(self.s_axis_tdata)
                         with m.Else():
                             lane = (byte_count >> log2(SB)) % beats_per_word if beats_per_word > 1 else 0
-                            m.d.comb += [wr.addr.eq(payload_base + (byte_count >> log2(W))),
+                            with m.If(lane == beats_per_word - 1):
+                                m.d.sync += payload_addr.eq(payload_addr + 1)
+                            m.d.comb += [wr.addr.eq(payload_addr),
                                          wr.data.eq(Cat(*[self.s_axis_tdata] * beats_per_word)),
                                          wr.en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
                         with m.If((opcode == Opcode.LOAD_STATE) & beat_counters_bad):
@@ -450,14 +455,9 @@ class Tile(wiring.Component):
                     with m.If(self.s_axis_tlast):
                         length_ok = byte_count == last_beat_at
                         with m.If(opcode == Opcode.LOAD_STATE):
-                            with m.If(~length_ok | counters_bad | beat_counters_bad):
-                                m.d.sync += [clear_word.eq(head_words),
-                                             clear_end.eq(next_head_words),
-                                             pending_error.eq(Mux(length_ok, ErrorCode.BAD_ARGUMENT,
-                                                                     ErrorCode.BAD_LENGTH))]
-                                m.next = "CLEAR"
-                            with m.Else():
-                                m.next = "EXECUTE"
+                            # Decided in LOAD_CHECK from registers (the last beat's counter check included).
+                            m.d.sync += load_length_ok.eq(length_ok)
+                            m.next = "LOAD_CHECK"
                         with m.Elif(length_ok):
                             m.next = "EXECUTE"
                             with m.If(opcode == Opcode.CONFIGURE_HEAD):
@@ -466,6 +466,14 @@ class Tile(wiring.Component):
                         with m.Else():
                             fail(ErrorCode.BAD_LENGTH, expected)
                             start_response()
+
+            with m.State("LOAD_CHECK"):
+                with m.If(~load_length_ok | counters_bad):
+                    m.d.sync += [clear_word.eq(head_words), clear_end.eq(next_head_words),
+                                 pending_error.eq(Mux(load_length_ok, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_LENGTH))]
+                    m.next = "CLEAR"
+                with m.Else():
+                    m.next = "EXECUTE"
 
             with m.State("CONFIG_SETTLE"):
                 m.d.sync += settle.eq(settle + 1)
@@ -542,7 +550,7 @@ class Tile(wiring.Component):
                         with m.If(resp_length == 0):
                             finish()
                         with m.Elif(hccs_active):
-                            m.d.sync += [row_index.eq(0), row_start.eq(0), fetch_valid.eq(0)]
+                            m.d.sync += [row_index.eq(0), row_start.eq(0), fetch_valid.eq(0), fetch_elem.eq(0)]
                             m.next = "HCCS_LOAD"
                         with m.Elif(opcode == Opcode.INFO):
                             m.next = "RESPOND_INFO"
@@ -572,12 +580,12 @@ class Tile(wiring.Component):
 
             with m.State("HCCS_LOAD"):
                 # Read the row's words from staging and write its n elements into the normaliser, one a cycle.
-                element = row_start + row_index
-                m.d.comb += rd.addr.eq(stage_word + (element >> log2(W)))
-                m.d.sync += fetch_valid.eq(1)
+                # fetch_elem is the element whose word is addressed this cycle; the one consumed was addressed
+                # the cycle before (its byte lane in fetched_lane).
+                m.d.comb += rd.addr.eq(stage_word + (fetch_elem >> log2(W)))
+                m.d.sync += [fetch_valid.eq(1), fetch_elem.eq(fetch_elem + 1)]
                 with m.If(fetch_valid):
-                    m.d.comb += [hccs_row_we.eq(1), hccs_row_x.eq(rd.data.word_select(element[:log2(W)], 8)),
-                                 rd.addr.eq(stage_word + ((element + 1) >> log2(W)))]
+                    m.d.comb += [hccs_row_we.eq(1), hccs_row_x.eq(rd.data.word_select(fetched_lane, 8))]
                     m.d.sync += row_index.eq(row_index + 1)
                     with m.If(row_index == arg1 - 1):
                         m.d.comb += hccs_start.eq(1)
@@ -608,7 +616,7 @@ class Tile(wiring.Component):
                         finish()
                     with m.Elif(row_done):
                         m.d.sync += [row.eq(row + 1), row_index.eq(0), row_start.eq(row_start + n_pad),
-                                     fetch_valid.eq(0)]
+                                     fetch_valid.eq(0), fetch_elem.eq(row_start + n_pad)]
                         m.next = "HCCS_LOAD"
                     with m.Else():
                         m.next = "HCCS_PACK"
