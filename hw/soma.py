@@ -94,11 +94,11 @@ class RowNormaliser(wiring.Component):
                      row_w.en.eq(self.row_we), prob_r.addr.eq(self.prob_index), self.prob.eq(prob_r.data)]
 
         # Parameters, sampled at start.
-        count = Signal.like(self.count)
+        last_index = Signal(signed(len(self.count) + 1))
         use_exp, clb, out16 = Signal(), Signal(), Signal()
         B, S, dmax, exp_mult = Signal(16), Signal(8), Signal(8), Signal(16)
         with m.If(self.start):
-            m.d.sync += [count.eq(self.count), use_exp.eq(self.use_exp), clb.eq(self.clb), out16.eq(self.out16),
+            m.d.sync += [last_index.eq(self.count - 1), use_exp.eq(self.use_exp), clb.eq(self.clb), out16.eq(self.out16),
                          B.eq(self.B), S.eq(self.S), dmax.eq(self.dmax), exp_mult.eq(self.exp_mult)]
 
         # Issue: one row index per cycle while `issuing`; the tags (valid, last, pass, index) travel with it,
@@ -107,7 +107,7 @@ class RowNormaliser(wiring.Component):
         issuing = Signal()
         pass_code = Signal(2)
         m.d.comb += row_r.addr.eq(index)
-        tags = Cat(issuing, index == count - 1, pass_code, index)
+        tags = Cat(issuing, index == last_index, pass_code, index)
         tag = delay_line(m, tags, NORM_OUT_DEPTH, "norm_tag")
 
         def at(stage, code):
@@ -180,7 +180,7 @@ class RowNormaliser(wiring.Component):
 
         with m.If(issuing):
             m.d.sync += index.eq(index + 1)
-            with m.If(index == count - 1):
+            with m.If(index == last_index):
                 m.d.sync += issuing.eq(0)
 
         with m.FSM():
@@ -274,7 +274,7 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
 
     Depends on ring, sinks, head_dim, lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory word
     ``max(16, mac_lanes)`` bytes), hccs_lanes and the normaliser only; not on the sequence position or the
-    fill level. Per phase: LOAD ``7 w + 3`` (w = head_dim / word), WRITE ``2 w``, SCORES
+    fill level. Per phase: LOAD ``7 w + 4`` (w = head_dim / word), WRITE ``2 w``, SCORES
     ``slots * chunks + score_depth`` (chunks = head_dim / mac_lanes), NORMALISE
     ``max(N, head_dim + GATE_DEPTH) + 1`` with N the normaliser's row latency (the HCCS unit's
     ``expected_cycles`` for one row of ``slots``, or :func:`normaliser_cycles` for the integer exp), WEIGHTED
@@ -287,7 +287,7 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
         row = hccs_unit.expected_cycles(near_field_unit(params), 1, slots, mode=hccs_mode, out="uint8")
     else:
         row = normaliser_cycles(slots)
-    load = 7 * words + 1 + READ_LATENCY
+    load = 7 * words + 2 + READ_LATENCY
     write = 2 * words
     scores = slots * chunks + score_depth(params)
     normalise = max(row, params.head_dim + GATE_DEPTH) + 1
@@ -551,21 +551,25 @@ class SomaDecode(wiring.Component):
         # WRITE / STORE word sources.
         write_slot_word = Signal(range(2 * words + 1))
 
+        # The slot k and v go to (the next sink while step < sinks, else the ring's write position), kept in
+        # registers: LOAD ends one cycle after the counters arrive so that they are valid in WRITE.
+        in_sink = step < sinks
+        if sinks:
+            k_base = Mux(in_sink, layout["sink_k"] + step * words, layout["ring_k"] + write_pos * words)
+            v_base = Mux(in_sink, layout["sink_v"] + step * words, layout["ring_v"] + write_pos * words)
+        else:
+            k_base = layout["ring_k"] + write_pos * words
+            v_base = layout["ring_v"] + write_pos * words
+        slot_k = reg(m, state_base + k_base, "slot_k", range(self.mem_words))
+        slot_v = reg(m, state_base + v_base, "slot_v", range(self.mem_words))
+
         def do_write_word(i):
             """Write word i of (k, v) into the slot the counters select."""
-            in_sink = step < sinks
-            if sinks:
-                k_base = Mux(in_sink, layout["sink_k"] + step * words, layout["ring_k"] + write_pos * words)
-                v_base = Mux(in_sink, layout["sink_v"] + step * words, layout["ring_v"] + write_pos * words)
-            else:
-                k_base = layout["ring_k"] + write_pos * words
-                v_base = layout["ring_v"] + write_pos * words
             if i < words:
-                address, data = k_base + i, k.word_select(i, 8 * W)
+                address, data = slot_k + i, k.word_select(i, 8 * W)
             else:
-                address, data = v_base + i - words, v.word_select(i - words, 8 * W)
-            m.d.comb += [wr_addr_next.eq(state_base + address), wr_data_next.eq(data),
-                         wr_en_next.eq((1 << W) - 1)]
+                address, data = slot_v + i - words, v.word_select(i - words, 8 * W)
+            m.d.comb += [wr_addr_next.eq(address), wr_data_next.eq(data), wr_en_next.eq((1 << W) - 1)]
 
         def advance_counters():
             with m.If(step >= sinks):
@@ -614,7 +618,7 @@ class SomaDecode(wiring.Component):
                             else:
                                 m.d.sync += target.word_select(part, 8 * W).eq(self.rd_data)
                 m.d.sync += counter.eq(counter + 1)
-                with m.If(counter == len(load_sources) + READ_LATENCY - 1):
+                with m.If(counter == len(load_sources) + READ_LATENCY):
                     m.d.sync += write_slot_word.eq(0)
                     with m.If(par["include_self"]):
                         m.next = "WRITE"

@@ -149,7 +149,8 @@ class Tile(wiring.Component):
                     if op in (Opcode.CONFIGURE_HEAD, Opcode.LOAD_STATE, Opcode.READ_STATE, Opcode.DECODE,
                               Opcode.HCCS, Opcode.RESET_STATE):
                         m.d.comb += is_head_op.eq(1)
-        head_end = head + Mux(is_counted, count, 1)
+        head_end = reg(m, head + Mux(is_counted, count, 1), "head_end", unsigned(9))
+        arg1_last = reg(m, arg1 - 1, "arg1_last", signed(33))
         bad_head = is_head_op & ((head >= p.heads) | (head_end > p.heads) | (is_counted & (count == 0)))
 
         # Register read decode. Like every product and rule check on the captured header below, it is
@@ -295,7 +296,7 @@ class Tile(wiring.Component):
         # Response payload streaming: memory words (READ_STATE, DECODE), INFO words, or HCCS rows.
         resp_beat = Signal(range(HB + 1))
         resp_word = Signal(range(mem_words + 1))
-        resp_words = Signal(range(mem_words + 1))
+        resp_last_word = Signal(signed(len(Const(mem_words)) + 1))
         word_beat = Signal(range(beats_per_word + 1))
         info_bytes = struct.pack(f"<{len(info)}I", *info)
         info_beats = regmap.padded(len(info_bytes)) // SB
@@ -323,10 +324,14 @@ class Tile(wiring.Component):
         hccs_row_we = Signal()
         hccs_row_x = Signal(8)
         hccs_prob_index = Signal(range(p.n_max + 1))
+        # The HCCS command's row writes (and its start, after the last) reach the normaliser one cycle late,
+        # from registers: the byte selected out of the memory word is not in the same cycle as the write.
+        late_start, late_we, late_x, late_index = (delay(m, v, 1) for v in (hccs_start, hccs_row_we, hccs_row_x,
+                                                                          row_index))
         with m.If(hccs_active):
-            m.d.comb += [norm.start.eq(hccs_start), norm.count.eq(arg1), norm.use_exp.eq(0),
+            m.d.comb += [norm.start.eq(late_start), norm.count.eq(arg1), norm.use_exp.eq(0),
                          norm.clb.eq(head_field(head, "hccs_mode") == 1), norm.out16.eq(out_bytes == 2),
-                         norm.row_we.eq(hccs_row_we), norm.row_index.eq(row_index), norm.row_x.eq(hccs_row_x),
+                         norm.row_we.eq(late_we), norm.row_index.eq(late_index), norm.row_x.eq(late_x),
                          norm.row_valid.eq(1), norm.prob_index.eq(hccs_prob_index)]
         for name in ("B", "S", "dmax", "exp_mult"):
             m.d.comb += getattr(norm, name).eq(head_field(Mux(hccs_active, head, cur), f"hccs_{name}"
@@ -360,7 +365,7 @@ class Tile(wiring.Component):
 
         def start_response(words=0, base=0):
             m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0), info_beat.eq(0),
-                         resp_words.eq(words), resp_addr.eq(base), resp_addr_next.eq(base + 1)]
+                         resp_last_word.eq(words - 1), resp_addr.eq(base), resp_addr_next.eq(base + 1)]
             m.next = "RESPOND_HEADER"
 
         def finish():
@@ -567,7 +572,7 @@ class Tile(wiring.Component):
 
             with m.State("RESPOND_WORDS"):
                 last_beat_of_word = word_beat == beats_per_word - 1
-                final = last_beat_of_word & (resp_word == resp_words - 1)
+                final = last_beat_of_word & (resp_word == resp_last_word)
                 m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(rd.data.word_select(word_beat, SW)),
                              self.m_axis_tlast.eq(final), advance.eq(m_beat & last_beat_of_word)]
                 with m.If(m_beat):
@@ -587,7 +592,7 @@ class Tile(wiring.Component):
                 with m.If(fetch_valid):
                     m.d.comb += [hccs_row_we.eq(1), hccs_row_x.eq(rd.data.word_select(fetched_lane, 8))]
                     m.d.sync += row_index.eq(row_index + 1)
-                    with m.If(row_index == arg1 - 1):
+                    with m.If(row_index == arg1_last):
                         m.d.comb += hccs_start.eq(1)
                         m.next = "HCCS_RUN"
             with m.State("HCCS_RUN"):
