@@ -180,6 +180,7 @@ class Tile(wiring.Component):
         n_pad = reg(m, (arg1[:16] + regmap.FRAME_GRANULE - 1) & ~(regmap.FRAME_GRANULE - 1), "n_pad",
                     range(regmap.padded(p.n_max) + 1))
         rows = arg0
+        rows_last = reg(m, rows - 1, "rows_last", signed(33))
         hccs_bytes = reg(m, rows * n_pad, "hccs_bytes", unsigned(48))
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
                          (hccs_bytes > regmap.staging_bytes(p)))
@@ -313,6 +314,7 @@ class Tile(wiring.Component):
         row_start = Signal(32)
         fetch_valid = Signal()
         fetch_elem = Signal(32)
+        fetch_addr = Signal(range(mem_words + 1))
         fetched_lane = reg(m, fetch_elem[:log2(W)], "fetched_lane")
 
         # Normaliser: driven by the decode unit, or by the HCCS command.
@@ -555,7 +557,8 @@ class Tile(wiring.Component):
                         with m.If(resp_length == 0):
                             finish()
                         with m.Elif(hccs_active):
-                            m.d.sync += [row_index.eq(0), row_start.eq(0), fetch_valid.eq(0), fetch_elem.eq(0)]
+                            m.d.sync += [row_index.eq(0), row_start.eq(0), fetch_valid.eq(0), fetch_elem.eq(0),
+                                         fetch_addr.eq(stage_word)]
                             m.next = "HCCS_LOAD"
                         with m.Elif(opcode == Opcode.INFO):
                             m.next = "RESPOND_INFO"
@@ -585,10 +588,12 @@ class Tile(wiring.Component):
 
             with m.State("HCCS_LOAD"):
                 # Read the row's words from staging and write its n elements into the normaliser, one a cycle.
-                # fetch_elem is the element whose word is addressed this cycle; the one consumed was addressed
-                # the cycle before (its byte lane in fetched_lane).
-                m.d.comb += rd.addr.eq(stage_word + (fetch_elem >> log2(W)))
+                # fetch_elem is the element whose word (fetch_addr) is addressed this cycle; the one consumed was
+                # addressed the cycle before (its byte lane in fetched_lane).
+                m.d.comb += rd.addr.eq(fetch_addr)
                 m.d.sync += [fetch_valid.eq(1), fetch_elem.eq(fetch_elem + 1)]
+                with m.If(fetch_elem[:log2(W)] == W - 1):
+                    m.d.sync += fetch_addr.eq(fetch_addr + 1)
                 with m.If(fetch_valid):
                     m.d.comb += [hccs_row_we.eq(1), hccs_row_x.eq(rd.data.word_select(fetched_lane, 8))]
                     m.d.sync += row_index.eq(row_index + 1)
@@ -611,7 +616,7 @@ class Tile(wiring.Component):
                     m.next = "HCCS_SEND"
             with m.State("HCCS_SEND"):
                 row_done = row_index == n_pad
-                final = row_done & (row == rows - 1)
+                final = row_done & (row == rows_last)
                 m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(beat_data), self.m_axis_tlast.eq(final),
                              hccs_prob_index.eq(row_index)]
                 with m.If(m_beat):
@@ -621,7 +626,8 @@ class Tile(wiring.Component):
                         finish()
                     with m.Elif(row_done):
                         m.d.sync += [row.eq(row + 1), row_index.eq(0), row_start.eq(row_start + n_pad),
-                                     fetch_valid.eq(0), fetch_elem.eq(row_start + n_pad)]
+                                     fetch_valid.eq(0), fetch_elem.eq(row_start + n_pad),
+                                     fetch_addr.eq(stage_word + ((row_start + n_pad) >> log2(W)))]
                         m.next = "HCCS_LOAD"
                     with m.Else():
                         m.next = "HCCS_PACK"
