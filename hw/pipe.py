@@ -82,3 +82,23 @@ def floor_log2(m, value, name: str):
     for g in range(groups):
         result = Mux(any_bits[g], Cat(local[g], Const(g, 5)), result)
     return reg(m, result, name, range(8 * groups))
+
+
+def skid_buffer(m, valid, payload, ready_out, name: str):
+    """A registered stream stage (an AXI4-Stream register slice): the producer's ``valid``/``payload`` in,
+    ``(ready, out_valid, out_payload)`` back, every one of them a register, so that neither the payload nor
+    either handshake has a combinational path through the stage. Latency 1 cycle; full throughput (a beat
+    per cycle while ``ready_out`` is high); when the consumer stalls, one beat waits in the skid register and
+    ``ready`` falls the next cycle, so no beat is lost or repeated."""
+    width = len(payload)
+    out_valid, skid_valid = Signal(name=f"{name}_valid"), Signal(name=f"{name}_skid_valid")
+    out_payload, skid_payload = Signal(width, name=f"{name}_payload"), Signal(width, name=f"{name}_skid")
+    ready = ~skid_valid
+    with m.If(ready_out | ~out_valid):
+        with m.If(skid_valid):
+            m.d.sync += [out_valid.eq(1), out_payload.eq(skid_payload), skid_valid.eq(0)]
+        with m.Else():
+            m.d.sync += [out_valid.eq(valid), out_payload.eq(payload)]
+    with m.Elif(valid & ready):
+        m.d.sync += [skid_valid.eq(1), skid_payload.eq(payload)]
+    return ready, out_valid, out_payload

@@ -15,7 +15,8 @@ Contract:
   heads without stalls, first header beat to last response beat; it depends on the tile parameters and
   ``count`` only (not on the sequence position).
 - Backpressure: ``m_axis_tready`` low holds the response beat; ``s_axis_tvalid`` low pauses the intake; both
-  only add cycles.
+  only add cycles. The response leaves through a register slice (every ``m_axis_*`` output is a register,
+  one cycle of latency, full throughput).
 - Reset (synchronous ``rst``) at any point, also in the middle of a frame: the tile drops the frame, clears
   every head's state in local memory (``heads * state_bytes / word`` cycles with ``s_axis_tready`` low), marks
   the heads unconfigured and clears the error and counters; the next frame starts from a clean state.
@@ -32,7 +33,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import delay, reg
+from somatile.hw.pipe import delay, reg, skid_buffer
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
 from somatile.model import hccs
@@ -63,7 +64,9 @@ def expected_decode_cycles(params: TileParams, configs) -> int:
     ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
     the first header beat is accepted through the cycle the last response beat is accepted: header beats,
     ``CHECK_SETTLE`` settle cycles and a check cycle, payload beats, one execute cycle, per head one start
-    cycle and its decode step, response header and payload beats. Independent of the sequence position."""
+    cycle and its decode step, response header and payload beats (as CYCLES_LAST counts them: up to the last
+    beat entering the output register slice, which presents it one cycle later). Independent of the sequence
+    position."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
     intake = header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb
@@ -104,7 +107,14 @@ class Tile(wiring.Component):
         m.submodules.norm = norm = RowNormaliser(p.n_max)
 
         s_beat = self.s_axis_tvalid & self.s_axis_tready
-        m_beat = self.m_axis_tvalid & self.m_axis_tready
+        # The response leaves through a register slice (hw/pipe.py skid_buffer): the FSM drives resp_valid,
+        # resp_data and resp_last; resp_ready is a register.
+        resp_valid, resp_last_beat, resp_data = Signal(), Signal(), Signal(self.params.stream_width)
+        resp_ready, out_valid, out_payload = skid_buffer(m, resp_valid, Cat(resp_data, resp_last_beat),
+                                                         self.m_axis_tready, "m_axis")
+        m.d.comb += [self.m_axis_tvalid.eq(out_valid), self.m_axis_tdata.eq(out_payload[:-1]),
+                     self.m_axis_tlast.eq(out_payload[-1])]
+        m_beat = resp_valid & resp_ready
 
         # Command header and its fields.
         header = Signal(8 * regmap.HEADER_BYTES)
@@ -549,8 +559,8 @@ class Tile(wiring.Component):
                 m.next = "DECODE"
 
             with m.State("RESPOND_HEADER"):
-                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(response_header.word_select(resp_beat, SW)),
-                             self.m_axis_tlast.eq((resp_beat == HB - 1) & (resp_length == 0))]
+                m.d.comb += [resp_valid.eq(1), resp_data.eq(response_header.word_select(resp_beat, SW)),
+                             resp_last_beat.eq((resp_beat == HB - 1) & (resp_length == 0))]
                 with m.If(m_beat):
                     m.d.sync += resp_beat.eq(resp_beat + 1)
                     with m.If(resp_beat == HB - 1):
@@ -566,8 +576,8 @@ class Tile(wiring.Component):
                             m.next = "RESPOND_WORDS"
 
             with m.State("RESPOND_INFO"):
-                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(info_payload.word_select(info_beat, SW)),
-                             self.m_axis_tlast.eq(info_beat == info_beats - 1)]
+                m.d.comb += [resp_valid.eq(1), resp_data.eq(info_payload.word_select(info_beat, SW)),
+                             resp_last_beat.eq(info_beat == info_beats - 1)]
                 with m.If(m_beat):
                     m.d.sync += info_beat.eq(info_beat + 1)
                     with m.If(info_beat == info_beats - 1):
@@ -576,8 +586,8 @@ class Tile(wiring.Component):
             with m.State("RESPOND_WORDS"):
                 last_beat_of_word = word_beat == beats_per_word - 1
                 final = last_beat_of_word & (resp_word == resp_last_word)
-                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(rd.data.word_select(word_beat, SW)),
-                             self.m_axis_tlast.eq(final), advance.eq(m_beat & last_beat_of_word)]
+                m.d.comb += [resp_valid.eq(1), resp_data.eq(rd.data.word_select(word_beat, SW)),
+                             resp_last_beat.eq(final), advance.eq(m_beat & last_beat_of_word)]
                 with m.If(m_beat):
                     m.d.sync += word_beat.eq(Mux(last_beat_of_word, 0, word_beat + 1))
                     with m.If(last_beat_of_word):
@@ -617,7 +627,7 @@ class Tile(wiring.Component):
             with m.State("HCCS_SEND"):
                 row_done = row_index == n_pad
                 final = row_done & (row == rows_last)
-                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(beat_data), self.m_axis_tlast.eq(final),
+                m.d.comb += [resp_valid.eq(1), resp_data.eq(beat_data), resp_last_beat.eq(final),
                              hccs_prob_index.eq(row_index)]
                 with m.If(m_beat):
                     m.d.sync += [beat_fill.eq(0), beat_data.eq(0)]
