@@ -598,13 +598,18 @@ class SomaDecode(wiring.Component):
         with m.If(v_o):
             m.d.sync += out.word_select(d_tags[FINAL_DEPTH], 8).eq(out_element)
 
+        # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
+        with m.If(self.start):
+            m.d.sync += self.busy.eq(1)
+        with m.If(self.done):
+            m.d.sync += self.busy.eq(0)
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += [counter.eq(0), wrote.eq(0)]
                     m.next = "LOAD"
             with m.State("LOAD"):
-                m.d.comb += self.busy.eq(1)
                 with m.Switch(counter):
                     for i, (addr, _, _) in enumerate(load_sources):
                         with m.Case(i):
@@ -625,7 +630,6 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         enter_scores()
             with m.State("WRITE"):
-                m.d.comb += self.busy.eq(1)
                 with m.Switch(write_slot_word):
                     for i in range(2 * words):
                         with m.Case(i):
@@ -640,7 +644,6 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         enter_scores()
             with m.State("SCORES"):
-                m.d.comb += self.busy.eq(1)
                 m.d.comb += last_issue.eq((n_issue == slots - 1) & (c_issue == chunks - 1))
                 with m.If(issuing):
                     m.d.comb += rd_addr_next.eq(slot_word("sink_k", "ring_k", n_issue, c_issue))
@@ -656,7 +659,6 @@ class SomaDecode(wiring.Component):
                     m.d.comb += [self.n_start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
-                m.d.comb += self.busy.eq(1)
                 m.d.comb += last_issue.eq(n_issue == D - 1)
                 with m.If(issuing):
                     m.d.sync += n_issue.eq(n_issue + 1)
@@ -676,7 +678,6 @@ class SomaDecode(wiring.Component):
                     begin_issue(PHASE_WEIGHTED)
                     m.next = "WEIGHTED"
             with m.State("WEIGHTED"):
-                m.d.comb += self.busy.eq(1)
                 m.d.comb += last_issue.eq(n_issue == slots - 1)
                 with m.If(issuing):
                     m.d.comb += rd_addr_next.eq(slot_word("sink_v", "ring_v", n_issue, c_issue))
@@ -692,7 +693,6 @@ class SomaDecode(wiring.Component):
             with m.State("FINAL"):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
                 # (their writes are outside the FSM, below); after the last chunk the unit waits for them.
-                m.d.comb += self.busy.eq(1)
                 m.d.comb += last_issue.eq(n_issue == L - 1)
                 with m.If(issuing):
                     m.d.sync += [n_issue.eq(n_issue + 1), d_issue.eq(d_issue + 1)]
@@ -712,7 +712,6 @@ class SomaDecode(wiring.Component):
                         m.d.sync += wrote.eq(1)
                         m.next = "WRITE"
             with m.State("STORE"):
-                m.d.comb += self.busy.eq(1)
                 with m.Switch(counter):
                     for i, (addr, data) in enumerate(store_sources):
                         with m.Case(i):
@@ -721,6 +720,6 @@ class SomaDecode(wiring.Component):
                 with m.If(counter == len(store_sources) - 1):
                     m.next = "DONE"
             with m.State("DONE"):
-                m.d.comb += [self.done.eq(1), self.busy.eq(1)]
+                m.d.comb += self.done.eq(1)
                 m.next = "IDLE"
         return m

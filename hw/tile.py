@@ -263,7 +263,9 @@ class Tile(wiring.Component):
         config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
         config = Signal(8 * config_bytes)
         config_values = [config.word_select(i, 32) for i in range(len(HEAD_PARAMS))]
-        ranges_ok = Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]).all()
+        # Each range check registered on its own, their AND two cycles later (3 in all, like the HCCS rules).
+        ranges_ok = reg(m, Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]),
+                        "ranges").all()
         cv = {hp.name: v for hp, v in zip(HEAD_PARAMS, config_values)}
         choice = {name: HEAD_PARAMS[HEAD_INDEX[name]].choices for name in ("gating", "field_source", "normaliser")}
         gating_ok = (cv["gating"] != choice["gating"].index("query")) | \
@@ -271,7 +273,8 @@ class Tile(wiring.Component):
         uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
         config_hccs_ok = hccs_rules_ok(cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8], p.slots,
                                        "config_hccs_ok")
-        ranges_ok, gating_ok, uses_hccs = (delay(m, v, 3) for v in (ranges_ok, gating_ok, uses_hccs))
+        ranges_ok = delay(m, ranges_ok, 2)
+        gating_ok, uses_hccs = (delay(m, v, 3) for v in (gating_ok, uses_hccs))
         # 4 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles before executing.
         config_ok = reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")
 
