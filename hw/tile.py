@@ -191,6 +191,7 @@ class Tile(wiring.Component):
                     range(regmap.padded(p.n_max) + 1))
         rows = arg0
         rows_last = reg(m, rows - 1, "rows_last", signed(33))
+        last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
         hccs_bytes = reg(m, rows * n_pad, "hccs_bytes", unsigned(48))
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
                          (hccs_bytes > regmap.staging_bytes(p)))
@@ -327,6 +328,7 @@ class Tile(wiring.Component):
         row_start = Signal(32)
         fetch_valid = Signal()
         fetch_elem = Signal(32)
+        m.d.sync += last_row.eq(row == rows_last)
         fetch_addr = Signal(range(mem_words + 1))
         fetched_lane = reg(m, fetch_elem[:log2(W)], "fetched_lane")
 
@@ -629,7 +631,7 @@ class Tile(wiring.Component):
                     m.next = "HCCS_SEND"
             with m.State("HCCS_SEND"):
                 row_done = row_index == n_pad
-                final = row_done & (row == rows_last)
+                final = row_done & last_row
                 m.d.comb += [resp_valid.eq(1), resp_data.eq(beat_data), resp_last_beat.eq(final),
                              hccs_prob_index.eq(row_index)]
                 with m.If(m_beat):
