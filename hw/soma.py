@@ -244,8 +244,9 @@ def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig":
 
 PHASE_SCORES, PHASE_GATE, PHASE_WEIGHTED, PHASE_FINAL = range(4)
 
-READ_LATENCY = 2
-"""Cycles from an address chosen to its word at the unit: the address register, then the memory's read."""
+READ_LATENCY = 3
+"""Cycles from an address chosen to its word at the unit: the address register, the memory's read, the
+registered word (``rd_word``)."""
 WEIGHTED_DEPTH = READ_LATENCY + 2
 """WEIGHTED SUM: read, then the probability and value operands registered, then their products."""
 FINAL_DEPTH = 8
@@ -350,7 +351,9 @@ class SomaDecode(wiring.Component):
         field_of_keys = par["field_source"] == HEAD_PARAMS[HEAD_INDEX["field_source"]].choices.index("keys")
         use_exp = par["normaliser"] == HEAD_PARAMS[HEAD_INDEX["normaliser"]].choices.index("exp_int")
 
-        # Memory ports from registers: the FSM sets the *_next values.
+        # Memory ports from registers: the FSM sets the *_next values. The word read is registered as it
+        # leaves the block RAM (whose clock-to-output is already half a 100 MHz cycle on the ECP5).
+        rd_word = reg(m, self.rd_data, "rd_word")
         rd_addr_next = Signal.like(self.rd_addr)
         wr_addr_next, wr_data_next, wr_en_next = Signal.like(self.wr_addr), Signal.like(self.wr_data), \
             Signal.like(self.wr_en)
@@ -417,7 +420,7 @@ class SomaDecode(wiring.Component):
         s = READ_LATENCY
         _, _, _, c_read = at(s, PHASE_SCORES)
         q_chunk = reg(m, q.word_select(c_read, 8 * L), "q_chunk")
-        k_chunk = reg(m, lane_group(self.rd_data, c_read), "k_chunk")
+        k_chunk = reg(m, lane_group(rd_word, c_read), "k_chunk")
         s += 1
         terms = [reg(m, q_chunk.word_select(l, 8).as_signed() * k_chunk.word_select(l, 8).as_signed(),
                      f"qk{l}", signed(16)) for l in range(L)]
@@ -512,11 +515,11 @@ class SomaDecode(wiring.Component):
         norm_busy = Signal()
 
         # WEIGHTED SUM over slots for chunk c (c_issue holds the chunk); then FINAL over its L elements.
-        _, _, n_prob_read, _ = at(1, PHASE_WEIGHTED)
+        _, _, n_prob_read, _ = at(READ_LATENCY - 1, PHASE_WEIGHTED)
         m.d.comb += self.n_prob_index.eq(n_prob_read)
         prob_reg = reg(m, prob_bits.word_select(n_prob_read, 8), "prob_bits_sel")
         prob = reg(m, Mux(use_exp, self.n_prob[:8], prob_reg), "prob", unsigned(8))
-        v_group = reg(m, lane_group(self.rd_data, c_issue), "v_group")
+        v_group = reg(m, lane_group(rd_word, c_issue), "v_group")
         products = [reg(m, prob * v_group.word_select(l, 8).as_signed(), f"pv{l}", signed(17)) for l in range(L)]
         lane_acc = [Signal(signed(32), name=f"lane_acc{l}") for l in range(L)]
         v_w, last_w, n_w, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
@@ -618,10 +621,10 @@ class SomaDecode(wiring.Component):
                     for i, (_, target, part) in enumerate(load_sources):
                         with m.Case(i + READ_LATENCY):
                             if target is None:
-                                m.d.sync += [write_pos.eq(self.rd_data[:32]), fill.eq(self.rd_data[32:64]),
-                                             step.eq(self.rd_data[64:96])]
+                                m.d.sync += [write_pos.eq(rd_word[:32]), fill.eq(rd_word[32:64]),
+                                             step.eq(rd_word[64:96])]
                             else:
-                                m.d.sync += target.word_select(part, 8 * W).eq(self.rd_data)
+                                m.d.sync += target.word_select(part, 8 * W).eq(rd_word)
                 m.d.sync += counter.eq(counter + 1)
                 with m.If(counter == len(load_sources) + READ_LATENCY):
                     m.d.sync += write_slot_word.eq(0)

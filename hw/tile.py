@@ -339,12 +339,13 @@ class Tile(wiring.Component):
         m.d.comb += [dec.n_done.eq(norm.done), dec.n_prob.eq(norm.prob)]
         hccs_start = Signal()
         hccs_row_we = Signal()
-        hccs_row_x = Signal(8)
         hccs_prob_index = Signal(range(p.n_max + 1))
-        # The HCCS command's row writes (and its start, after the last) reach the normaliser one cycle late,
-        # from registers: the byte selected out of the memory word is not in the same cycle as the write.
-        late_start, late_we, late_x, late_index = (delay(m, v, 1) for v in (hccs_start, hccs_row_we, hccs_row_x,
-                                                                          row_index))
+        # The HCCS command's row writes (and its start, after the last) reach the normaliser two cycles late,
+        # from registers: the memory word is registered as it leaves the block RAM, the byte selected out of
+        # it the next cycle, and the write follows.
+        fetched_word = reg(m, rd.data, "fetched_word")
+        late_x = reg(m, fetched_word.word_select(delay(m, fetched_lane, 1), 8), "late_x")
+        late_start, late_we, late_index = (delay(m, v, 2) for v in (hccs_start, hccs_row_we, row_index))
         with m.If(hccs_active):
             m.d.comb += [norm.start.eq(late_start), norm.count.eq(arg1), norm.use_exp.eq(0),
                          norm.clb.eq(head_field(head, "hccs_mode") == 1), norm.out16.eq(out_bytes == 2),
@@ -610,7 +611,7 @@ class Tile(wiring.Component):
                 with m.If(fetch_elem[:log2(W)] == W - 1):
                     m.d.sync += fetch_addr.eq(fetch_addr + 1)
                 with m.If(fetch_valid):
-                    m.d.comb += [hccs_row_we.eq(1), hccs_row_x.eq(rd.data.word_select(fetched_lane, 8))]
+                    m.d.comb += hccs_row_we.eq(1)
                     m.d.sync += row_index.eq(row_index + 1)
                     with m.If(row_index == arg1_last):
                         m.d.comb += hccs_start.eq(1)
