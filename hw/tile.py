@@ -369,8 +369,8 @@ class Tile(wiring.Component):
 
         # Memory port defaults: the read address follows the response stream; writes come from the payload,
         # the clear sweep or the decode unit.
-        # resp_addr = resp_base + resp_word and resp_addr + 1 are kept in registers, so that the response's
-        # read address is one 2:1 mux behind the output handshake.
+        # resp_addr (the response's base word + resp_word) and resp_addr + 1 are kept in registers, so that
+        # the response's read address is one 2:1 mux behind the output handshake.
         advance = Signal()
         resp_addr = Signal(range(mem_words + 1))
         resp_addr_next = Signal(range(mem_words + 2))
