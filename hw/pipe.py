@@ -21,19 +21,39 @@ def reg(m, value, name: str | None = None, shape=None):
     return out
 
 
-def delay(m, value, cycles: int, name: str | None = None):
-    """``value`` delayed by ``cycles`` registers (0: the value itself)."""
-    for i in range(cycles):
-        value = reg(m, value, None if name is None else f"{name}_d{i + 1}")
-    return value
-
-
-def delay_line(m, value, cycles: int, name: str):
+def delay_line(m, value, cycles: int, name: str | None = None):
     """[value, value delayed 1, ..., value delayed ``cycles``]: one shift register, every stage tapped."""
     line = [value]
     for i in range(cycles):
-        line.append(reg(m, line[-1], f"{name}_d{i + 1}"))
+        line.append(reg(m, line[-1], None if name is None else f"{name}_d{i + 1}"))
     return line
+
+
+def delay(m, value, cycles: int, name: str | None = None):
+    """``value`` delayed by ``cycles`` registers (0: the value itself)."""
+    return delay_line(m, value, cycles, name)[-1]
+
+
+class TagLine:
+    """Tags that travel down a pipeline beside the data they describe: every cycle the issue stage puts
+    ``(valid, last, phase, *fields)`` in, and ``at(stage, code)`` reads what the item issued ``stage`` cycles
+    ago carries. ``valid`` there is qualified by the phase, so that a stage ignores the previous phase's items
+    still draining down the line. One shift register of ``depth`` stages, every stage tapped."""
+
+    def __init__(self, m, valid, last, phase, fields, depth: int, name: str):
+        self._phase_bits = len(phase)
+        self._widths = [len(f) for f in fields]
+        self._line = delay_line(m, Cat(valid, last, phase, *fields), depth, name)
+
+    def at(self, stage: int, code: int):
+        """(valid for phase ``code``, last, *fields) of the item issued ``stage`` cycles ago."""
+        t = self._line[stage]
+        start = 2 + self._phase_bits
+        out = [t[0] & (t[2:start] == code), t[1]]
+        for width in self._widths:
+            out.append(t[start:start + width])
+            start += width
+        return tuple(out)
 
 
 def split_mul(m, a, b, name: str):

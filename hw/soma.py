@@ -34,7 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import delay, delay_line, floor_log2, reg, round_shift, saturate, split_mul
+from somatile.hw.pipe import TagLine, delay, delay_line, floor_log2, reg, round_shift, saturate, split_mul
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
@@ -107,13 +107,8 @@ class RowNormaliser(wiring.Component):
         issuing = Signal()
         pass_code = Signal(2)
         m.d.comb += row_r.addr.eq(index)
-        tags = Cat(issuing, index == last_index, pass_code, index)
-        tag = delay_line(m, tags, NORM_OUT_DEPTH, "norm_tag")
-
-        def at(stage, code):
-            """(valid, last, index) of the element of pass ``code`` issued ``stage`` cycles ago."""
-            t = tag[stage]
-            return t[0] & (t[2:4] == code), t[1], t[4:]
+        tags = TagLine(m, issuing, index == last_index, pass_code, [index], NORM_OUT_DEPTH, "norm_tag")
+        at = tags.at  # (valid, last, index) of the element of a pass issued some cycles ago
 
         row_max = Signal(signed(10))
         total = Signal(32)
@@ -128,21 +123,17 @@ class RowNormaliser(wiring.Component):
         u = reg(m, distance * exp_mult, "u", unsigned(25))
         hccs_product = reg(m, S * capped, "hccs_product", unsigned(16))              # s4
         w = reg(m, (intexp.POLY_B - u[:intexp.EXP_FRAC_BITS]) >> 1, "w", unsigned(17))
-        z = delay(m, u >> intexp.EXP_FRAC_BITS, 1)
+        z = delay(m, u >> intexp.EXP_FRAC_BITS, 3)                                   # s4-s6, used in s7
         hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s5
+        hccs_score = delay(m, hccs_score, 4)                                         # s6-s9, used in s9
         square = reg(m, w * w, "square", unsigned(34))
-        z = delay(m, z, 1)
         poly = reg(m, intexp.POLY_A * (square >> 13), "poly", unsigned(36))          # s6
-        hccs_score, z = delay(m, hccs_score, 1), delay(m, z, 1)
         e = reg(m, (poly >> 15) + intexp.POLY_C, "e", unsigned(22))                  # s7
         rounding = reg(m, (Const(1, 17) << z[:5]) >> 1, "rounding", unsigned(17))
-        underflow = reg(m, z >= intexp.EXP_ZERO_SHIFT, "underflow")
-        z_shift = reg(m, z[:5], "z_shift")
-        hccs_score = delay(m, hccs_score, 1)
+        underflow = delay(m, reg(m, z >= intexp.EXP_ZERO_SHIFT, "underflow"), 1)
+        z_shift = delay(m, reg(m, z[:5], "z_shift"), 1)
         e_rounded = reg(m, e + rounding, "e_rounded", unsigned(23))                  # s8
-        underflow, z_shift, hccs_score = (delay(m, s, 1) for s in (underflow, z_shift, hccs_score))
         exp_score = reg(m, Mux(underflow, 0, e_rounded >> z_shift), "exp_score", unsigned(17))  # s9 (below)
-        hccs_score = delay(m, hccs_score, 1)
         valid = delay(m, valid, NORM_SUM_DEPTH - 2)
         score = Signal(17)
         m.d.comb += score.eq(Mux(valid, Mux(use_exp, exp_score, hccs_score), 0))
@@ -403,15 +394,9 @@ class SomaDecode(wiring.Component):
         last_issue = Signal()
         phase = Signal(2)
         max_depth = max(score_depth(p), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
-        tags = Cat(issuing, last_issue, phase, n_issue, c_issue)
-        tag = delay_line(m, tags, max_depth, "tag")
-        n_bits, c_bits = len(n_issue), len(c_issue)
-
-        def at(stage, code):
-            """(valid, last, n, c) of the item of phase ``code`` issued ``stage`` cycles ago (an item of the
-            previous phase may still be further down the line)."""
-            t = tag[stage]
-            return (t[0] & (t[2:4] == code), t[1], t[4:4 + n_bits], t[4 + n_bits:4 + n_bits + c_bits])
+        tags = TagLine(m, issuing, last_issue, phase, [n_issue, c_issue], max_depth, "tag")
+        at = tags.at  # (valid, last, n, c) of the item of a phase issued some cycles ago
+        n_bits = len(n_issue)
 
         def begin_issue(code):
             m.d.sync += [n_issue.eq(0), issuing.eq(1), phase.eq(code)]
