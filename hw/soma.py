@@ -362,24 +362,54 @@ class SomaDecode(wiring.Component):
         out = Signal(8 * D)
         wrote = Signal()
 
-        # LOAD reads words 0..7*words (q, k, v, F, G, counters); the word addressed in cycle i arrives in
-        # cycle i + READ_LATENCY.
-        load_sources = ([(stage_base + i, q, i) for i in range(words)] +
-                        [(stage_base + words + i, k, i) for i in range(words)] +
-                        [(stage_base + 2 * words + i, v, i) for i in range(words)] +
-                        [(state_base + layout["field"] + i, fld, i) for i in range(2 * words)] +
-                        [(state_base + layout["gate_field"] + i, gate_fld, i) for i in range(2 * words)] +
-                        [(state_base + layout["counters"], None, 0)])
-        counter = Signal(range(max(len(load_sources) + READ_LATENCY, 5 * words + 1) + 1))
+        # LOAD reads q, k, v (3 * words staging words from stage_base), then the field, the gate field and the
+        # counters (4 * words + 1 state words from the field's): two runs of consecutive addresses, so the
+        # address advances in a register. The word addressed in cycle i arrives in cycle i + READ_LATENCY with
+        # a one-hot tag naming its register (None: the counters), and shifts in at that register's top (each
+        # register's words arrive in order): no per-word decode in front of the registers.
+        load_targets = [q] * words + [k] * words + [v] * words + [fld] * (2 * words) + [gate_fld] * (2 * words) \
+            + [None]
+        registers = [q, k, v, fld, gate_fld, None]
+        state_row = reg(m, state_base + layout["field"], "state_row", range(self.mem_words))
+        load_addr = Signal(range(self.mem_words))
+        with m.If(self.start):
+            m.d.sync += load_addr.eq(self.stage_base)
+        load_tag = Signal(len(registers))
+        arrived = delay(m, load_tag, READ_LATENCY, "load_tag")
+        for index, target in enumerate(registers):
+            with m.If(arrived[index]):
+                if target is None:
+                    m.d.sync += [write_pos.eq(rd_word[:32]), fill.eq(rd_word[32:64]), step.eq(rd_word[64:96])]
+                else:
+                    m.d.sync += target.eq(Cat(target[8 * W:], rd_word))
+        counter = Signal(range(max(len(load_targets) + READ_LATENCY, 5 * words + 1) + 1))
         m.d.comb += self.n_count.eq(slots)
         m.d.comb += [self.n_use_exp.eq(use_exp), self.n_clb.eq(par["hccs_mode"] == 1), self.n_out16.eq(0)]
 
-        # Slot n's chunk c of K or V: word key_base(n) + (c * L) // W, lane group (c * L % W) // L.
-        def slot_word(region_sink: str, region_ring: str, n, c):
-            in_sink = n < sinks
-            base = Mux(in_sink, layout[region_sink], layout[region_ring])
-            row_index = Mux(in_sink, n, n - sinks) if sinks else n
-            return state_base + base + row_index * words + (c * L) // W
+        # Slot n's chunk c of K or V: word row_addr(n) + (c * L) // W, lane group (c * L % W) // L. Slots are
+        # issued in order (sinks, then the ring), so the row address advances in a register (by `words`, or to
+        # the ring's first row after the last sink) instead of being computed from n; W / L is a power of two.
+        row_addr = Signal(range(self.mem_words), name="row_addr")
+        first_row = {region: reg(m, state_base + layout[region], f"{region}_row", range(self.mem_words))
+                     for region in ("sink_k", "ring_k", "sink_v", "ring_v")}
+
+        def slot_word(c):
+            return row_addr + (c >> (W // L).bit_length() - 1)
+
+        def begin_rows(region: str):
+            m.d.sync += row_addr.eq(first_row[("sink_" if sinks else "ring_") + region])
+
+        def next_row(region: str, n):
+            if sinks:
+                m.d.sync += row_addr.eq(Mux(n == sinks - 1, first_row["ring_" + region], row_addr + words))
+            else:
+                m.d.sync += row_addr.eq(row_addr + words)
+
+        def rotate(value, bits: int):
+            """``value`` rotated down by ``bits``: the element at the bottom goes to the top. The decode unit
+            visits q, k, v and the fields in element order, so it reads the bottom element and rotates instead
+            of selecting element n (a wide multiplexer); a whole pass brings every register back in order."""
+            return Cat(value[bits:], value[:bits])
 
         def lane_group(data, c):
             if L >= W:
@@ -403,8 +433,8 @@ class SomaDecode(wiring.Component):
 
         # SCORES: read, operands, products, adder tree, accumulator.
         s = READ_LATENCY
-        _, _, _, c_read = at(s, PHASE_SCORES)
-        q_chunk = reg(m, q.word_select(c_read, 8 * L), "q_chunk")
+        v_read, _, _, c_read = at(s, PHASE_SCORES)
+        q_chunk = reg(m, q[:8 * L], "q_chunk")  # chunk c_read: one rotation per SCORES item at this stage
         k_chunk = reg(m, lane_group(rd_word, c_read), "k_chunk")
         s += 1
         terms = [reg(m, q_chunk.word_select(l, 8).as_signed() * k_chunk.word_select(l, 8).as_signed(),
@@ -484,8 +514,8 @@ class SomaDecode(wiring.Component):
 
         # Query gate: z = q . G over the head_dim elements (issued as n = 0..D-1), in parallel with the
         # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
-        g_q = reg(m, q.word_select(n_issue, 8).as_signed(), "g_q")
-        g_f = reg(m, gate_fld.word_select(n_issue, 16).as_signed(), "g_f")
+        g_q = reg(m, q[:8].as_signed(), "g_q")  # element n_issue (rotated per GATE issue, below)
+        g_f = reg(m, gate_fld[:16].as_signed(), "g_f")
         g_product = reg(m, g_q * g_f, "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
         v_g, _, n_g, _ = at(2, PHASE_GATE)
@@ -512,10 +542,11 @@ class SomaDecode(wiring.Component):
         # FINAL: element e = n of chunk c, d = c * L + e.
         d_issue = Signal(range(D + 1))
         acc_sel = reg(m, Array(lane_acc)[n_issue[:max(1, (L - 1).bit_length())]], "acc_sel")
-        f_old = reg(m, fld.word_select(d_issue, 16).as_signed(), "f_old")
-        g_old = reg(m, gate_fld.word_select(d_issue, 16).as_signed(), "g_old")
-        src = reg(m, Mux(field_of_keys, k.word_select(d_issue, 8), v.word_select(d_issue, 8)).as_signed(), "src")
-        k_d = reg(m, k.word_select(d_issue, 8).as_signed(), "k_d")
+        # Element d_issue of the fields, k and v is at the bottom (rotated per FINAL issue, below).
+        f_old = reg(m, fld[:16].as_signed(), "f_old")
+        g_old = reg(m, gate_fld[:16].as_signed(), "g_old")
+        src = reg(m, Mux(field_of_keys, k[:8], v[:8]).as_signed(), "src")
+        k_d = reg(m, k[:8].as_signed(), "k_d")
         d_tags = delay_line(m, d_issue, FINAL_DEPTH, "d")
         near = round_shift(m, split_mul(m, acc_sel, par["out_mult"], "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
@@ -565,26 +596,48 @@ class SomaDecode(wiring.Component):
                              fill.eq(Mux(fill < ring, fill + 1, fill))]
             m.d.sync += step.eq(Mux(step < soma.COUNTER_MAX, step + 1, step))
 
-        store_sources = ([(state_base + layout["field"] + i, fld.word_select(i, 8 * W)) for i in range(2 * words)]
-                         + [(state_base + layout["gate_field"] + i, gate_fld.word_select(i, 8 * W))
-                            for i in range(2 * words)]
-                         + [(state_base + layout["counters"], Cat(write_pos, fill, step))]
-                         + [(out_base + i, out.word_select(i, 8 * W)) for i in range(words)])
+        # STORE writes the field, the gate field and the counters to consecutive state words (from the
+        # field's), then the output words from out_base; each register's words leave from its bottom, the
+        # register rotating by a word per store. The address advances in a register.
+        store_sources = [fld] * (2 * words) + [gate_fld] * (2 * words) + [None] + [out] * words
+        store_addr = Signal(range(self.mem_words))
+
+        def enter_store():
+            m.d.sync += [counter.eq(0), store_addr.eq(state_row)]
+            m.next = "STORE"
 
         def enter_scores():
             m.d.sync += [c_issue.eq(0)]
+            begin_rows("k")
             begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
-        # FINAL's writes: the field updates 3 cycles after an element's issue, the output FINAL_DEPTH cycles.
-        v_f, _, _, _ = at(3, PHASE_FINAL)
-        with m.If(v_f):
-            m.d.sync += fld.word_select(d_tags[3], 16).eq(f_new)
-            with m.If(gated):
-                m.d.sync += gate_fld.word_select(d_tags[3], 16).eq(g_new)
+        # Rotations: q by a chunk per SCORES item at the read stage and by an element per GATE issue (gate
+        # field too); k, v and both fields by an element per FINAL issue.
+        v_gate_issue, _, _, _ = at(0, PHASE_GATE)
+        v_final = [at(i, PHASE_FINAL)[0] for i in range(4)]
+        with m.If(v_read):
+            m.d.sync += q.eq(rotate(q, 8 * L))
+        with m.If(v_gate_issue):
+            m.d.sync += [q.eq(rotate(q, 8)), gate_fld.eq(rotate(gate_fld, 16))]
+        with m.If(v_final[0]):
+            m.d.sync += [k.eq(rotate(k, 8)), v.eq(rotate(v, 8)), fld.eq(rotate(fld, 16)),
+                         gate_fld.eq(rotate(gate_fld, 16))]
+        # FINAL's field writes, 3 cycles after an element's issue: the element went to the top when it was
+        # issued and down one place per issue since (the two behind it, and one in this very cycle).
+        later = Signal(range(4))
+        m.d.comb += later.eq(v_final[0] + v_final[1] + v_final[2])
+        with m.If(v_final[3]):
+            with m.Switch(later):
+                for j in range(min(4, D)):
+                    with m.Case(j):
+                        m.d.sync += fld[16 * (D - 1 - j):16 * (D - j)].eq(f_new)
+                        with m.If(gated):
+                            m.d.sync += gate_fld[16 * (D - 1 - j):16 * (D - j)].eq(g_new)
+        # The output elements arrive in order d = 0..D-1 and shift in at the top.
         v_o, _, _, _ = at(FINAL_DEPTH, PHASE_FINAL)
         with m.If(v_o):
-            m.d.sync += out.word_select(d_tags[FINAL_DEPTH], 8).eq(out_element)
+            m.d.sync += out.eq(Cat(out[8:], out_element))
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
@@ -599,19 +652,13 @@ class SomaDecode(wiring.Component):
                     m.next = "LOAD"
             with m.State("LOAD"):
                 with m.Switch(counter):
-                    for i, (addr, _, _) in enumerate(load_sources):
+                    for i, target in enumerate(load_targets):
                         with m.Case(i):
-                            m.d.comb += rd_addr_next.eq(addr)
-                with m.Switch(counter):
-                    for i, (_, target, part) in enumerate(load_sources):
-                        with m.Case(i + READ_LATENCY):
-                            if target is None:
-                                m.d.sync += [write_pos.eq(rd_word[:32]), fill.eq(rd_word[32:64]),
-                                             step.eq(rd_word[64:96])]
-                            else:
-                                m.d.sync += target.word_select(part, 8 * W).eq(rd_word)
-                m.d.sync += counter.eq(counter + 1)
-                with m.If(counter == len(load_sources) + READ_LATENCY):
+                            m.d.comb += [rd_addr_next.eq(load_addr),
+                                         load_tag.eq(1 << next(j for j, r in enumerate(registers) if r is target))]
+                m.d.sync += [counter.eq(counter + 1),
+                             load_addr.eq(Mux(counter == 3 * words - 1, state_row, load_addr + 1))]
+                with m.If(counter == len(load_targets) + READ_LATENCY):
                     m.d.sync += write_slot_word.eq(0)
                     with m.If(par["include_self"]):
                         m.next = "WRITE"
@@ -627,16 +674,16 @@ class SomaDecode(wiring.Component):
                     advance_counters()
                     m.d.sync += wrote.eq(1)
                     with m.If(wrote):
-                        m.d.sync += counter.eq(0)
-                        m.next = "STORE"
+                        enter_store()
                     with m.Else():
                         enter_scores()
             with m.State("SCORES"):
                 m.d.comb += last_issue.eq((n_issue == slots - 1) & (c_issue == chunks - 1))
                 with m.If(issuing):
-                    m.d.comb += rd_addr_next.eq(slot_word("sink_k", "ring_k", n_issue, c_issue))
+                    m.d.comb += rd_addr_next.eq(slot_word(c_issue))
                     with m.If(c_issue == chunks - 1):
                         m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1)]
+                        next_row("k", n_issue)
                         with m.If(n_issue == slots - 1):
                             m.d.sync += issuing.eq(0)
                     with m.Else():
@@ -663,13 +710,15 @@ class SomaDecode(wiring.Component):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate_busy & ~norm_busy):
                     m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), d_issue.eq(0)]
+                    begin_rows("v")
                     begin_issue(PHASE_WEIGHTED)
                     m.next = "WEIGHTED"
             with m.State("WEIGHTED"):
                 m.d.comb += last_issue.eq(n_issue == slots - 1)
                 with m.If(issuing):
-                    m.d.comb += rd_addr_next.eq(slot_word("sink_v", "ring_v", n_issue, c_issue))
+                    m.d.comb += rd_addr_next.eq(slot_word(c_issue))
                     m.d.sync += n_issue.eq(n_issue + 1)
+                    next_row("v", n_issue)
                     with m.If(n_issue == slots - 1):
                         m.d.sync += issuing.eq(0)
                 with m.If(v_w):
@@ -689,22 +738,28 @@ class SomaDecode(wiring.Component):
                 with m.If(c_issue != chunks - 1):
                     with m.If(n_issue == L - 1):
                         m.d.sync += c_issue.eq(c_issue + 1)
+                        begin_rows("v")
                         begin_issue(PHASE_WEIGHTED)
                         m.next = "WEIGHTED"
                 with m.Elif(v_o & (d_tags[FINAL_DEPTH] == D - 1)):
                     m.d.sync += write_slot_word.eq(0)
                     with m.If(par["include_self"]):
-                        m.d.sync += counter.eq(0)
-                        m.next = "STORE"
+                        enter_store()
                     with m.Else():
                         m.d.sync += wrote.eq(1)
                         m.next = "WRITE"
             with m.State("STORE"):
+                m.d.comb += [wr_addr_next.eq(store_addr), wr_en_next.eq((1 << W) - 1)]
                 with m.Switch(counter):
-                    for i, (addr, data) in enumerate(store_sources):
+                    for i, source in enumerate(store_sources):
                         with m.Case(i):
-                            m.d.comb += [wr_addr_next.eq(addr), wr_data_next.eq(data), wr_en_next.eq((1 << W) - 1)]
-                m.d.sync += counter.eq(counter + 1)
+                            if source is None:
+                                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step))
+                            else:
+                                m.d.comb += wr_data_next.eq(source[:8 * W])
+                                m.d.sync += source.eq(rotate(source, 8 * W))
+                m.d.sync += [counter.eq(counter + 1),
+                             store_addr.eq(Mux(counter == 4 * words, out_base, store_addr + 1))]
                 with m.If(counter == len(store_sources) - 1):
                     m.next = "DONE"
             with m.State("DONE"):
