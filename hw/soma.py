@@ -34,7 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import TagLine, delay, delay_line, floor_log2, reg, round_shift, saturate, split_mul
+from somatile.hw.pipe import TagLine, block_ram, delay, delay_line, floor_log2, reg, round_shift, saturate, split_mul
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
@@ -85,11 +85,10 @@ class RowNormaliser(wiring.Component):
         m = Module()
         n_max = self.n_max
         m.submodules.row = row = Memory(shape=unsigned(9), depth=n_max, init=[])
-        m.submodules.probs = probs = Memory(shape=unsigned(16), depth=n_max, init=[])
+        probs, prob_r = block_ram(m, "probs", unsigned(16), n_max)
         row_w = row.write_port()
         row_r = row.read_port()
         prob_w = probs.write_port()
-        prob_r = probs.read_port()
         m.d.comb += [row_w.addr.eq(self.row_index), row_w.data.eq(Cat(self.row_x, self.row_valid)),
                      row_w.en.eq(self.row_we), prob_r.addr.eq(self.prob_index), self.prob.eq(prob_r.data)]
 

@@ -29,11 +29,10 @@ import struct
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import delay, reg, skid_buffer
+from somatile.hw.pipe import block_ram, delay, reg, skid_buffer
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
 from somatile.model import hccs
@@ -52,10 +51,10 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
-CHECK_SETTLE = 5
+CHECK_SETTLE = 6
 """Cycles between a header's last beat and CHECK: the header's checks are a pipeline of that depth (head
-parameters selected, HCCS floor, masses, comparisons, the check result)."""
-CONFIG_SETTLE = 4
+parameters selected, S Dmax, HCCS floor, masses, comparisons, the check result)."""
+CONFIG_SETTLE = 5
 """Cycles between a CONFIGURE_HEAD block's last beat and its execution (the rules' pipeline depth)."""
 
 
@@ -100,8 +99,7 @@ class Tile(wiring.Component):
         out_word = stage_word + 3 * p.heads * dw
         out_bytes = 2 if p.hccs_out == "int16" else 1
 
-        m.submodules.mem = mem = Memory(shape=unsigned(8 * W), depth=mem_words, init=[])
-        rd = mem.read_port()
+        mem, rd = block_ram(m, "mem", unsigned(8 * W), mem_words)
         wr = mem.write_port(granularity=8)
         m.submodules.decode = dec = SomaDecode(p, mem_words)
         m.submodules.norm = norm = RowNormaliser(p.n_max)
@@ -197,10 +195,12 @@ class Tile(wiring.Component):
                          (hccs_bytes > regmap.staging_bytes(p)))
 
         def hccs_rules_ok(B, S, dmax, cols, name):
-            """hccs.check_params' rules for (B, S, Dmax) over ``cols`` columns, registered in three steps
-            (latency 3): the floor B - S Dmax; the two masses; their comparisons."""
-            floor = reg(m, B.as_signed() - S * dmax, f"{name}_floor", signed(18))
-            cols, B = (c if isinstance(c, int) else delay(m, c, 1) for c in (cols, B))
+            """hccs.check_params' rules for (B, S, Dmax) over ``cols`` columns, registered in four steps
+            (latency 4): S Dmax (a multiplier alone: it may sit far away in a DSP row); the floor B - S Dmax;
+            the two masses; their comparisons."""
+            product = reg(m, S * dmax, f"{name}_s_dmax", unsigned(16))
+            floor = reg(m, delay(m, B, 1).as_signed() - product, f"{name}_floor", signed(18))
+            cols, B = (c if isinstance(c, int) else delay(m, c, 2) for c in (cols, B))
             floor_mass = reg(m, cols * floor, f"{name}_floor_mass", signed(36))
             row_mass = reg(m, cols * B, f"{name}_row_mass", unsigned(34))
             floor_ok = delay(m, floor >= 0, 1)
@@ -211,7 +211,7 @@ class Tile(wiring.Component):
 
         cmd_head_ok = head < p.heads
         selected = [reg(m, head_field(head, f"hccs_{n}"), f"selected_{n}") for n in ("B", "S", "dmax")]
-        hccs_param_ok = hccs_rules_ok(*selected, arg1[:16], "hccs_param_ok")   # 4 cycles after the header
+        hccs_param_ok = hccs_rules_ok(*selected, arg1[:16], "hccs_param_ok")   # 5 cycles after the header
         heads_configured = Signal()
         mask = Signal(p.heads)
         for h in range(p.heads):
@@ -264,7 +264,7 @@ class Tile(wiring.Component):
         config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
         config = Signal(8 * config_bytes)
         config_values = [config.word_select(i, 32) for i in range(len(HEAD_PARAMS))]
-        # Each range check registered on its own, their AND two cycles later (3 in all, like the HCCS rules).
+        # Each range check registered on its own, their AND three cycles later (4 in all, like the HCCS rules).
         ranges_ok = reg(m, Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]),
                         "ranges").all()
         cv = {hp.name: v for hp, v in zip(HEAD_PARAMS, config_values)}
@@ -274,9 +274,9 @@ class Tile(wiring.Component):
         uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
         config_hccs_ok = hccs_rules_ok(cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8], p.slots,
                                        "config_hccs_ok")
-        ranges_ok = delay(m, ranges_ok, 2)
-        gating_ok, uses_hccs = (delay(m, v, 3) for v in (gating_ok, uses_hccs))
-        # 4 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles before executing.
+        ranges_ok = delay(m, ranges_ok, 3)
+        gating_ok, uses_hccs = (delay(m, v, 4) for v in (gating_ok, uses_hccs))
+        # 5 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles before executing.
         config_ok = reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")
 
         # Error latch.
