@@ -32,7 +32,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import block_ram, delay, reg, skid_buffer
+from somatile.hw.pipe import block_ram, delay, reg, skid_buffer, split_mul
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
 from somatile.model import hccs
@@ -190,7 +190,7 @@ class Tile(wiring.Component):
         rows = arg0
         rows_last = reg(m, rows - 1, "rows_last", signed(33))
         last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
-        hccs_bytes = reg(m, rows * n_pad, "hccs_bytes", unsigned(48))
+        hccs_bytes = split_mul(m, rows, n_pad, "hccs_bytes")  # 3 cycles after the header
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
                          (hccs_bytes > regmap.staging_bytes(p)))
 
@@ -223,7 +223,8 @@ class Tile(wiring.Component):
         decode_out_bytes = reg(m, D * count, "decode_out_bytes", unsigned(32))
         decode_out_words = reg(m, dw * count, "decode_out_words", range(mem_words + 1))
         head_words = reg(m, head * state_words, "head_words", unsigned(32))
-        next_head_words = reg(m, (head + 1) * state_words, "next_head_words", unsigned(32))
+        # (head + 1) * state_words as a sum: an adder in front of a multiplier is two slow steps in one cycle.
+        next_head_words = reg(m, head_words + state_words, "next_head_words", unsigned(32))
         end_head_words = reg(m, head_end * state_words, "end_head_words", unsigned(32))
 
         # The payload length the opcode expects and the header's check result, registered at the end of the
