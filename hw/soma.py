@@ -551,16 +551,20 @@ class SomaDecode(wiring.Component):
                            soma.INT_SHIFT_MAX, "near_scaled")
         near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
         far_f = reg(m, f_old * par["alpha_mult"], "far_f", signed(32))
-        far = round_shift(m, split_mul(m, far_f, gate, "far_product"), par["alpha_shift"] + 7,
+        # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
+        # a shifter or a multiplier would be two slow steps in one cycle.
+        alpha_shift = reg(m, par["alpha_shift"] + 7, "alpha_shift_7")
+        far = round_shift(m, split_mul(m, far_f, gate, "far_product"), alpha_shift,
                           soma.INT_SHIFT_MAX + 7, "far_scaled")
         far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
         out_element = reg(m, saturate(near + far, -128, 127), "out_element", signed(8))
         gamma = par["gamma_q15"]
+        gamma_rest = reg(m, soma.GAMMA_Q15_ONE - gamma, "gamma_rest")
 
         def field_update(f, x, name):
             """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): products (1), sum and rounding (1)."""
             kept = reg(m, gamma * f, f"{name}_kept", signed(33))
-            added = reg(m, (soma.GAMMA_Q15_ONE - gamma) * (x << soma.FIELD_FRAC_BITS), f"{name}_added", signed(33))
+            added = reg(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), f"{name}_added", signed(33))
             return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
 
         f_new = field_update(f_old, src, "field")
