@@ -602,11 +602,15 @@ class SomaDecode(wiring.Component):
         # STORE writes the field, the gate field and the counters to consecutive state words (from the
         # field's), then the output words from out_base; each register's words leave from its bottom, the
         # register rotating by a word per store. The address advances in a register.
-        store_sources = [fld] * (2 * words) + [gate_fld] * (2 * words) + [None] + [out] * words
+        # The register being stored is named by a one-hot register set the cycle before (not decoded from
+        # the FSM state and the counter): its bit enables the rotation of up to 1,024 flip-flops.
+        store_groups = [fld, gate_fld, None, out]
+        store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * words
+        store_sel = Signal(len(store_groups))
         store_addr = Signal(range(self.mem_words))
 
         def enter_store():
-            m.d.sync += [counter.eq(0), store_addr.eq(state_row)]
+            m.d.sync += [counter.eq(0), store_addr.eq(state_row), store_sel.eq(1 << store_sources[0])]
             m.next = "STORE"
 
         def enter_scores():
@@ -754,13 +758,10 @@ class SomaDecode(wiring.Component):
             with m.State("STORE"):
                 m.d.comb += [wr_addr_next.eq(store_addr), wr_en_next.eq((1 << W) - 1)]
                 with m.Switch(counter):
-                    for i, source in enumerate(store_sources):
+                    for i in range(len(store_sources)):
                         with m.Case(i):
-                            if source is None:
-                                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step))
-                            else:
-                                m.d.comb += wr_data_next.eq(source[:8 * W])
-                                m.d.sync += source.eq(rotate(source, 8 * W))
+                            following = store_sources[i + 1] if i + 1 < len(store_sources) else None
+                            m.d.sync += store_sel.eq(0 if following is None else 1 << following)
                 m.d.sync += [counter.eq(counter + 1),
                              store_addr.eq(Mux(counter == 4 * words, out_base, store_addr + 1))]
                 with m.If(counter == len(store_sources) - 1):
@@ -768,4 +769,12 @@ class SomaDecode(wiring.Component):
             with m.State("DONE"):
                 m.d.comb += self.done.eq(1)
                 m.next = "IDLE"
+        # STORE's data: the bottom word of the register being stored, which then rotates by a word.
+        for g, source in enumerate(store_groups):
+            with m.If(store_sel[g]):
+                if source is None:
+                    m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step))
+                else:
+                    m.d.comb += wr_data_next.eq(source[:8 * W])
+                    m.d.sync += source.eq(rotate(source, 8 * W))
         return m
