@@ -341,6 +341,15 @@ def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+def toolchain_options(cfg: BoardConfig) -> dict[str, str]:
+    """The amaranth build options of an FPGA board: nextpnr's router from the board file and
+    ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
+    options = {"nextpnr_opts": f"--timing-allow-fail --router {cfg.fpga['router']}"}
+    if cfg.fpga["device"].startswith("iCE40UP"):
+        options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
+    return options
+
+
 def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
     """Synthesise, place and route ``unit`` in the board harness; parse the logs into a :class:`PnrResult`."""
     from .harness import ShiftHarness, port_bits
@@ -350,10 +359,7 @@ def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: fl
     pll = pll_for(family, cfg.fpga["osc_mhz"], cfg.clock_mhz)
     in_bits, out_bits = port_bits(unit)
     platform = open_platform(cfg)
-    # --timing-allow-fail: a missed target is a result to report (with its critical path), not a crash.
-    options = {"nextpnr_opts": "--timing-allow-fail"}
-    if cfg.fpga["device"].startswith("iCE40UP"):
-        options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
+    options = toolchain_options(cfg)
     started = time.monotonic()
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,

@@ -101,7 +101,11 @@ FPGA_SCHEMA: dict[str, Param] = {
     "device": Param(str, _non_empty, "part name as the vendor writes it"),
     "speed_grade": Param(str, _non_empty, "speed grade used by nextpnr"),
     "osc_mhz": Param(float, _positive, "board oscillator feeding the PLL (MHz)"),
+    "router": Param(str, _one_of("router1", "router2"),
+                    "nextpnr router (optional, default router1; router2 finishes designs on which router1 stalls)"),
 }
+# Keys of a section that a board file may leave out.
+SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1"}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
 AIE_SCHEMA: dict[str, Param] = {
@@ -277,6 +281,7 @@ def _merged(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, tuple[Path, 
 def _check_section(where: str, section: str, raw: Any, schema: dict[str, Param]) -> MappingProxyType:
     if not isinstance(raw, dict):
         raise BoardError(f"{where}: key '{section}': expected a mapping with keys {', '.join(schema)}")
+    raw = {**SECTION_DEFAULTS.get(section, {}), **raw}
     unknown = set(raw) - set(schema)
     if unknown:
         raise BoardError(f"{where}: key '{section}.{sorted(unknown)[0]}': unknown; expected one of "

@@ -107,6 +107,8 @@ def _write(tmp_path, name, text):
      "osc_mhz: 10}\n", "key 'fpga.family': got 'xilinx', expected one of ecp5, ice40"),
     ("extends: base\nkind: fpga\nfpga: {platform: 'a:B', family: ecp5, device: d, speed_grade: '1'}\n",
      "key 'fpga.osc_mhz': missing"),
+    ("extends: ulx3s_85f\nfpga: {router: router3}\n",
+     "key 'fpga.router': got 'router3', expected one of router1, router2"),
 ])
 def test_bad_board_file_names_file_key_and_expectation(tmp_path, body, message):
     path = _write(tmp_path, "myboard", body)
@@ -120,6 +122,21 @@ def test_user_board_file_extends_a_shipped_board(tmp_path):
     path = _write(tmp_path, "mine", "extends: ulx3s_85f\ndescription: my ULX3S\nlanes: 4\nfpga: {osc_mhz: 25.0}\n")
     cfg = boards.load(path)
     assert (cfg.name, cfg.lanes, cfg.kind, cfg.fpga["family"]) == ("mine", 4, "fpga", "ecp5")
+    assert cfg.fpga["router"] == boards.load("ulx3s_85f").fpga["router"]  # inherited key by key
+
+
+def test_the_nextpnr_router_defaults_to_router1_and_reaches_the_build_script(tmp_path):
+    from somatile.boards import build
+    from somatile.boards.harness import ShiftHarness
+    from somatile.boards.pll import pll_for
+    assert boards.load("icebreaker").fpga["router"] == "router1"  # its file leaves the key out
+    cfg = boards.load(_write(tmp_path, "r2", "extends: icebreaker\nfpga: {router: router2}\n"))
+    assert cfg.fpga["router"] == "router2"
+    unit = build.make_unit(cfg, "hccs")
+    plan = build.open_platform(cfg).prepare(ShiftHarness(unit, pll_for("ice40", 12.0, cfg.clock_mhz)), name="t",
+                                            **build.toolchain_options(cfg))
+    script = plan.files["build_t.sh"]
+    assert "--router router2" in script and "--timing-allow-fail" in script
 
 
 def test_extends_cycle_is_reported(tmp_path):
