@@ -34,7 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import TagLine, block_ram, delay, delay_line, floor_log2, reg, round_shift, saturate, split_mul
+from somatile.hw.pipe import TagLine, block_ram, delay, floor_log2, reg, round_shift, saturate, split_mul
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
@@ -366,9 +366,8 @@ class SomaDecode(wiring.Component):
         # address advances in a register. The word addressed in cycle i arrives in cycle i + READ_LATENCY with
         # a one-hot tag naming its register (None: the counters), and shifts in at that register's top (each
         # register's words arrive in order): no per-word decode in front of the registers.
-        load_targets = [q] * words + [k] * words + [v] * words + [fld] * (2 * words) + [gate_fld] * (2 * words) \
-            + [None]
         registers = [q, k, v, fld, gate_fld, None]
+        load_targets = [0] * words + [1] * words + [2] * words + [3] * (2 * words) + [4] * (2 * words) + [5]
         state_row = reg(m, state_base + layout["field"], "state_row", range(self.mem_words))
         load_addr = Signal(range(self.mem_words))
         with m.If(self.start):
@@ -546,7 +545,7 @@ class SomaDecode(wiring.Component):
         g_old = reg(m, gate_fld[:16].as_signed(), "g_old")
         src = reg(m, Mux(field_of_keys, k[:8], v[:8]).as_signed(), "src")
         k_d = reg(m, k[:8].as_signed(), "k_d")
-        d_tags = delay_line(m, d_issue, FINAL_DEPTH, "d")
+        final_last = delay(m, d_issue == D - 1, FINAL_DEPTH, "final_last")  # the last element leaves FINAL
         near = round_shift(m, split_mul(m, acc_sel, par["out_mult"], "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
         near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
@@ -661,8 +660,7 @@ class SomaDecode(wiring.Component):
                 with m.Switch(counter):
                     for i, target in enumerate(load_targets):
                         with m.Case(i):
-                            m.d.comb += [rd_addr_next.eq(load_addr),
-                                         load_tag.eq(1 << next(j for j, r in enumerate(registers) if r is target))]
+                            m.d.comb += [rd_addr_next.eq(load_addr), load_tag.eq(1 << target)]
                 m.d.sync += [counter.eq(counter + 1),
                              load_addr.eq(Mux(counter == 3 * words - 1, state_row, load_addr + 1))]
                 with m.If(counter == len(load_targets) + READ_LATENCY):
@@ -748,7 +746,7 @@ class SomaDecode(wiring.Component):
                         begin_rows("v")
                         begin_issue(PHASE_WEIGHTED)
                         m.next = "WEIGHTED"
-                with m.Elif(v_o & (d_tags[FINAL_DEPTH] == D - 1)):
+                with m.Elif(v_o & final_last):
                     m.d.sync += write_slot_word.eq(0)
                     with m.If(par["include_self"]):
                         enter_store()
