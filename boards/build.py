@@ -341,25 +341,28 @@ def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def toolchain_options(cfg: BoardConfig) -> dict[str, str]:
-    """The amaranth build options of an FPGA board: nextpnr's router from the board file and
+def toolchain_options(cfg: BoardConfig, top: str) -> dict[str, str]:
+    """The amaranth build options of an FPGA board for one ``top``: nextpnr's router from the board file
+    (``fpga.router`` for the HCCS unit, ``fpga.tile_router`` for the tile and the array) and
     ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
-    options = {"nextpnr_opts": f"--timing-allow-fail --router {cfg.fpga['router']}"}
+    router = cfg.fpga["router" if top == "hccs" else "tile_router"]
+    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}"}
     if cfg.fpga["device"].startswith("iCE40UP"):
         options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
     return options
 
 
-def place_and_route(cfg: BoardConfig, unit, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
-    """Synthesise, place and route ``unit`` in the board harness; parse the logs into a :class:`PnrResult`."""
+def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
+    """Synthesise, place and route the unit ``top`` of ``cfg`` in the board harness; parse the logs into a :class:`PnrResult`."""
     from .harness import ShiftHarness, port_bits
     from .pll import pll_for
 
     family = cfg.fpga["family"]
     pll = pll_for(family, cfg.fpga["osc_mhz"], cfg.clock_mhz)
+    unit = make_unit(cfg, top)
     in_bits, out_bits = port_bits(unit)
     platform = open_platform(cfg)
-    options = toolchain_options(cfg)
+    options = toolchain_options(cfg, top)
     started = time.monotonic()
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
@@ -466,7 +469,7 @@ def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boa
         record["note"] = VIVADO_NOTE
     elif cfg.kind == "fpga" and pnr:
         # A fresh unit: the one above was consumed by the Verilog conversion.
-        result = place_and_route(cfg, make_unit(cfg, top), out_dir / "pnr", name, timeout_s)
+        result = place_and_route(cfg, top, out_dir / "pnr", name, timeout_s)
         record["pnr"] = dataclasses.asdict(result)
         record["pnr"]["met"] = result.met
         report = out_dir / "report.md"

@@ -102,10 +102,13 @@ FPGA_SCHEMA: dict[str, Param] = {
     "speed_grade": Param(str, _non_empty, "speed grade used by nextpnr"),
     "osc_mhz": Param(float, _positive, "board oscillator feeding the PLL (MHz)"),
     "router": Param(str, _one_of("router1", "router2"),
-                    "nextpnr router (optional, default router1; router2 finishes designs on which router1 stalls)"),
+                    "nextpnr router for the HCCS unit (optional, default router1)"),
+    "tile_router": Param(str, _one_of("router1", "router2"),
+                         "nextpnr router for the tile and the tile array (optional, default router1; router2 "
+                         "finishes designs on which router1 stalls, router1 gives the faster small units)"),
 }
 # Keys of a section that a board file may leave out.
-SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1"}}
+SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1"}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
 AIE_SCHEMA: dict[str, Param] = {

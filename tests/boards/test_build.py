@@ -178,7 +178,7 @@ def test_collect_without_builds_says_so(tmp_path, capsys):
 def test_a_toolchain_timeout_is_reported_and_leaves_no_process_behind(tmp_path):
     cfg = boards.load("icebreaker")
     work = tmp_path / "pnr"
-    result = build.place_and_route(cfg, build.make_unit(cfg, "hccs"), work, "somatile_hccs", timeout_s=3)
+    result = build.place_and_route(cfg, "hccs", work, "somatile_hccs", timeout_s=3)
     assert result.status == "timed-out" and result.error == "toolchain did not finish in 3 s"
     assert result.bitstream is None and not result.met
     left = []

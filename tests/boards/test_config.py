@@ -109,6 +109,8 @@ def _write(tmp_path, name, text):
      "key 'fpga.osc_mhz': missing"),
     ("extends: ulx3s_85f\nfpga: {router: router3}\n",
      "key 'fpga.router': got 'router3', expected one of router1, router2"),
+    ("extends: ulx3s_85f\nfpga: {tile_router: 2}\n",
+     "key 'fpga.tile_router': got 2 (int), expected a string"),
 ])
 def test_bad_board_file_names_file_key_and_expectation(tmp_path, body, message):
     path = _write(tmp_path, "myboard", body)
@@ -125,16 +127,20 @@ def test_user_board_file_extends_a_shipped_board(tmp_path):
     assert cfg.fpga["router"] == boards.load("ulx3s_85f").fpga["router"]  # inherited key by key
 
 
-def test_the_nextpnr_router_defaults_to_router1_and_reaches_the_build_script(tmp_path):
+def test_the_nextpnr_routers_default_to_router1_and_reach_the_build_script_of_their_top(tmp_path):
     from somatile.boards import build
     from somatile.boards.harness import ShiftHarness
     from somatile.boards.pll import pll_for
-    assert boards.load("icebreaker").fpga["router"] == "router1"  # its file leaves the key out
-    cfg = boards.load(_write(tmp_path, "r2", "extends: icebreaker\nfpga: {router: router2}\n"))
-    assert cfg.fpga["router"] == "router2"
+    ice = boards.load("icebreaker")  # its file leaves both keys out
+    assert (ice.fpga["router"], ice.fpga["tile_router"]) == ("router1", "router1")
+    cfg = boards.load(_write(tmp_path, "r2", "extends: icebreaker\nfpga: {tile_router: router2}\n"))
+    assert (cfg.fpga["router"], cfg.fpga["tile_router"]) == ("router1", "router2")
+    for top, router in (("hccs", "router1"), ("tile", "router2"), ("array", "router2")):
+        options = build.toolchain_options(cfg, top)
+        assert f"--router {router}" in options["nextpnr_opts"], top
     unit = build.make_unit(cfg, "hccs")
     plan = build.open_platform(cfg).prepare(ShiftHarness(unit, pll_for("ice40", 12.0, cfg.clock_mhz)), name="t",
-                                            **build.toolchain_options(cfg))
+                                            **build.toolchain_options(cfg, "tile"))
     script = plan.files["build_t.sh"]
     assert "--router router2" in script and "--timing-allow-fail" in script
 
