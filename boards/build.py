@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from somatile.hw.pipe import REPLICA_ATTR
+
 from . import config as board_config
 from .config import BoardConfig, BoardError
 
@@ -57,6 +59,9 @@ PNR_TIMEOUT_S = 3600
 CLASSIC_ABC = {"ecp5": {"synth_opts": "-run :map_luts",
                         "script_after_synth": "techmap -map +/lattice/latches_map.v\nabc -lut 4:7 -dress\nclean\n"
                                               "synth_ecp5 -top {name} -run map_cells:"}}
+# The flip-flops of replicated registers (hw/pipe.py, replicas) are marked keep right after reading the
+# design, so that opt_merge leaves the copies apart: cells driving, through their Q, a wire with the attribute.
+REPLICA_SCRIPT = f"proc\nsetattr -set keep 1 a:{REPLICA_ATTR} %ci1:+[Q]"
 _YOSYS_PASS = re.compile(r"^[\d.]+ Executing (\S+)")
 # The cells that count as LUT, FF, DSP and block RAM in Yosys' statistics, per family.
 RESOURCE_CELLS = {
@@ -346,7 +351,7 @@ def toolchain_options(cfg: BoardConfig, top: str) -> dict[str, str]:
     (``fpga.router`` for the HCCS unit, ``fpga.tile_router`` for the tile and the array) and
     ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
-    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}"}
+    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}", "script_after_read": REPLICA_SCRIPT}
     if cfg.fpga["device"].startswith("iCE40UP"):
         options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
     return options

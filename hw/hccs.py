@@ -64,6 +64,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
+from somatile.hw.pipe import Replicated
 from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
                                  MODE_CODES, OUT_CODES, OUT_INT16, OUT_UINT8, PRODUCT_BITS, S_MAX, UINT8_MAX,
                                  UINT8_NUMERATOR)
@@ -486,11 +487,15 @@ class HCCS(wiring.Component):
         n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row}))
         n_read = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row, "word": word}))
         framing = {"valid": 1, "first": 1, "last": 1, "head": cfg.head_bits, "mask": L, "out": 1}
-        n_dist = Signal(data.StructLayout({**framing, "B": params_layout["B"].shape, "S": params_layout["S"].shape,
+        n_dist = Signal(data.StructLayout({**framing, "B": params_layout["B"].shape,
                                            "inv": d_inv[0].shape(), "d": data.ArrayLayout(bits_for(DMAX_MAX), L)}))
+        # The operands shared by the lanes' multipliers (S of n_dist, inv of n2) are kept once per lane: one
+        # register beside each multiplier instead of one register reaching a row of them.
+        n_dist_S = Replicated(params_layout["S"].shape, L, "n_dist_S")
+        n2_inv = Replicated(d_inv[0].shape(), L, "n2_inv")
         n_sd = Signal(data.StructLayout({**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape(),
                                          "sd": data.ArrayLayout(bits_for(S_MAX * DMAX_MAX), L)}))
-        n2 = Signal(data.StructLayout({**framing, "inv": d_inv[0].shape(),
+        n2 = Signal(data.StructLayout({**framing,
                                        "score": data.ArrayLayout(bits_for(B_MAX), L)}))
         # score * inv as two products on the low and high INV_SPLIT bits of inv: each fits one 18x18 multiplier.
         inv_bits = len(d_inv[0])
@@ -505,17 +510,17 @@ class HCCS(wiring.Component):
             p = n_read.row.params
             m.d.sync += [n_dist.valid.eq(n_read.valid), n_dist.first.eq(n_read.first), n_dist.last.eq(n_read.last),
                          n_dist.head.eq(n_read.row.head), n_dist.mask.eq(n_read.word.mask), n_dist.out.eq(p.out),
-                         n_dist.B.eq(p.B), n_dist.S.eq(p.S), n_dist.inv.eq(n_read.row.inv)]
+                         n_dist.B.eq(p.B), n_dist_S.eq(p.S), n_dist.inv.eq(n_read.row.inv)]
             m.d.sync += [n_dist.d[j].eq(d)
                          for j, d in enumerate(_capped_distances(n_read.row.max, p.dmax, n_read.word))]
             m.d.sync += [n_sd[name].eq(n_dist[name]) for name in framing] + [n_sd.inv.eq(n_dist.inv),
                                                                             n_sd.B.eq(n_dist.B)]
-            m.d.sync += [n_sd.sd[j].eq(n_dist.S * n_dist.d[j]) for j in range(L)]
-            m.d.sync += [n2[name].eq(n_sd[name]) for name in framing] + [n2.inv.eq(n_sd.inv)]
+            m.d.sync += [n_sd.sd[j].eq(n_dist_S.copy(j) * n_dist.d[j]) for j in range(L)]
+            m.d.sync += [n2[name].eq(n_sd[name]) for name in framing] + [n2_inv.eq(n_sd.inv)]
             m.d.sync += [n2.score[j].eq(Mux(n_sd.mask[j], n_sd.B - n_sd.sd[j], 0)) for j in range(L)]
             m.d.sync += [n3[name].eq(n2[name]) for name in framing]
-            m.d.sync += [n3.lo[j].eq(n2.score[j] * n2.inv[:INV_SPLIT]) for j in range(L)]
-            m.d.sync += [n3.hi[j].eq(n2.score[j] * n2.inv[INV_SPLIT:]) for j in range(L)]
+            m.d.sync += [n3.lo[j].eq(n2.score[j] * n2_inv.copy(j)[:INV_SPLIT]) for j in range(L)]
+            m.d.sync += [n3.hi[j].eq(n2.score[j] * n2_inv.copy(j)[INV_SPLIT:]) for j in range(L)]
             # score * inv <= numerator (div) or < 255 << 16 (clb): PRODUCT_BITS hold it exactly.
             m.d.sync += [n4[name].eq(n3[name]) for name in framing]
             m.d.sync += [n4.product[j].eq(n3.lo[j] + (n3.hi[j] << INV_SPLIT)) for j in range(L)]

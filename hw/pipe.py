@@ -42,6 +42,43 @@ def reg(m, value, name: str | None = None, shape=None):
     return out
 
 
+REPLICA_ATTR = "somatile_replica"
+"""Attribute of the wires of replicated registers; the board build (boards/build.py, ``REPLICA_SCRIPT``)
+marks the flip-flops driving them ``keep``, so that Yosys does not merge the copies back into one."""
+
+
+def replicas(m, value, copies: int, name: str):
+    """``copies`` registers of ``value`` (latency 1), each for one group of loads.
+
+    A control flip-flop whose net reaches a thousand flip-flop enables spans the die: on the ECP5 such a net
+    alone took 8 ns. Each copy drives one group (a bank of a register file) and is placed beside it; the
+    copies hold the same value in every cycle. Without the ``keep`` the board build puts on them, Yosys'
+    opt_merge folds identical flip-flops into one (checked), so the copies carry :data:`REPLICA_ATTR`."""
+    out = []
+    for i in range(copies):
+        copy = Signal(value.shape(), name=f"{name}_r{i}", attrs={REPLICA_ATTR: 1})
+        m.d.sync += copy.eq(value)
+        out.append(copy)
+    return out
+
+
+class Replicated:
+    """A register kept as ``copies`` flip-flops that always hold the same value (see :func:`replicas`), for
+    a register set by a state machine rather than derived from another register. ``eq`` assigns every copy;
+    ``copy(i)`` reads one, ``main`` the first (for the logic that is not in a group)."""
+
+    def __init__(self, shape, copies: int, name: str, init=0):
+        self._copies = [Signal(shape, name=f"{name}_r{i}", init=init, attrs={REPLICA_ATTR: 1})
+                        for i in range(copies)]
+        self.main = self._copies[0]
+
+    def eq(self, value):
+        return [copy.eq(value) for copy in self._copies]
+
+    def copy(self, i: int):
+        return self._copies[i]
+
+
 def delay_line(m, value, cycles: int, name: str | None = None):
     """[value, value delayed 1, ..., value delayed ``cycles``]: one shift register, every stage tapped."""
     line = [value]

@@ -54,8 +54,9 @@ def stream_ports(stream_width: int) -> dict:
 CHECK_SETTLE = 6
 """Cycles between a header's last beat and CHECK: the header's checks are a pipeline of that depth (head
 parameters selected, S Dmax, HCCS floor, masses, comparisons, the check result)."""
-CONFIG_SETTLE = 5
-"""Cycles between a CONFIGURE_HEAD block's last beat and its execution (the rules' pipeline depth)."""
+CONFIG_SETTLE = 6
+"""Cycles between a CONFIGURE_HEAD block's last beat and its execution: the rules' pipeline depth (5), then
+the head's write enable in a register (it enables some 150 flip-flops of the head's parameters)."""
 
 
 def expected_decode_cycles(params: TileParams, configs) -> int:
@@ -279,6 +280,13 @@ class Tile(wiring.Component):
         gating_ok, uses_hccs = (delay(m, v, 4) for v in (gating_ok, uses_hccs))
         # 5 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles before executing.
         config_ok = reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")
+        # One-hot: head h's parameters are written in this cycle (CONFIGURE_HEAD's EXECUTE cycle); set in the
+        # last CONFIG_SETTLE cycle, so that the enable of the head's registers comes from one flip-flop.
+        head_we = Signal(p.heads)
+        m.d.sync += head_we.eq(0)
+        for h in range(p.heads):
+            with m.If(head_we[h]):
+                m.d.sync += [r.eq(value) for r, value in zip(head_regs[h], config_values)] + [configured[h].eq(1)]
 
         # Error latch.
         def fail(code, detail=0, echo=True):
@@ -502,6 +510,7 @@ class Tile(wiring.Component):
             with m.State("CONFIG_SETTLE"):
                 m.d.sync += settle.eq(settle + 1)
                 with m.If(settle == CONFIG_SETTLE - 1):
+                    m.d.sync += head_we.eq(Mux(config_ok, Cat(head == h for h in range(p.heads)), 0))
                     m.next = "EXECUTE"
 
             with m.State("DRAIN"):
@@ -525,12 +534,8 @@ class Tile(wiring.Component):
                         m.d.sync += [error_latched.eq(0), error_code.eq(0), error_opcode.eq(0)]
                         start_response()
                     with m.Case(Opcode.CONFIGURE_HEAD):
-                        with m.If(config_ok):
-                            for h in range(p.heads):
-                                with m.If(head == h):
-                                    m.d.sync += [reg.eq(value) for reg, value in zip(head_regs[h], config_values)]
-                                    m.d.sync += configured[h].eq(1)
-                        with m.Else():
+                        # The head's registers are written in this cycle from head_we (above).
+                        with m.If(~config_ok):
                             fail(ErrorCode.BAD_ARGUMENT)
                         start_response()
                     with m.Case(Opcode.LOAD_STATE):
