@@ -358,7 +358,8 @@ def toolchain_options(cfg: BoardConfig, top: str) -> dict[str, str]:
 
 
 def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
-    """Synthesise, place and route the unit ``top`` of ``cfg`` in the board harness; parse the logs into a :class:`PnrResult`."""
+    """Synthesise, place and route the unit ``top`` of ``cfg`` in the board harness; parse the logs into a
+    :class:`PnrResult`."""
     from .harness import ShiftHarness, port_bits
     from .pll import pll_for
 

@@ -298,6 +298,9 @@ class Tile(wiring.Component):
 
         # Byte counter of the payload and where its beats go.
         byte_count = Signal(32)
+        # byte_count < expected, kept in a register beside byte_count (it gates the memory's write port, where a
+        # 32-bit comparison in the same cycle was among the longest paths of the ECP5 tile).
+        in_payload = Signal()
         payload_addr = Signal(range(mem_words + 1))   # word the next payload beat goes to
         counters_bad = Signal()
         load_length_ok = Signal()
@@ -436,7 +439,7 @@ class Tile(wiring.Component):
 
             with m.State("CHECK"):
                 m.d.sync += [resp_opcode.eq(opcode), resp_head.eq(head), resp_error.eq(0), resp_result.eq(0),
-                             resp_length.eq(0), byte_count.eq(0), counters_bad.eq(0)]
+                             resp_length.eq(0), byte_count.eq(0), in_payload.eq(expected > 0), counters_bad.eq(0)]
                 with m.If(check_error != 0):
                     with m.If(header_last):
                         fail(check_error, Mux(check_error == ErrorCode.BAD_LENGTH, expected, 0))
@@ -471,8 +474,9 @@ class Tile(wiring.Component):
             with m.State("PAYLOAD"):
                 m.d.comb += self.s_axis_tready.eq(1)
                 with m.If(s_beat):
-                    m.d.sync += byte_count.eq(byte_count + SB)
-                    with m.If(byte_count < expected):
+                    # byte_count + SB < expected, i.e. byte_count < expected - SB: no adder before the comparison.
+                    m.d.sync += [byte_count.eq(byte_count + SB), in_payload.eq(byte_count < last_beat_at)]
+                    with m.If(in_payload):
                         with m.If(opcode == Opcode.CONFIGURE_HEAD):
                             m.d.sync += config.word_select(byte_count[:8] >> log2(SB), SW).eq(self.s_axis_tdata)
                         with m.Else():
