@@ -34,8 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import (Replicated, TagLine, block_ram, delay, floor_log2, reg, replicas, round_shift, saturate,
-                              split_mul)
+from somatile.hw.pipe import TagLine, block_ram, delay, floor_log2, reg, round_shift, saturate, split_mul
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
@@ -251,17 +250,6 @@ GATE_DEPTH = 7
 round-shift (2); the gate register follows one cycle later."""
 
 
-BANK_BITS = 128
-"""Flip-flops of a register file (q, k, v, the fields, the output) under one copy of an update enable."""
-
-
-def bank_slices(width: int) -> list[slice]:
-    """The banks of a ``width``-bit register file: consecutive slices of at most :data:`BANK_BITS` bits. Each
-    has its own copies of the enables that rotate or load it (pipe.replicas), so that no enable net spans
-    the whole register (on the ECP5, one enable reaching 1,024 flip-flops took 8 ns of routing)."""
-    return [slice(start, min(start + BANK_BITS, width)) for start in range(0, width, BANK_BITS)]
-
-
 def tree_levels(lanes: int) -> int:
     """Registered adder levels that sum ``lanes`` products (one carry chain per stage)."""
     return (lanes - 1).bit_length()
@@ -388,9 +376,13 @@ class SomaDecode(wiring.Component):
         with m.If(self.start):
             m.d.sync += load_addr.eq(self.stage_base)
         load_tag = Signal(len(registers))
-        arriving = delay(m, load_tag, READ_LATENCY - 1, "load_tag")  # its last stage is one register per bank
-        with m.If(reg(m, arriving[len(registers) - 1], "load_counters")):
-            m.d.sync += [write_pos.eq(rd_word[:32]), fill.eq(rd_word[32:64]), step.eq(rd_word[64:96])]
+        arrived = delay(m, load_tag, READ_LATENCY, "load_tag")
+        for index, target in enumerate(registers):
+            with m.If(arrived[index]):
+                if target is None:
+                    m.d.sync += [write_pos.eq(rd_word[:32]), fill.eq(rd_word[32:64]), step.eq(rd_word[64:96])]
+                else:
+                    m.d.sync += target.eq(Cat(target[8 * W:], rd_word))
         counter = Signal(range(max(len(load_targets) + READ_LATENCY, 5 * words + 1) + 1))
         m.d.comb += self.n_count.eq(slots)
         m.d.comb += [self.n_use_exp.eq(use_exp), self.n_clb.eq(par["hccs_mode"] == 1), self.n_out16.eq(0)]
@@ -427,21 +419,13 @@ class SomaDecode(wiring.Component):
 
         # An issue counter over (slot n, chunk c) or (element); tags (valid, last, n, c) travel down a
         # delay line so that every pipeline stage knows which item it holds.
-        # `issuing` and `phase` are kept once per bank of the register files that rotate on an issue (their
-        # rotation enables decode them), and once more for the tag line and the state machine.
-        files = {"q": q, "k": k, "v": v, "fld": fld, "gate_fld": gate_fld, "out": out}
-        banks = {name: bank_slices(len(value)) for name, value in files.items()}
-        issue_copy, issue_copies = {}, 1  # copy 0: the tag line's and the state machine's
-        for name in ("q", "k", "v", "fld", "gate_fld"):
-            issue_copy[name] = list(range(issue_copies, issue_copies + len(banks[name])))
-            issue_copies += len(banks[name])
         n_issue = Signal(range(max(slots, D, L) + 1))
         c_issue = Signal(range(chunks + 1))
-        issuing = Replicated(1, issue_copies, "issuing")
+        issuing = Signal()
         last_issue = Signal()
-        phase = Replicated(2, issue_copies, "phase")
+        phase = Signal(2)
         max_depth = max(score_depth(p), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
-        tags = TagLine(m, issuing.main, last_issue, phase.main, [n_issue, c_issue], max_depth, "tag")
+        tags = TagLine(m, issuing, last_issue, phase, [n_issue, c_issue], max_depth, "tag")
         at = tags.at  # (valid, last, n, c) of the item of a phase issued some cycles ago
         n_bits = len(n_issue)
 
@@ -624,12 +608,7 @@ class SomaDecode(wiring.Component):
         # the FSM state and the counter): its bit enables the rotation of up to 1,024 flip-flops.
         store_groups = [fld, gate_fld, None, out]
         store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * words
-        # One copy per bank of the stored registers (their rotation enables) and one for the data multiplexer.
-        store_copy, store_copies = {}, 0
-        for name in ("fld", "gate_fld", "out"):
-            store_copy[name] = list(range(store_copies, store_copies + len(banks[name])))
-            store_copies += len(banks[name])
-        store_sel = Replicated(len(store_groups), store_copies + 1, "store_sel")
+        store_sel = Signal(len(store_groups))
         store_addr = Signal(range(self.mem_words))
 
         def enter_store():
@@ -642,49 +621,32 @@ class SomaDecode(wiring.Component):
             begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
-        # Register-file updates, each bank of each register under its own copy of the enable (see bank_slices).
-        def banked(name, enables, value, lo=0):
-            """files[name][lo:lo + len(value)] <- value, bank b where enables[b] holds."""
-            target = files[name]
-            for b, bank in enumerate(banks[name]):
-                start, stop = max(lo, bank.start), min(lo + len(value), bank.stop)
-                if start < stop:
-                    with m.If(enables[b]):
-                        m.d.sync += target[start:stop].eq(value[start - lo:stop - lo])
-
-        def issued(name, code):
-            """Per bank of `name`: an item of phase `code` is issued in this cycle (tag line stage 0)."""
-            return [issuing.copy(i) & (phase.copy(i) == code) for i in issue_copy[name]]
-
-        def tagged(name, stage, code):
-            """Per bank of `name`: the item issued `stage` (>= 1) cycles ago is of phase `code`."""
-            return replicas(m, at(stage - 1, code)[0], len(banks[name]), f"{name}_at{stage}_{code}")
-
-        # LOAD: each register's words shift in at its top, in order.
-        for index, name in enumerate(("q", "k", "v", "fld", "gate_fld")):
-            target = files[name]
-            banked(name, replicas(m, arriving[index], len(banks[name]), f"{name}_load"),
-                   Cat(target[8 * W:], rd_word))
         # Rotations: q by a chunk per SCORES item at the read stage and by an element per GATE issue (gate
         # field too); k, v and both fields by an element per FINAL issue.
-        banked("q", tagged("q", READ_LATENCY, PHASE_SCORES), rotate(q, 8 * L))
-        banked("q", issued("q", PHASE_GATE), rotate(q, 8))
-        banked("gate_fld", issued("gate_fld", PHASE_GATE), rotate(gate_fld, 16))
-        for name, bits in (("k", 8), ("v", 8), ("fld", 16), ("gate_fld", 16)):
-            banked(name, issued(name, PHASE_FINAL), rotate(files[name], bits))
+        v_gate_issue, _, _, _ = at(0, PHASE_GATE)
+        v_final = [at(i, PHASE_FINAL)[0] for i in range(4)]
+        with m.If(v_read):
+            m.d.sync += q.eq(rotate(q, 8 * L))
+        with m.If(v_gate_issue):
+            m.d.sync += [q.eq(rotate(q, 8)), gate_fld.eq(rotate(gate_fld, 16))]
+        with m.If(v_final[0]):
+            m.d.sync += [k.eq(rotate(k, 8)), v.eq(rotate(v, 8)), fld.eq(rotate(fld, 16)),
+                         gate_fld.eq(rotate(gate_fld, 16))]
         # FINAL's field writes, 3 cycles after an element's issue: the element went to the top when it was
         # issued and down one place per issue since (the two behind it, and one in this very cycle).
-        for name, value, only in (("fld", f_new, None), ("gate_fld", g_new, gated)):
-            v_final = [issued(name, PHASE_FINAL)] + [tagged(name, i, PHASE_FINAL) for i in (1, 2, 3)]
-            for j in range(min(4, D)):
-                enables = []
-                for b in range(len(banks[name])):
-                    later = v_final[0][b] + v_final[1][b] + v_final[2][b]
-                    enables.append(v_final[3][b] & (later == j) & (1 if only is None else only))
-                banked(name, enables, value, 16 * (D - 1 - j))
+        later = Signal(range(4))
+        m.d.comb += later.eq(v_final[0] + v_final[1] + v_final[2])
+        with m.If(v_final[3]):
+            with m.Switch(later):
+                for j in range(min(4, D)):
+                    with m.Case(j):
+                        m.d.sync += fld[16 * (D - 1 - j):16 * (D - j)].eq(f_new)
+                        with m.If(gated):
+                            m.d.sync += gate_fld[16 * (D - 1 - j):16 * (D - j)].eq(g_new)
         # The output elements arrive in order d = 0..D-1 and shift in at the top.
         v_o, _, _, _ = at(FINAL_DEPTH, PHASE_FINAL)
-        banked("out", tagged("out", FINAL_DEPTH, PHASE_FINAL), Cat(out[8:], out_element))
+        with m.If(v_o):
+            m.d.sync += out.eq(Cat(out[8:], out_element))
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
@@ -725,7 +687,7 @@ class SomaDecode(wiring.Component):
                         enter_scores()
             with m.State("SCORES"):
                 m.d.comb += last_issue.eq((n_issue == slots - 1) & (c_issue == chunks - 1))
-                with m.If(issuing.main):
+                with m.If(issuing):
                     m.d.comb += rd_addr_next.eq(slot_word(c_issue))
                     with m.If(c_issue == chunks - 1):
                         m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1)]
@@ -741,7 +703,7 @@ class SomaDecode(wiring.Component):
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
                 m.d.comb += last_issue.eq(n_issue == D - 1)
-                with m.If(issuing.main):
+                with m.If(issuing):
                     m.d.sync += n_issue.eq(n_issue + 1)
                     with m.If(n_issue == D - 1):
                         m.d.sync += issuing.eq(0)
@@ -761,7 +723,7 @@ class SomaDecode(wiring.Component):
                     m.next = "WEIGHTED"
             with m.State("WEIGHTED"):
                 m.d.comb += last_issue.eq(n_issue == slots - 1)
-                with m.If(issuing.main):
+                with m.If(issuing):
                     m.d.comb += rd_addr_next.eq(slot_word(c_issue))
                     m.d.sync += n_issue.eq(n_issue + 1)
                     next_row("v", n_issue)
@@ -777,7 +739,7 @@ class SomaDecode(wiring.Component):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
                 # (their writes are outside the FSM, below); after the last chunk the unit waits for them.
                 m.d.comb += last_issue.eq(n_issue == L - 1)
-                with m.If(issuing.main):
+                with m.If(issuing):
                     m.d.sync += [n_issue.eq(n_issue + 1), d_issue.eq(d_issue + 1)]
                     with m.If(n_issue == L - 1):
                         m.d.sync += issuing.eq(0)
@@ -809,10 +771,11 @@ class SomaDecode(wiring.Component):
                 m.d.comb += self.done.eq(1)
                 m.next = "IDLE"
         # STORE's data: the bottom word of the register being stored, which then rotates by a word.
-        data_sel = store_sel.copy(store_copies)
         for g, source in enumerate(store_groups):
-            with m.If(data_sel[g]):
-                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step) if source is None else source[:8 * W])
-        for g, name in ((0, "fld"), (1, "gate_fld"), (3, "out")):
-            banked(name, [store_sel.copy(i)[g] for i in store_copy[name]], rotate(files[name], 8 * W))
+            with m.If(store_sel[g]):
+                if source is None:
+                    m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step))
+                else:
+                    m.d.comb += wr_data_next.eq(source[:8 * W])
+                    m.d.sync += source.eq(rotate(source, 8 * W))
         return m
