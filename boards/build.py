@@ -37,6 +37,7 @@ from somatile.hw.pipe import REPLICA_ATTR
 
 from . import config as board_config
 from .config import BoardConfig, BoardError
+from .timing import endpoint_summary, register_name
 
 # top name -> (module, class, BoardConfig method giving the constructor's keyword arguments)
 TOPS: dict[str, tuple[str, str, str]] = {
@@ -215,6 +216,7 @@ class PnrResult:
     resources: dict = dataclasses.field(default_factory=dict)
     utilisation: dict = dataclasses.field(default_factory=dict)
     critical_path: dict | None = None
+    late_endpoints: dict | None = None  # timing.EndpointSummary.as_dict() of the routed design
     harness_ffs: int = 0
     lut_mapper: str = "abc9"
     bitstream: str | None = None
@@ -230,7 +232,6 @@ _FMAX = re.compile(r"Max frequency for clock\s+'([^']+)': ([\d.]+) MHz \((?:PASS
 _UTIL = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%")
 _YOSYS_CELL = re.compile(r"^\s+(\d+)\s+(\$?[A-Za-z_][\w$]*)\s*$")
 _PROJECT_SOURCE = re.compile(r"(/(?:hw|boards|model)/[\w/]+\.py:\d+)")
-_CELL_SUFFIX = re.compile(r"_(?:TRELLIS|SB_|CCU2|LUT4|MULT18|DP16KD|PFUMX|L6MUX|ICESTORM|DFF)\w*")
 
 
 def parse_nextpnr_log(text: str, clock_mhz: float | None = None) -> dict:
@@ -273,7 +274,7 @@ def _critical_path(text: str, clock: str) -> dict | None:
             lines.append(short)
 
     def tidy(cell: str) -> str:
-        return _CELL_SUFFIX.sub("", cell.rsplit(".", 1)[0]) if "." in cell else cell
+        return register_name(cell.rsplit(".", 1)[0]) if "." in cell else cell
 
     return {"from": tidy(sources[0]) if sources else "?", "to": tidy(sinks[-1]) if sinks else "?",
             "logic_ns": float(split[1]) if split else None, "routing_ns": float(split[2]) if split else None,
@@ -369,6 +370,7 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     in_bits, out_bits = port_bits(unit)
     platform = open_platform(cfg)
     options = toolchain_options(cfg, top)
+    options["nextpnr_opts"] += f" --sdf {name}.sdf"  # the routed delays, for the late-endpoint summary
     started = time.monotonic()
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
@@ -390,6 +392,9 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
         result.critical_path = parsed["critical_path"]
         if parsed["clock"] and returncode == 0:  # an unfinished run's log holds only pre-route estimates
             result.fmax_mhz = parsed["fmax"][parsed["clock"]][0]
+    sdf = work / f"{name}.sdf"
+    if returncode == 0 and sdf.exists():
+        result.late_endpoints = endpoint_summary(sdf.read_text(), 1000.0 / cfg.clock_mhz).as_dict()
     bitstream = next((p for p in (work / f"{name}.bit", work / f"{name}.bin") if p.exists()), None)
     if returncode is None:
         result.status, result.error = "timed-out", f"toolchain did not finish in {timeout_s:.0f} s"
@@ -532,18 +537,23 @@ def markdown_table(records: list[dict]) -> str:
                      _fmt(pnr["fmax_mhz"] if final else None), _fmt(r["clock_mhz"]),
                      "yes" if pnr["met"] else "**no**", _fmt(pnr["seconds"])]
             if final and not pnr["met"] and pnr.get("critical_path"):
-                missed.append((r, pnr["critical_path"]))
+                missed.append((r, pnr["critical_path"], pnr.get("late_endpoints")))
         source = (_record_source_hash(r) or "")[:8]
         lines.append(f"| {r['board']} | {r['top']} | {overrides} | {status} | " + " | ".join(cells)
                      + f" | {source} |")
     if missed:
         lines += ["", "Critical paths where the clock target is missed:", ""]
-        for r, cp in missed:
+        for r, cp, late in missed:
             where = "; ".join(cp["source_lines"]) or "no project source line recorded"
             overrides = "".join(f" {k}={v}" for k, v in r.get("overrides", {}).items())
             lines.append(f"- {r['board']} / {r['top']}{overrides}: `{cp['from']}` -> `{cp['to']}`, "
                          f"{_fmt(cp['logic_ns'], 2)} ns logic + {_fmt(cp['routing_ns'], 2)} ns routing; "
                          f"through {where}")
+            if late:
+                groups = "; ".join(f"`{g['start']}` -> `{g['end']}` {g['count']} (to {g['worst_ns']:.2f} ns)"
+                                   for g in late["groups"][:5])
+                lines.append(f"  - {late['late']:,} of {late['timed']:,} endpoints later than "
+                             f"{late['period_ns']:.2f} ns; most: {groups}")
     return "\n".join(lines) + "\n"
 
 
@@ -594,7 +604,10 @@ def write_summary(records: list[dict], path: Path) -> list[Path]:
             "(`boards/harness.py`), which adds exactly in_bits + out_bits flip-flops (listed below) to drive the "
             "unit's ports from one serial pin and read them on another. Fmax is nextpnr's final (post-route) "
             "figure for the PLL-made clock; the target is the board's `clock_mhz`. P&R seconds are wall-clock "
-            "time on the machine named below, which was shared with other jobs.", "",
+            "time on the machine named below, which was shared with other jobs. Where a target is missed, the "
+            "critical path is nextpnr's; the count of late endpoints and their largest groups (by the registers "
+            "their paths start and end at) come from the routed delays nextpnr writes as SDF "
+            "(`boards/timing.py`; builds made before that summary existed have none).", "",
             "The `sources` column is the start of the SHA-256 over the sources the row's design was built from "
             "(`hw/*.py`, `model/*.py`, the board files, the harness and the PLL: `build.source_hash`).", "",
             "Tools: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + "; sources sha256 "

@@ -137,6 +137,11 @@ def test_place_and_route_of_the_hccs_unit_on_the_ice40_board(tmp_path):
     assert parsed["fmax"][parsed["clock"]] == (pnr["fmax_mhz"], 24.0)
     path = parsed["critical_path"]
     assert path == pnr["critical_path"] and path["from"] and path["to"] and path["logic_ns"] > 0
+    # The endpoint summary from the routed SDF finds the same worst path as nextpnr's own timing analysis.
+    late = pnr["late_endpoints"]
+    assert late["timed"] > pnr["harness_ffs"] and late["period_ns"] == pytest.approx(1000 / 24.0)
+    assert late["worst_ns"] == pytest.approx(1000 / pnr["fmax_mhz"], abs=0.05)
+    assert (late["late"] > 0) == (not pnr["met"])
     text = report.read_text()
     assert all(f"| {name} |" in text.split("## Builds")[0] for name in boards.names())
     row = next(line for line in text.splitlines() if line.startswith("| icebreaker | hccs |"))
