@@ -43,8 +43,8 @@ Contract
   div int16, 3 for clb) and ``E = 1 + log2(lanes)`` the ingest pipeline (:func:`ingest_pipeline`). Rows of
   at least ``(D + E + 6) / 3`` and ``D`` beats therefore stream at one beat per cycle; shorter rows are
   bound by the reciprocal (div) or the four-bank ring.
-- Latency of a lone row: ``3*nb + D + E + 14`` cycles from its first input beat to its last output beat
-  (:data:`SUM_PIPELINE` + :data:`NORMALISE_PIPELINE` = 14).
+- Latency of a lone row: ``3*nb + D + E + 18`` cycles from its first input beat to its last output beat
+  (:data:`SUM_PIPELINE` + :data:`NORMALISE_PIPELINE` = 18).
 - Backpressure: ``o`` stalls only the normalise stage; the other stages run on until they need a bank it
   holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` depends only on internal state.
 - :func:`expected_cycles` gives the exact cycle count of back-to-back rows with ``o`` always ready.
@@ -72,9 +72,11 @@ from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_N
 LANE_CHOICES = (1, 4, 8, 16, 32)
 OUT_TYPES = ("uint8", "int16")
 BANKS = 4
-NORMALISE_PIPELINE = 8
+NORMALISE_PIPELINE = 12
 """Cycles from a normalise-stage memory read to its beat being taken from ``o`` (read, read register,
-distance, ``S*d``, score, two partial products, their sum, saturate into the output register)."""
+distance, operand copies, ``S*d``, product copy, score, operand copies, two partial products, product copies,
+their sum, saturate into the output register). The copies on each side of a multiplier are registers that
+only it uses, which the placer puts beside the DSP block; the long routes are then register to register."""
 SUM_PIPELINE = 6
 """Cycles from the sum stage's read of a row's last beat to the row total being visible (read, read register,
 distance, adder tree, accumulate, the two products ``count*B`` and ``S*sum d``, their difference)."""
@@ -487,20 +489,26 @@ class HCCS(wiring.Component):
         n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row}))
         n_read = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row, "word": word}))
         framing = {"valid": 1, "first": 1, "last": 1, "head": cfg.head_bits, "mask": L, "out": 1}
-        n_dist = Signal(data.StructLayout({**framing, "B": params_layout["B"].shape,
-                                           "inv": d_inv[0].shape(), "d": data.ArrayLayout(bits_for(DMAX_MAX), L)}))
-        # The operands shared by the lanes' multipliers (S of n_dist, inv of n2) are kept once per lane: one
-        # register beside each multiplier instead of one register reaching a row of them.
-        n_dist_S = Replicated(params_layout["S"].shape, L, "n_dist_S")
-        n2_inv = Replicated(d_inv[0].shape(), L, "n2_inv")
-        n_sd = Signal(data.StructLayout({**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape(),
-                                         "sd": data.ArrayLayout(bits_for(S_MAX * DMAX_MAX), L)}))
-        n2 = Signal(data.StructLayout({**framing,
-                                       "score": data.ArrayLayout(bits_for(B_MAX), L)}))
+        dist_layout = data.StructLayout({**framing, "B": params_layout["B"].shape, "S": params_layout["S"].shape,
+                                         "inv": d_inv[0].shape(), "d": data.ArrayLayout(bits_for(DMAX_MAX), L)})
+        n_dist = Signal(dist_layout)
+        # Each multiplier gets operand registers of its own in the stage before it (n_ops, n2r) and a copy of its
+        # product in the stage after it (n_sdr, n3r). The operands shared by the lanes (S, inv) are kept once
+        # per lane (Replicated): one register beside each multiplier instead of one reaching a row of them.
+        n_ops = Signal(dist_layout)
+        n_ops_S = Replicated(params_layout["S"].shape, L, "n_ops_S")
+        sd_layout = data.StructLayout({**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape(),
+                                       "sd": data.ArrayLayout(bits_for(S_MAX * DMAX_MAX), L)})
+        n_sd, n_sdr = Signal(sd_layout), Signal(sd_layout)
+        score_layout = data.StructLayout({**framing, "inv": d_inv[0].shape(),
+                                          "score": data.ArrayLayout(bits_for(B_MAX), L)})
+        n2, n2r = Signal(score_layout), Signal(score_layout)
+        n2r_inv = Replicated(d_inv[0].shape(), L, "n2r_inv")
         # score * inv as two products on the low and high INV_SPLIT bits of inv: each fits one 18x18 multiplier.
         inv_bits = len(d_inv[0])
-        n3 = Signal(data.StructLayout({**framing, "lo": data.ArrayLayout(bits_for(B_MAX) + INV_SPLIT, L),
-                                       "hi": data.ArrayLayout(bits_for(B_MAX) + inv_bits - INV_SPLIT, L)}))
+        parts_layout = data.StructLayout({**framing, "lo": data.ArrayLayout(bits_for(B_MAX) + INV_SPLIT, L),
+                                          "hi": data.ArrayLayout(bits_for(B_MAX) + inv_bits - INV_SPLIT, L)})
+        n3, n3r = Signal(parts_layout), Signal(parts_layout)
         n4 = Signal(data.StructLayout({**framing, "product": data.ArrayLayout(PRODUCT_BITS, L)}))
         with m.If(advance):
             m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last),
@@ -510,20 +518,24 @@ class HCCS(wiring.Component):
             p = n_read.row.params
             m.d.sync += [n_dist.valid.eq(n_read.valid), n_dist.first.eq(n_read.first), n_dist.last.eq(n_read.last),
                          n_dist.head.eq(n_read.row.head), n_dist.mask.eq(n_read.word.mask), n_dist.out.eq(p.out),
-                         n_dist.B.eq(p.B), n_dist_S.eq(p.S), n_dist.inv.eq(n_read.row.inv)]
+                         n_dist.B.eq(p.B), n_dist.S.eq(p.S), n_dist.inv.eq(n_read.row.inv)]
             m.d.sync += [n_dist.d[j].eq(d)
                          for j, d in enumerate(_capped_distances(n_read.row.max, p.dmax, n_read.word))]
-            m.d.sync += [n_sd[name].eq(n_dist[name]) for name in framing] + [n_sd.inv.eq(n_dist.inv),
-                                                                            n_sd.B.eq(n_dist.B)]
-            m.d.sync += [n_sd.sd[j].eq(n_dist_S.copy(j) * n_dist.d[j]) for j in range(L)]
-            m.d.sync += [n2[name].eq(n_sd[name]) for name in framing] + [n2_inv.eq(n_sd.inv)]
-            m.d.sync += [n2.score[j].eq(Mux(n_sd.mask[j], n_sd.B - n_sd.sd[j], 0)) for j in range(L)]
-            m.d.sync += [n3[name].eq(n2[name]) for name in framing]
-            m.d.sync += [n3.lo[j].eq(n2.score[j] * n2_inv.copy(j)[:INV_SPLIT]) for j in range(L)]
-            m.d.sync += [n3.hi[j].eq(n2.score[j] * n2_inv.copy(j)[INV_SPLIT:]) for j in range(L)]
+            m.d.sync += [n_ops.eq(n_dist), n_ops_S.eq(n_dist.S)]
+            m.d.sync += [n_sd[name].eq(n_ops[name]) for name in framing] + [n_sd.inv.eq(n_ops.inv),
+                                                                           n_sd.B.eq(n_ops.B)]
+            m.d.sync += [n_sd.sd[j].eq(n_ops_S.copy(j) * n_ops.d[j]) for j in range(L)]
+            m.d.sync += n_sdr.eq(n_sd)
+            m.d.sync += [n2[name].eq(n_sdr[name]) for name in framing] + [n2.inv.eq(n_sdr.inv)]
+            m.d.sync += [n2.score[j].eq(Mux(n_sdr.mask[j], n_sdr.B - n_sdr.sd[j], 0)) for j in range(L)]
+            m.d.sync += [n2r.eq(n2), n2r_inv.eq(n2.inv)]
+            m.d.sync += [n3[name].eq(n2r[name]) for name in framing]
+            m.d.sync += [n3.lo[j].eq(n2r.score[j] * n2r_inv.copy(j)[:INV_SPLIT]) for j in range(L)]
+            m.d.sync += [n3.hi[j].eq(n2r.score[j] * n2r_inv.copy(j)[INV_SPLIT:]) for j in range(L)]
+            m.d.sync += n3r.eq(n3)
             # score * inv <= numerator (div) or < 255 << 16 (clb): PRODUCT_BITS hold it exactly.
-            m.d.sync += [n4[name].eq(n3[name]) for name in framing]
-            m.d.sync += [n4.product[j].eq(n3.lo[j] + (n3.hi[j] << INV_SPLIT)) for j in range(L)]
+            m.d.sync += [n4[name].eq(n3r[name]) for name in framing]
+            m.d.sync += [n4.product[j].eq(n3r.lo[j] + (n3r.hi[j] << INV_SPLIT)) for j in range(L)]
             out_max = Mux(n4.out == OUT_INT16, INT16_MAX, UINT8_MAX)
             for j in range(L):
                 scaled = Mux(n4.out == OUT_INT16, n4.product[j], n4.product[j] >> INV_SHIFT)
@@ -534,7 +546,8 @@ class HCCS(wiring.Component):
 
         with m.If(self.clear_status):
             m.d.sync += [self.status.overflow.eq(0), self.status.framing.eq(0), self.status.bad_head.eq(0)]
-        pipeline_valid = [stage.valid for stage in max_pipe + [n1, n_read, n_dist, n_sd, n2, n3, n4, self.o]]
+        pipeline_valid = [stage.valid for stage in max_pipe + [n1, n_read, n_dist, n_ops, n_sd, n_sdr, n2, n2r, n3,
+                                                                n3r, n4, self.o]]
         m.d.comb += self.status.busy.eq(in_row | Cat(state[b] != FREE for b in range(BANKS)).any()
                                         | Cat(pipeline_valid).any())
         return m
