@@ -7,7 +7,7 @@ come from the tile's staging area and the int8 output goes back there.
 
 One step, per head (docs/numerics.md, section Soma, is the contract):
 
-1. LOAD: q, k, v, the field, the gate field and the counters into registers.
+1. LOAD: q, k, v, the field and the gate field into LUT RAMs (ElementRam), the counters into registers.
 2. WRITE (first when ``include_self``, else after step 5): k and v into the next sink slot or the ring.
 3. SCORES: ``q . K[n]`` for every one of the ``sinks + ring`` slots, ``mac_lanes`` int8 MACs per cycle, then
    ``x8 = sat8(rshift_round(score * score_mult, score_shift) - recency_int * distance)`` (0 where invalid).
@@ -250,6 +250,40 @@ GATE_DEPTH = 7
 round-shift (2); the gate register follows one cycle later."""
 
 
+class ElementRam:
+    """A register file of ``elements`` elements of ``bits`` bits, held as a memory of ``word_bits``-bit words:
+    LOAD, STORE and WRITE move whole words, the other phases read and write single elements. The read port
+    is asynchronous and the write port has one enable per element, so Yosys maps it to LUT RAM on the ECP5
+    (TRELLIS_DPR16X4): no enable or multiplexer reaches every bit of the file, as one did when the files were
+    flip-flops (on the ECP5 their rotation enables were the largest group of late endpoints of the tile).
+
+    ``rd.addr`` is a word address (the user assigns it); ``element(d)`` is element ``d`` of the word read,
+    valid when ``rd.addr`` is ``word_of(d)``. Writes (``write_word``, ``write_element``) land at the clock edge;
+    a read in the same cycle returns the old word."""
+
+    def __init__(self, m, name: str, bits: int, elements: int, word_bits: int):
+        self.m, self.bits = m, bits
+        self.per_word = word_bits // bits
+        self._shift = self.per_word.bit_length() - 1
+        self.words = elements // self.per_word
+        m.submodules[name] = self.memory = Memory(shape=unsigned(word_bits), depth=self.words, init=[])
+        self.rd = self.memory.read_port(domain="comb")
+        self.wr = self.memory.write_port(granularity=bits)
+
+    def word_of(self, d):
+        return d >> self._shift
+
+    def element(self, d):
+        return self.rd.data.word_select(d[:self._shift], self.bits)
+
+    def write_word(self, address, value):
+        self.m.d.comb += [self.wr.addr.eq(address), self.wr.data.eq(value), self.wr.en.eq(-1)]
+
+    def write_element(self, d, value):
+        self.m.d.comb += [self.wr.addr.eq(self.word_of(d)), self.wr.data.eq(value.replicate(self.per_word)),
+                          self.wr.en.eq(Const(1, self.per_word) << d[:self._shift])]
+
+
 def tree_levels(lanes: int) -> int:
     """Registered adder levels that sum ``lanes`` products (one carry chain per stage)."""
     return (lanes - 1).bit_length()
@@ -353,22 +387,19 @@ class SomaDecode(wiring.Component):
         m.d.sync += [self.rd_addr.eq(rd_addr_next), self.wr_addr.eq(wr_addr_next),
                      self.wr_data.eq(wr_data_next), self.wr_en.eq(wr_en_next)]
 
-        q = Signal(8 * D)
-        k = Signal(8 * D)
-        v = Signal(8 * D)
-        fld = Signal(16 * D)
-        gate_fld = Signal(16 * D)
+        # q, k, v, the field, the gate field and the output: LUT RAMs of memory-word rows (ElementRam).
+        q, k, v, fld, gate_fld, out = (ElementRam(m, name, bits, D, 8 * W) for name, bits in (
+            ("q_ram", 8), ("k_ram", 8), ("v_ram", 8), ("fld_ram", 16), ("gate_fld_ram", 16), ("out_ram", 8)))
         write_pos = Signal(32)
         fill = Signal(32)
         step = Signal(32)
-        out = Signal(8 * D)
         wrote = Signal()
 
         # LOAD reads q, k, v (3 * words staging words from stage_base), then the field, the gate field and the
         # counters (4 * words + 1 state words from the field's): two runs of consecutive addresses, so the
         # address advances in a register. The word addressed in cycle i arrives in cycle i + READ_LATENCY with
-        # a one-hot tag naming its register (None: the counters), and shifts in at that register's top (each
-        # register's words arrive in order): no per-word decode in front of the registers.
+        # a one-hot tag naming its register file (None: the counters); each file's words arrive in order and
+        # are written at load_word, which restarts at 0 after a file's last word.
         registers = [q, k, v, fld, gate_fld, None]
         load_targets = [0] * words + [1] * words + [2] * words + [3] * (2 * words) + [4] * (2 * words) + [5]
         state_row = reg(m, state_base + layout["field"], "state_row", range(self.mem_words))
@@ -377,12 +408,16 @@ class SomaDecode(wiring.Component):
             m.d.sync += load_addr.eq(self.stage_base)
         load_tag = Signal(len(registers))
         arrived = delay(m, load_tag, READ_LATENCY, "load_tag")
+        load_word = Signal(range(2 * words))
+        with m.If(self.start):
+            m.d.sync += load_word.eq(0)
         for index, target in enumerate(registers):
             with m.If(arrived[index]):
                 if target is None:
                     m.d.sync += [write_pos.eq(rd_word[:32]), fill.eq(rd_word[32:64]), step.eq(rd_word[64:96])]
                 else:
-                    m.d.sync += target.eq(Cat(target[8 * W:], rd_word))
+                    target.write_word(load_word, rd_word)
+                    m.d.sync += load_word.eq(Mux(load_word == target.words - 1, 0, load_word + 1))
         counter = Signal(range(max(len(load_targets) + READ_LATENCY, 5 * words + 1) + 1))
         m.d.comb += self.n_count.eq(slots)
         m.d.comb += [self.n_use_exp.eq(use_exp), self.n_clb.eq(par["hccs_mode"] == 1), self.n_out16.eq(0)]
@@ -394,8 +429,12 @@ class SomaDecode(wiring.Component):
         first_row = {region: reg(m, state_base + layout[region], f"{region}_row", range(self.mem_words))
                      for region in ("sink_k", "ring_k", "sink_v", "ring_v")}
 
+        def chunk_word(c):
+            """The word of a K/V/q row that holds chunk c."""
+            return c >> (W // L).bit_length() - 1
+
         def slot_word(c):
-            return row_addr + (c >> (W // L).bit_length() - 1)
+            return row_addr + chunk_word(c)
 
         def begin_rows(region: str):
             m.d.sync += row_addr.eq(first_row[("sink_" if sinks else "ring_") + region])
@@ -405,12 +444,6 @@ class SomaDecode(wiring.Component):
                 m.d.sync += row_addr.eq(Mux(n == sinks - 1, first_row["ring_" + region], row_addr + words))
             else:
                 m.d.sync += row_addr.eq(row_addr + words)
-
-        def rotate(value, bits: int):
-            """``value`` rotated down by ``bits``: the element at the bottom goes to the top. The decode unit
-            visits q, k, v and the fields in element order, so it reads the bottom element and rotates instead
-            of selecting element n (a wide multiplexer); a whole pass brings every register back in order."""
-            return Cat(value[bits:], value[:bits])
 
         def lane_group(data, c):
             if L >= W:
@@ -435,7 +468,7 @@ class SomaDecode(wiring.Component):
         # SCORES: read, operands, products, adder tree, accumulator.
         s = READ_LATENCY
         v_read, _, _, c_read = at(s, PHASE_SCORES)
-        q_chunk = reg(m, q[:8 * L], "q_chunk")  # chunk c_read: one rotation per SCORES item at this stage
+        q_chunk = reg(m, lane_group(q.rd.data, c_read), "q_chunk")  # chunk c_read (q's read address below)
         k_chunk = reg(m, lane_group(rd_word, c_read), "k_chunk")
         s += 1
         terms = [reg(m, q_chunk.word_select(l, 8).as_signed() * k_chunk.word_select(l, 8).as_signed(),
@@ -515,8 +548,8 @@ class SomaDecode(wiring.Component):
 
         # Query gate: z = q . G over the head_dim elements (issued as n = 0..D-1), in parallel with the
         # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
-        g_q = reg(m, q[:8].as_signed(), "g_q")  # element n_issue (rotated per GATE issue, below)
-        g_f = reg(m, gate_fld[:16].as_signed(), "g_f")
+        g_q = reg(m, q.element(n_issue).as_signed(), "g_q")  # element n_issue (read addresses below)
+        g_f = reg(m, gate_fld.element(n_issue).as_signed(), "g_f")
         g_product = reg(m, g_q * g_f, "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
         v_g, _, n_g, _ = at(2, PHASE_GATE)
@@ -543,11 +576,11 @@ class SomaDecode(wiring.Component):
         # FINAL: element e = n of chunk c, d = c * L + e.
         d_issue = Signal(range(D + 1))
         acc_sel = reg(m, Array(lane_acc)[n_issue[:max(1, (L - 1).bit_length())]], "acc_sel")
-        # Element d_issue of the fields, k and v is at the bottom (rotated per FINAL issue, below).
-        f_old = reg(m, fld[:16].as_signed(), "f_old")
-        g_old = reg(m, gate_fld[:16].as_signed(), "g_old")
-        src = reg(m, Mux(field_of_keys, k[:8], v[:8]).as_signed(), "src")
-        k_d = reg(m, k[:8].as_signed(), "k_d")
+        # Element d_issue of the fields, k and v (read addresses below).
+        f_old = reg(m, fld.element(d_issue).as_signed(), "f_old")
+        g_old = reg(m, gate_fld.element(d_issue).as_signed(), "g_old")
+        src = reg(m, Mux(field_of_keys, k.element(d_issue), v.element(d_issue)).as_signed(), "src")
+        k_d = reg(m, k.element(d_issue).as_signed(), "k_d")
         final_last = delay(m, d_issue == D - 1, FINAL_DEPTH, "final_last")  # the last element leaves FINAL
         near = round_shift(m, split_mul(m, acc_sel, par["out_mult"], "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
@@ -590,10 +623,11 @@ class SomaDecode(wiring.Component):
         def do_write_word(i):
             """Write word i of (k, v) into the slot the counters select."""
             if i < words:
-                address, data = slot_k + i, k.word_select(i, 8 * W)
+                address, ram, word = slot_k + i, k, i
             else:
-                address, data = slot_v + i - words, v.word_select(i - words, 8 * W)
-            m.d.comb += [wr_addr_next.eq(address), wr_data_next.eq(data), wr_en_next.eq((1 << W) - 1)]
+                address, ram, word = slot_v + i - words, v, i - words
+            m.d.comb += [ram.rd.addr.eq(word), wr_addr_next.eq(address), wr_data_next.eq(ram.rd.data),
+                         wr_en_next.eq((1 << W) - 1)]
 
         def advance_counters():
             with m.If(step >= sinks):
@@ -602,10 +636,8 @@ class SomaDecode(wiring.Component):
             m.d.sync += step.eq(Mux(step < soma.COUNTER_MAX, step + 1, step))
 
         # STORE writes the field, the gate field and the counters to consecutive state words (from the
-        # field's), then the output words from out_base; each register's words leave from its bottom, the
-        # register rotating by a word per store. The address advances in a register.
-        # The register being stored is named by a one-hot register set the cycle before (not decoded from
-        # the FSM state and the counter): its bit enables the rotation of up to 1,024 flip-flops.
+        # field's), then the output words from out_base, in order. The address advances in a register; the
+        # source is named by a one-hot register set the cycle before (not decoded from the state and counter).
         store_groups = [fld, gate_fld, None, out]
         store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * words
         store_sel = Signal(len(store_groups))
@@ -621,32 +653,26 @@ class SomaDecode(wiring.Component):
             begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
-        # Rotations: q by a chunk per SCORES item at the read stage and by an element per GATE issue (gate
-        # field too); k, v and both fields by an element per FINAL issue.
+        # Register-file read addresses outside LOAD/WRITE/STORE: q at the SCORES read stage (chunk c_read) or at
+        # a GATE issue (element n_issue); the gate field at a GATE issue or a FINAL issue (d_issue); k, v and
+        # the field at a FINAL issue. Words, not elements: the element is selected from the word read.
         v_gate_issue, _, _, _ = at(0, PHASE_GATE)
-        v_final = [at(i, PHASE_FINAL)[0] for i in range(4)]
-        with m.If(v_read):
-            m.d.sync += q.eq(rotate(q, 8 * L))
-        with m.If(v_gate_issue):
-            m.d.sync += [q.eq(rotate(q, 8)), gate_fld.eq(rotate(gate_fld, 16))]
-        with m.If(v_final[0]):
-            m.d.sync += [k.eq(rotate(k, 8)), v.eq(rotate(v, 8)), fld.eq(rotate(fld, 16)),
-                         gate_fld.eq(rotate(gate_fld, 16))]
-        # FINAL's field writes, 3 cycles after an element's issue: the element went to the top when it was
-        # issued and down one place per issue since (the two behind it, and one in this very cycle).
-        later = Signal(range(4))
-        m.d.comb += later.eq(v_final[0] + v_final[1] + v_final[2])
-        with m.If(v_final[3]):
-            with m.Switch(later):
-                for j in range(min(4, D)):
-                    with m.Case(j):
-                        m.d.sync += fld[16 * (D - 1 - j):16 * (D - j)].eq(f_new)
-                        with m.If(gated):
-                            m.d.sync += gate_fld[16 * (D - 1 - j):16 * (D - j)].eq(g_new)
-        # The output elements arrive in order d = 0..D-1 and shift in at the top.
+        m.d.comb += [q.rd.addr.eq(Mux(v_gate_issue, q.word_of(n_issue), chunk_word(c_read))),
+                     gate_fld.rd.addr.eq(Mux(v_gate_issue, gate_fld.word_of(n_issue), gate_fld.word_of(d_issue)))]
+        m.d.comb += [ram.rd.addr.eq(ram.word_of(d_issue)) for ram in (k, v, fld)]
+        # FINAL's field writes, 3 cycles after an element's issue, and the output elements, FINAL_DEPTH cycles
+        # after: elements arrive in order d = 0..D-1, counted from WEIGHTED's start.
+        final_index = Signal(range(D + 1))
+        out_index = Signal(range(D + 1))
+        with m.If(at(3, PHASE_FINAL)[0]):
+            m.d.sync += final_index.eq(final_index + 1)
+            fld.write_element(final_index, f_new)
+            with m.If(gated):
+                gate_fld.write_element(final_index, g_new)
         v_o, _, _, _ = at(FINAL_DEPTH, PHASE_FINAL)
         with m.If(v_o):
-            m.d.sync += out.eq(Cat(out[8:], out_element))
+            m.d.sync += out_index.eq(out_index + 1)
+            out.write_element(out_index, out_element)
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
@@ -717,7 +743,8 @@ class SomaDecode(wiring.Component):
                 with m.If(Mux(use_exp, self.n_done, near_unit.o.valid & near_unit.o.payload.last)):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate_busy & ~norm_busy):
-                    m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), d_issue.eq(0)]
+                    m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), d_issue.eq(0),
+                                 final_index.eq(0), out_index.eq(0)]
                     begin_rows("v")
                     begin_issue(PHASE_WEIGHTED)
                     m.next = "WEIGHTED"
@@ -757,7 +784,8 @@ class SomaDecode(wiring.Component):
                         m.d.sync += wrote.eq(1)
                         m.next = "WRITE"
             with m.State("STORE"):
-                m.d.comb += [wr_addr_next.eq(store_addr), wr_en_next.eq((1 << W) - 1)]
+                m.d.comb += [wr_addr_next.eq(store_addr), wr_en_next.eq((1 << W) - 1), fld.rd.addr.eq(counter),
+                             gate_fld.rd.addr.eq(counter - 2 * words), out.rd.addr.eq(counter - (4 * words + 1))]
                 with m.Switch(counter):
                     for i in range(len(store_sources)):
                         with m.Case(i):
@@ -770,12 +798,8 @@ class SomaDecode(wiring.Component):
             with m.State("DONE"):
                 m.d.comb += self.done.eq(1)
                 m.next = "IDLE"
-        # STORE's data: the bottom word of the register being stored, which then rotates by a word.
+        # STORE's data: word `counter` of the stored sequence, from the register file store_sel names.
         for g, source in enumerate(store_groups):
             with m.If(store_sel[g]):
-                if source is None:
-                    m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step))
-                else:
-                    m.d.comb += wr_data_next.eq(source[:8 * W])
-                    m.d.sync += source.eq(rotate(source, 8 * W))
+                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step) if source is None else source.rd.data)
         return m
