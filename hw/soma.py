@@ -27,6 +27,8 @@ cycles later.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -257,9 +259,10 @@ class ElementRam:
     (TRELLIS_DPR16X4): no enable or multiplexer reaches every bit of the file, as one did when the files were
     flip-flops (on the ECP5 their rotation enables were the largest group of late endpoints of the tile).
 
-    ``rd.addr`` is a word address (the user assigns it); ``element(d)`` is element ``d`` of the word read,
-    valid when ``rd.addr`` is ``word_of(d)``. Writes (``write_word``, ``write_element``) land at the clock edge;
-    a read in the same cycle returns the old word."""
+    Each consumer reads through a port of its own (``reader(address)``; on the ECP5 each is one more copy of
+    the LUT RAM), so that no read address is a multiplexer steered by the state machine. ``word_of(d)`` is the
+    word holding element ``d``; a reader's ``element(d)`` selects it from the word read. Writes
+    (``write_word``, ``write_element``) land at the clock edge; a read in the same cycle returns the old word."""
 
     def __init__(self, m, name: str, bits: int, elements: int, word_bits: int):
         self.m, self.bits = m, bits
@@ -267,14 +270,17 @@ class ElementRam:
         self._shift = self.per_word.bit_length() - 1
         self.words = elements // self.per_word
         m.submodules[name] = self.memory = Memory(shape=unsigned(word_bits), depth=self.words, init=[])
-        self.rd = self.memory.read_port(domain="comb")
         self.wr = self.memory.write_port(granularity=bits)
 
     def word_of(self, d):
         return d >> self._shift
 
-    def element(self, d):
-        return self.rd.data.word_select(d[:self._shift], self.bits)
+    def reader(self, address):
+        """A read port at word ``address`` (combinational): ``.data`` the word, ``.element(d)`` element d of it."""
+        port = self.memory.read_port(domain="comb")
+        self.m.d.comb += port.addr.eq(address)
+        bits, shift = self.bits, self._shift
+        return SimpleNamespace(data=port.data, element=lambda d: port.data.word_select(d[:shift], bits))
 
     def write_word(self, address, value):
         self.m.d.comb += [self.wr.addr.eq(address), self.wr.data.eq(value), self.wr.en.eq(-1)]
@@ -468,7 +474,7 @@ class SomaDecode(wiring.Component):
         # SCORES: read, operands, products, adder tree, accumulator.
         s = READ_LATENCY
         v_read, _, _, c_read = at(s, PHASE_SCORES)
-        q_chunk = reg(m, lane_group(q.rd.data, c_read), "q_chunk")  # chunk c_read (q's read address below)
+        q_chunk = reg(m, lane_group(q.reader(chunk_word(c_read)).data, c_read), "q_chunk")  # chunk c_read
         k_chunk = reg(m, lane_group(rd_word, c_read), "k_chunk")
         s += 1
         terms = [reg(m, q_chunk.word_select(l, 8).as_signed() * k_chunk.word_select(l, 8).as_signed(),
@@ -548,8 +554,8 @@ class SomaDecode(wiring.Component):
 
         # Query gate: z = q . G over the head_dim elements (issued as n = 0..D-1), in parallel with the
         # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
-        g_q = reg(m, q.element(n_issue).as_signed(), "g_q")  # element n_issue (read addresses below)
-        g_f = reg(m, gate_fld.element(n_issue).as_signed(), "g_f")
+        g_q, g_f = (reg(m, ram.reader(ram.word_of(n_issue)).element(n_issue).as_signed(), name)
+                    for ram, name in ((q, "g_q"), (gate_fld, "g_f")))  # element n_issue
         g_product = reg(m, g_q * g_f, "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
         v_g, _, n_g, _ = at(2, PHASE_GATE)
@@ -576,11 +582,12 @@ class SomaDecode(wiring.Component):
         # FINAL: element e = n of chunk c, d = c * L + e.
         d_issue = Signal(range(D + 1))
         acc_sel = reg(m, Array(lane_acc)[n_issue[:max(1, (L - 1).bit_length())]], "acc_sel")
-        # Element d_issue of the fields, k and v (read addresses below).
-        f_old = reg(m, fld.element(d_issue).as_signed(), "f_old")
-        g_old = reg(m, gate_fld.element(d_issue).as_signed(), "g_old")
-        src = reg(m, Mux(field_of_keys, k.element(d_issue), v.element(d_issue)).as_signed(), "src")
-        k_d = reg(m, k.element(d_issue).as_signed(), "k_d")
+        # Element d_issue of the fields, k and v.
+        f_old, g_old, k_elem, v_elem = (ram.reader(ram.word_of(d_issue)).element(d_issue).as_signed()
+                                        for ram in (fld, gate_fld, k, v))
+        f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
+        src = reg(m, Mux(field_of_keys, k_elem, v_elem), "src")
+        k_d = reg(m, k_elem, "k_d")
         final_last = delay(m, d_issue == D - 1, FINAL_DEPTH, "final_last")  # the last element leaves FINAL
         near = round_shift(m, split_mul(m, acc_sel, par["out_mult"], "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
@@ -620,14 +627,12 @@ class SomaDecode(wiring.Component):
         slot_k = reg(m, state_base + k_base, "slot_k", range(self.mem_words))
         slot_v = reg(m, state_base + v_base, "slot_v", range(self.mem_words))
 
+        k_write, v_write = k.reader(write_slot_word), v.reader(write_slot_word - words)
+
         def do_write_word(i):
             """Write word i of (k, v) into the slot the counters select."""
-            if i < words:
-                address, ram, word = slot_k + i, k, i
-            else:
-                address, ram, word = slot_v + i - words, v, i - words
-            m.d.comb += [ram.rd.addr.eq(word), wr_addr_next.eq(address), wr_data_next.eq(ram.rd.data),
-                         wr_en_next.eq((1 << W) - 1)]
+            address, data = (slot_k + i, k_write.data) if i < words else (slot_v + i - words, v_write.data)
+            m.d.comb += [wr_addr_next.eq(address), wr_data_next.eq(data), wr_en_next.eq((1 << W) - 1)]
 
         def advance_counters():
             with m.If(step >= sinks):
@@ -638,7 +643,8 @@ class SomaDecode(wiring.Component):
         # STORE writes the field, the gate field and the counters to consecutive state words (from the
         # field's), then the output words from out_base, in order. The address advances in a register; the
         # source is named by a one-hot register set the cycle before (not decoded from the state and counter).
-        store_groups = [fld, gate_fld, None, out]
+        store_groups = [fld.reader(counter), gate_fld.reader(counter - 2 * words), None,
+                        out.reader(counter - (4 * words + 1))]
         store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * words
         store_sel = Signal(len(store_groups))
         store_addr = Signal(range(self.mem_words))
@@ -653,13 +659,6 @@ class SomaDecode(wiring.Component):
             begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
-        # Register-file read addresses outside LOAD/WRITE/STORE: q at the SCORES read stage (chunk c_read) or at
-        # a GATE issue (element n_issue); the gate field at a GATE issue or a FINAL issue (d_issue); k, v and
-        # the field at a FINAL issue. Words, not elements: the element is selected from the word read.
-        v_gate_issue, _, _, _ = at(0, PHASE_GATE)
-        m.d.comb += [q.rd.addr.eq(Mux(v_gate_issue, q.word_of(n_issue), chunk_word(c_read))),
-                     gate_fld.rd.addr.eq(Mux(v_gate_issue, gate_fld.word_of(n_issue), gate_fld.word_of(d_issue)))]
-        m.d.comb += [ram.rd.addr.eq(ram.word_of(d_issue)) for ram in (k, v, fld)]
         # FINAL's field writes, 3 cycles after an element's issue, and the output elements, FINAL_DEPTH cycles
         # after: elements arrive in order d = 0..D-1, counted from WEIGHTED's start.
         final_index = Signal(range(D + 1))
@@ -784,8 +783,7 @@ class SomaDecode(wiring.Component):
                         m.d.sync += wrote.eq(1)
                         m.next = "WRITE"
             with m.State("STORE"):
-                m.d.comb += [wr_addr_next.eq(store_addr), wr_en_next.eq((1 << W) - 1), fld.rd.addr.eq(counter),
-                             gate_fld.rd.addr.eq(counter - 2 * words), out.rd.addr.eq(counter - (4 * words + 1))]
+                m.d.comb += [wr_addr_next.eq(store_addr), wr_en_next.eq((1 << W) - 1)]
                 with m.Switch(counter):
                     for i in range(len(store_sources)):
                         with m.Case(i):
@@ -801,5 +799,5 @@ class SomaDecode(wiring.Component):
         # STORE's data: word `counter` of the stored sequence, from the register file store_sel names.
         for g, source in enumerate(store_groups):
             with m.If(store_sel[g]):
-                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step) if source is None else source.rd.data)
+                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step) if source is None else source.data)
         return m
