@@ -60,7 +60,7 @@ PNR_TIMEOUT_S = 3600
 CLASSIC_ABC = {"ecp5": {"synth_opts": "-run :map_luts",
                         "script_after_synth": "techmap -map +/lattice/latches_map.v\nabc -lut 4:7 -dress\nclean\n"
                                               "synth_ecp5 -top {name} -run map_cells:"}}
-# The flip-flops of replicated registers (hw/pipe.py, replicas) are marked keep right after reading the
+# The flip-flops of replicated registers (hw/pipe.py, Replicated) are marked keep right after reading the
 # design, so that opt_merge leaves the copies apart: cells driving, through their Q, a wire with the attribute.
 REPLICA_SCRIPT = f"proc\nsetattr -set keep 1 a:{REPLICA_ATTR} %ci1:+[Q]"
 _YOSYS_PASS = re.compile(r"^[\d.]+ Executing (\S+)")

@@ -47,30 +47,17 @@ REPLICA_ATTR = "somatile_replica"
 marks the flip-flops driving them ``keep``, so that Yosys does not merge the copies back into one."""
 
 
-def replicas(m, value, copies: int, name: str):
-    """``copies`` registers of ``value`` (latency 1), each for one group of loads.
-
-    A control flip-flop whose net reaches a thousand flip-flop enables spans the die: on the ECP5 such a net
-    alone took 8 ns. Each copy drives one group (a bank of a register file) and is placed beside it; the
-    copies hold the same value in every cycle. Without the ``keep`` the board build puts on them, Yosys'
-    opt_merge folds identical flip-flops into one (checked), so the copies carry :data:`REPLICA_ATTR`."""
-    out = []
-    for i in range(copies):
-        copy = Signal(value.shape(), name=f"{name}_r{i}", attrs={REPLICA_ATTR: 1})
-        m.d.sync += copy.eq(value)
-        out.append(copy)
-    return out
-
-
 class Replicated:
-    """A register kept as ``copies`` flip-flops that always hold the same value (see :func:`replicas`), for
-    a register set by a state machine rather than derived from another register. ``eq`` assigns every copy;
-    ``copy(i)`` reads one, ``main`` the first (for the logic that is not in a group)."""
+    """A register kept as ``copies`` flip-flops that always hold the same value, each for one group of loads
+    (e.g. one multiplier of a row of them): a net that reaches a row of DSP blocks or a thousand flip-flop
+    enables spans the die (on the ECP5 one such net took 8 ns of routing), a copy beside each group does not.
+
+    ``eq`` assigns every copy; ``copy(i)`` reads one. Without the ``keep`` the board build puts on them
+    (:data:`REPLICA_ATTR`), Yosys' opt_merge folds identical flip-flops into one (checked)."""
 
     def __init__(self, shape, copies: int, name: str, init=0):
         self._copies = [Signal(shape, name=f"{name}_r{i}", init=init, attrs={REPLICA_ATTR: 1})
                         for i in range(copies)]
-        self.main = self._copies[0]
 
     def eq(self, value):
         return [copy.eq(value) for copy in self._copies]

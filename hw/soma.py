@@ -588,7 +588,6 @@ class SomaDecode(wiring.Component):
         f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
         src = reg(m, Mux(field_of_keys, k_elem, v_elem), "src")
         k_d = reg(m, k_elem, "k_d")
-        final_last = delay(m, d_issue == D - 1, FINAL_DEPTH, "final_last")  # the last element leaves FINAL
         near = round_shift(m, split_mul(m, acc_sel, par["out_mult"], "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
         near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
@@ -775,7 +774,7 @@ class SomaDecode(wiring.Component):
                         begin_rows("v")
                         begin_issue(PHASE_WEIGHTED)
                         m.next = "WEIGHTED"
-                with m.Elif(v_o & final_last):
+                with m.Elif(v_o & (out_index == D - 1)):  # the last element leaves FINAL
                     m.d.sync += write_slot_word.eq(0)
                     with m.If(par["include_self"]):
                         enter_store()

@@ -310,18 +310,20 @@ def test_the_classic_abc_retry_script_synthesises_with_the_real_yosys(tmp_path):
 
 
 def test_replicated_registers_stay_apart_through_the_real_yosys_only_with_the_replica_script(tmp_path):
-    """pipe.replicas makes identical registers; Yosys merges them unless the board build's script marks them
+    """pipe.Replicated makes identical registers; Yosys merges them unless the board build's script marks them
     keep. Four copies of one enable, each loading its own output: four flip-flops with the script, one
     without (the merge the script exists to prevent)."""
     import subprocess
     from amaranth.back import rtlil
     from amaranth.hdl import Module, Signal
-    from somatile.hw.pipe import replicas
+    from somatile.hw.pipe import Replicated
 
     m = Module()
     a, b, outs = Signal(), Signal(), Signal(4)
-    for i, copy in enumerate(replicas(m, a & b, 4, "en")):
-        m.d.comb += outs[i].eq(copy)
+    enable = Replicated(1, 4, "en")
+    m.d.sync += enable.eq(a & b)
+    for i in range(4):
+        m.d.comb += outs[i].eq(enable.copy(i))
     (tmp_path / "r.il").write_text(rtlil.convert(m, ports=[a, b, outs], name="r"))
     flip_flops = {}
     for script in (build.REPLICA_SCRIPT, ""):
