@@ -36,7 +36,8 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import TagLine, block_ram, delay, floor_log2, reg, round_shift, saturate, split_mul
+from somatile.hw.pipe import (Replicated, TagLine, block_ram, delay, floor_log2, reg, round_shift, saturate,
+                              skid_buffer, split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
@@ -178,6 +179,7 @@ class RowNormaliser(wiring.Component):
         # The passes begin a cycle after `start`, from a register: in the tile `start` comes through the
         # selection between the decode unit and the HCCS command, whose select flag is far from here.
         started = reg(m, self.start, "started")
+        m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(started):
@@ -217,9 +219,9 @@ class RowNormaliser(wiring.Component):
                 v, last, _ = at(NORM_OUT_DEPTH, PASS_OUT)
                 m.d.comb += prob_w.en.eq(v)
                 with m.If(v & last):
+                    m.d.sync += self.done.eq(1)
                     m.next = "DONE"
             with m.State("DONE"):
-                m.d.comb += self.done.eq(1)
                 m.next = "IDLE"
         return m
 
@@ -242,6 +244,8 @@ PHASE_SCORES, PHASE_GATE, PHASE_WEIGHTED, PHASE_FINAL = range(4)
 READ_LATENCY = 3
 """Cycles from an address chosen to its word at the unit: the address register, the memory's read, the
 registered word (``rd_word``)."""
+FEED_LATENCY = 1
+"""Cycles the decode row's beats spend in the register slice in front of the HCCS unit."""
 WEIGHTED_DEPTH = READ_LATENCY + 2
 """WEIGHTED SUM: read, then the probability and value operands registered, then their products."""
 FINAL_DEPTH = 8
@@ -310,15 +314,16 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     ``max(16, mac_lanes)`` bytes), hccs_lanes and the normaliser only; not on the sequence position or the
     fill level. Per phase: LOAD ``7 w + 4`` (w = head_dim / word), WRITE ``2 w``, SCORES
     ``slots * chunks + score_depth`` (chunks = head_dim / mac_lanes), NORMALISE
-    ``max(N, head_dim + GATE_DEPTH) + 1`` with N the normaliser's row latency (the HCCS unit's
-    ``expected_cycles`` for one row of ``slots``, or :func:`normaliser_cycles` for the integer exp), WEIGHTED
+    ``max(N, head_dim + GATE_DEPTH) + 1`` with N the normaliser's row latency (``FEED_LATENCY`` plus the HCCS
+    unit's ``expected_cycles`` for one row of ``slots``, or :func:`normaliser_cycles` for the integer exp), WEIGHTED
     SUM and FINAL ``chunks * (slots + WEIGHTED_DEPTH + mac_lanes) + FINAL_DEPTH`` (a chunk's FINAL pipeline
     drains during the next chunk's weighted sum), STORE ``5 w + 1``, DONE 1.
     """
     words = params.head_dim // params.word_bytes
     slots, chunks = params.slots, params.head_dim // params.mac_lanes
     if normaliser == "hccs_int":
-        row = hccs_unit.expected_cycles(near_field_unit(params), 1, slots, mode=hccs_mode, out="uint8")
+        row = FEED_LATENCY + hccs_unit.expected_cycles(near_field_unit(params), 1, slots, mode=hccs_mode,
+                                                       out="uint8")
     else:
         row = normaliser_cycles(slots)
     load = 7 * words + 2 + READ_LATENCY
@@ -383,6 +388,12 @@ class SomaDecode(wiring.Component):
         gated = par["gating"] == HEAD_PARAMS[HEAD_INDEX["gating"]].choices.index("query")
         field_of_keys = par["field_source"] == HEAD_PARAMS[HEAD_INDEX["field_source"]].choices.index("keys")
         use_exp = par["normaliser"] == HEAD_PARAMS[HEAD_INDEX["normaliser"]].choices.index("exp_int")
+
+        def operand(name: str):
+            """A copy of parameter ``name`` for one multiplier, so that the net to its DSP block starts beside it
+            rather than across the die. The copy is a cycle behind ``par``, which is constant from start on;
+            no multiplier uses its parameter before LOAD's end."""
+            return reg(m, par[name], f"{name}_operand")
 
         # Memory ports from registers: the FSM sets the *_next values. The word read is registered as it
         # leaves the block RAM (whose clock-to-output is already half a 100 MHz cycle on the ECP5).
@@ -511,8 +522,8 @@ class SomaDecode(wiring.Component):
         # A legal state has write_pos < ring (LOAD_STATE checks it), so a ring slot's distance is at most ring:
         # the product fits one multiplier.
         distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", range(ring + 1))
-        recency = reg(m, par["recency_int"] * distance, "recency", unsigned(7 + len(distance)))
-        scaled = round_shift(m, split_mul(m, dot, par["score_mult"], "score_product"), par["score_shift"],
+        recency = reg(m, operand("recency_int") * distance, "recency", unsigned(7 + len(distance)))
+        scaled = round_shift(m, split_mul(m, dot, operand("score_mult"), "score_product"), par["score_shift"],
                              soma.INT_SHIFT_MAX, "scaled")
         recency = delay(m, recency, 1)
         logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
@@ -538,10 +549,19 @@ class SomaDecode(wiring.Component):
         with m.If(row_we):
             m.d.sync += [row_bits.word_select(row_slot, 8).eq(row_x),
                          row_valid_bits.bit_select(row_slot, 1).eq(row_slot_valid)]
-        m.d.comb += [near_unit.i.payload.data.eq(row_bits.word_select(feed_beat, 8 * hl)),
-                     near_unit.i.payload.mask.eq(row_valid_bits.word_select(feed_beat, hl)),
-                     near_unit.i.payload.first.eq(feed_beat == 0),
-                     near_unit.i.payload.last.eq(feed_beat == row_beats - 1),
+        # The beats reach the unit through a register slice (FEED_LATENCY): the beat multiplexer and the
+        # counter's comparisons would otherwise sit in front of the unit's first stage and its bank enables.
+        feeding = Signal()
+        feed_ready, feed_valid, fed = skid_buffer(
+            m, feeding, Cat(row_bits.word_select(feed_beat, 8 * hl), row_valid_bits.word_select(feed_beat, hl),
+                            feed_beat == 0, feed_beat == row_beats - 1), near_unit.i.ready, "feed")
+        with m.If(feeding & feed_ready):
+            m.d.sync += feed_beat.eq(feed_beat + 1)
+            with m.If(feed_beat == row_beats - 1):
+                m.d.sync += feeding.eq(0)
+        m.d.comb += [near_unit.i.valid.eq(feed_valid),
+                     near_unit.i.payload.data.eq(fed[:8 * hl]), near_unit.i.payload.mask.eq(fed[8 * hl:9 * hl]),
+                     near_unit.i.payload.first.eq(fed[9 * hl]), near_unit.i.payload.last.eq(fed[9 * hl + 1]),
                      near_unit.i.payload.head.eq(0), near_unit.o.ready.eq(1),
                      near_unit.cfg.payload.head.eq(0), near_unit.cfg.payload.params.B.eq(par["hccs_B"]),
                      near_unit.cfg.payload.params.S.eq(par["hccs_S"]),
@@ -558,10 +578,11 @@ class SomaDecode(wiring.Component):
                     for ram, name in ((q, "g_q"), (gate_fld, "g_f")))  # element n_issue
         g_product = reg(m, g_q * g_f, "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
-        v_g, _, n_g, _ = at(2, PHASE_GATE)
-        with m.If(v_g):
-            m.d.sync += z.eq(Mux(n_g == 0, 0, z) + g_product)
-        gate_scaled = round_shift(m, split_mul(m, z, par["gate_mult"], "gate_product"), par["gate_shift"],
+        v_g_early, _, n_g_early, _ = at(1, PHASE_GATE)
+        z_en, z_first = reg(m, v_g_early, "z_en"), reg(m, n_g_early == 0, "z_first")
+        with m.If(z_en):
+            m.d.sync += z.eq(Mux(z_first, 0, z) + g_product)
+        gate_scaled = round_shift(m, split_mul(m, z, operand("gate_mult"), "gate_product"), par["gate_shift"],
                                   soma.INT_SHIFT_MAX, "gate_scaled")
         gate_value = reg(m, saturate(soma.GATE_ONE // 2 + gate_scaled, 0, soma.GATE_ONE), "gate_value",
                          range(soma.GATE_ONE + 1))
@@ -577,7 +598,15 @@ class SomaDecode(wiring.Component):
         v_group = reg(m, lane_group(rd_word, c_issue), "v_group")
         products = [reg(m, prob * v_group.word_select(l, 8).as_signed(), f"pv{l}", signed(17)) for l in range(L)]
         lane_acc = [Signal(signed(32), name=f"lane_acc{l}") for l in range(L)]
-        v_w, last_w, n_w, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
+        _, last_w, _, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
+        # The accumulators' enable and clear are registered one stage early, a copy per lane: decoded from the
+        # tag line in the same cycle they reached 256 flip-flop enables across the die.
+        v_w_early, _, n_w_early, _ = at(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)
+        w_en, w_first = Replicated(1, L, "w_en"), Replicated(1, L, "w_first")
+        m.d.sync += [*w_en.eq(v_w_early), *w_first.eq(n_w_early == 0)]
+        for l in range(L):
+            with m.If(w_en.copy(l)):
+                m.d.sync += lane_acc[l].eq(Mux(w_first.copy(l), 0, lane_acc[l]) + products[l])
 
         # FINAL: element e = n of chunk c, d = c * L + e.
         d_issue = Signal(range(D + 1))
@@ -588,10 +617,10 @@ class SomaDecode(wiring.Component):
         f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
         src = reg(m, Mux(field_of_keys, k_elem, v_elem), "src")
         k_d = reg(m, k_elem, "k_d")
-        near = round_shift(m, split_mul(m, acc_sel, par["out_mult"], "near_product"), par["out_shift"],
+        near = round_shift(m, split_mul(m, acc_sel, operand("out_mult"), "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
         near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
-        far_f = reg(m, f_old * par["alpha_mult"], "far_f", signed(32))
+        far_f = reg(m, f_old * operand("alpha_mult"), "far_f", signed(32))
         # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
         # a shifter or a multiplier would be two slow steps in one cycle.
         alpha_shift = reg(m, par["alpha_shift"] + 7, "alpha_shift_7")
@@ -599,12 +628,11 @@ class SomaDecode(wiring.Component):
                           soma.INT_SHIFT_MAX + 7, "far_scaled")
         far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
         out_element = reg(m, saturate(near + far, -128, 127), "out_element", signed(8))
-        gamma = par["gamma_q15"]
-        gamma_rest = reg(m, soma.GAMMA_Q15_ONE - gamma, "gamma_rest")
+        gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], "gamma_rest")
 
         def field_update(f, x, name):
             """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): products (1), sum and rounding (1)."""
-            kept = reg(m, gamma * f, f"{name}_kept", signed(33))
+            kept = reg(m, operand("gamma_q15") * f, f"{name}_kept", signed(33))
             added = reg(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), f"{name}_added", signed(33))
             return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
 
@@ -613,6 +641,9 @@ class SomaDecode(wiring.Component):
 
         # WRITE / STORE word sources.
         write_slot_word = Signal(range(2 * words + 1))
+        # write_slot_word == 2 * words - 1, set the cycle before: it enables the counters, the slot address
+        # and the next phase's registers.
+        write_last = Signal()
 
         # The slot k and v go to (the next sink while step < sinks, else the ring's write position), kept in
         # registers: LOAD ends one cycle after the counters arrive so that they are valid in WRITE.
@@ -678,6 +709,7 @@ class SomaDecode(wiring.Component):
         with m.If(self.done):
             m.d.sync += self.busy.eq(0)
 
+        m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -691,7 +723,7 @@ class SomaDecode(wiring.Component):
                 m.d.sync += [counter.eq(counter + 1),
                              load_addr.eq(Mux(counter == 3 * words - 1, state_row, load_addr + 1))]
                 with m.If(counter == len(load_targets) + READ_LATENCY):
-                    m.d.sync += write_slot_word.eq(0)
+                    m.d.sync += [write_slot_word.eq(0), write_last.eq(0)]
                     with m.If(par["include_self"]):
                         m.next = "WRITE"
                     with m.Else():
@@ -701,8 +733,9 @@ class SomaDecode(wiring.Component):
                     for i in range(2 * words):
                         with m.Case(i):
                             do_write_word(i)
-                m.d.sync += write_slot_word.eq(write_slot_word + 1)
-                with m.If(write_slot_word == 2 * words - 1):
+                m.d.sync += [write_slot_word.eq(write_slot_word + 1),
+                             write_last.eq(write_slot_word == 2 * words - 2)]
+                with m.If(write_last):
                     advance_counters()
                     m.d.sync += wrote.eq(1)
                     with m.If(wrote):
@@ -721,7 +754,8 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         m.d.sync += c_issue.eq(c_issue + 1)
                 with m.If(row_we & row_last):
-                    m.d.sync += [gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0), drain_beat.eq(0)]
+                    m.d.sync += [gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0), drain_beat.eq(0),
+                                 feeding.eq(~use_exp)]
                     begin_issue(PHASE_GATE)
                     m.d.comb += [self.n_start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]
                     m.next = "NORMALISE"
@@ -734,10 +768,6 @@ class SomaDecode(wiring.Component):
                 v_gate_done, last_gate_done, _, _ = at(GATE_DEPTH, PHASE_GATE)
                 with m.If(v_gate_done & last_gate_done):
                     m.d.sync += gate_busy.eq(0)
-                with m.If(~use_exp & (feed_beat < row_beats)):
-                    m.d.comb += near_unit.i.valid.eq(1)
-                    with m.If(near_unit.i.ready):
-                        m.d.sync += feed_beat.eq(feed_beat + 1)
                 with m.If(Mux(use_exp, self.n_done, near_unit.o.valid & near_unit.o.payload.last)):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate_busy & ~norm_busy):
@@ -754,12 +784,9 @@ class SomaDecode(wiring.Component):
                     next_row("v", n_issue)
                     with m.If(n_issue == slots - 1):
                         m.d.sync += issuing.eq(0)
-                with m.If(v_w):
-                    for l in range(L):
-                        m.d.sync += lane_acc[l].eq(Mux(n_w == 0, 0, lane_acc[l]) + products[l])
-                    with m.If(last_w):
-                        begin_issue(PHASE_FINAL)
-                        m.next = "FINAL"
+                with m.If(w_en.copy(0) & last_w):
+                    begin_issue(PHASE_FINAL)
+                    m.next = "FINAL"
             with m.State("FINAL"):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
                 # (their writes are outside the FSM, below); after the last chunk the unit waits for them.
@@ -775,7 +802,7 @@ class SomaDecode(wiring.Component):
                         begin_issue(PHASE_WEIGHTED)
                         m.next = "WEIGHTED"
                 with m.Elif(v_o & (out_index == D - 1)):  # the last element leaves FINAL
-                    m.d.sync += write_slot_word.eq(0)
+                    m.d.sync += [write_slot_word.eq(0), write_last.eq(0)]
                     with m.If(par["include_self"]):
                         enter_store()
                     with m.Else():
@@ -791,9 +818,9 @@ class SomaDecode(wiring.Component):
                 m.d.sync += [counter.eq(counter + 1),
                              store_addr.eq(Mux(counter == 4 * words, out_base, store_addr + 1))]
                 with m.If(counter == len(store_sources) - 1):
+                    m.d.sync += self.done.eq(1)
                     m.next = "DONE"
             with m.State("DONE"):
-                m.d.comb += self.done.eq(1)
                 m.next = "IDLE"
         # STORE's data: word `counter` of the stored sequence, from the register file store_sel names.
         for g, source in enumerate(store_groups):

@@ -54,9 +54,11 @@ def stream_ports(stream_width: int) -> dict:
 CHECK_SETTLE = 6
 """Cycles between a header's last beat and CHECK: the header's checks are a pipeline of that depth (head
 parameters selected, S Dmax, HCCS floor, masses, comparisons, the check result)."""
-CONFIG_SETTLE = 6
-"""Cycles between a CONFIGURE_HEAD block's last beat and its execution: the rules' pipeline depth (5), then
-the head's write enable in a register (it enables some 150 flip-flops of the head's parameters)."""
+CONFIG_SETTLE = 7
+"""Cycles between a CONFIGURE_HEAD block's last beat and its execution: the beat's capture (the block's beats
+are written into its register one cycle after they arrive, from a registered one-hot enable), the rules'
+pipeline depth (5), then the head's write enable in a register (it enables some 150 flip-flops of the head's
+parameters)."""
 
 
 def expected_decode_cycles(params: TileParams, configs) -> int:
@@ -278,7 +280,7 @@ class Tile(wiring.Component):
                                        "config_hccs_ok")
         ranges_ok = delay(m, ranges_ok, 3)
         gating_ok, uses_hccs = (delay(m, v, 4) for v in (gating_ok, uses_hccs))
-        # 5 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles before executing.
+        # 6 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles before executing.
         config_ok = reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")
         # One-hot: head h's parameters are written in this cycle (CONFIGURE_HEAD's EXECUTE cycle); set in the
         # last CONFIG_SETTLE cycle, so that the enable of the head's registers comes from one flip-flop.
@@ -295,6 +297,24 @@ class Tile(wiring.Component):
                 m.d.sync += [resp_opcode.eq(0), resp_head.eq(0)]
             with m.If(~error_latched):
                 m.d.sync += [error_latched.eq(1), error_code.eq(code), error_opcode.eq(opcode if echo else 0)]
+
+        # The block's beats are captured a cycle after they arrive: the beat, and a one-hot enable of the
+        # word it fills, in registers (decoded from the state, the opcode and the byte counter in the same
+        # cycle, the enables of the 600-odd flip-flops of the block were among the tile's longest paths).
+        config_beats = config_bytes // SB
+        config_we_now = Signal(config_beats)
+        config_we = reg(m, config_we_now, "config_we")
+        config_data = reg(m, self.s_axis_tdata, "config_data")
+        for i in range(config_beats):
+            with m.If(config_we[i]):
+                m.d.sync += config.word_select(i, SW).eq(config_data)
+
+        # The payload's and the clear sweep's writes reach the memory a cycle late, from registers (host_*):
+        # the state, the opcode and the byte counter decoded in front of the block RAMs' write ports were the
+        # tile's longest paths. Nothing reads a word in the cycle after it is written by them.
+        host_addr, host_data, host_en = Signal.like(wr.addr), Signal.like(wr.data), Signal.like(wr.en)
+        host = {name: reg(m, value, f"host_{name}") for name, value in
+                (("addr", host_addr), ("data", host_data), ("en", host_en))}
 
         # Byte counter of the payload and where its beats go.
         byte_count = Signal(32)
@@ -316,6 +336,7 @@ class Tile(wiring.Component):
         # The decode loop over heads and the memory clear sweep.
         cur = Signal(8)
         last = Signal(8)
+        cur_is_last = reg(m, cur == last, "cur_is_last")  # cur and last change long before a step's done
         clear_word = Signal(range(mem_words + 1))
         clear_end = Signal(range(mem_words + 1))
         pending_error = Signal(8)
@@ -388,8 +409,10 @@ class Tile(wiring.Component):
         resp_addr_next = Signal(range(mem_words + 2))
         m.d.comb += rd.addr.eq(Mux(advance, resp_addr_next, resp_addr))
         with m.If(dec.busy):
-            m.d.comb += [rd.addr.eq(dec.rd_addr), wr.addr.eq(dec.wr_addr), wr.data.eq(dec.wr_data),
-                         wr.en.eq(dec.wr_en)]
+            m.d.comb += rd.addr.eq(dec.rd_addr)
+        m.d.comb += [wr.addr.eq(Mux(dec.busy, dec.wr_addr, host["addr"])),
+                     wr.data.eq(Mux(dec.busy, dec.wr_data, host["data"])),
+                     wr.en.eq(Mux(dec.busy, dec.wr_en, host["en"]))]
 
         m.d.sync += cycles_run.eq(cycles_run + 1)
 
@@ -405,7 +428,7 @@ class Tile(wiring.Component):
         with m.FSM(init="CLEAR"):
             with m.State("CLEAR"):
                 # After reset, and for RESET_STATE / a faulting LOAD_STATE: zero [clear_word, clear_end).
-                m.d.comb += [wr.addr.eq(clear_word), wr.data.eq(0), wr.en.eq((1 << W) - 1)]
+                m.d.comb += [host_addr.eq(clear_word), host_data.eq(0), host_en.eq((1 << W) - 1)]
                 m.d.sync += clear_word.eq(clear_word + 1)
                 with m.If(clear_word + 1 >= Mux(clear_end == 0, p.heads * state_words, clear_end)):
                     with m.If(clear_end == 0):
@@ -478,14 +501,14 @@ class Tile(wiring.Component):
                     m.d.sync += [byte_count.eq(byte_count + SB), in_payload.eq(byte_count < last_beat_at)]
                     with m.If(in_payload):
                         with m.If(opcode == Opcode.CONFIGURE_HEAD):
-                            m.d.sync += config.word_select(byte_count[:8] >> log2(SB), SW).eq(self.s_axis_tdata)
+                            m.d.comb += config_we_now.eq(Const(1, config_beats) << (byte_count[:8] >> log2(SB)))
                         with m.Else():
                             lane = (byte_count >> log2(SB)) % beats_per_word if beats_per_word > 1 else 0
                             with m.If(lane == beats_per_word - 1):
                                 m.d.sync += payload_addr.eq(payload_addr + 1)
-                            m.d.comb += [wr.addr.eq(payload_addr),
-                                         wr.data.eq(Cat(*[self.s_axis_tdata] * beats_per_word)),
-                                         wr.en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
+                            m.d.comb += [host_addr.eq(payload_addr),
+                                         host_data.eq(Cat(*[self.s_axis_tdata] * beats_per_word)),
+                                         host_en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
                         with m.If((opcode == Opcode.LOAD_STATE) & beat_counters_bad):
                             m.d.sync += counters_bad.eq(1)
                     with m.If(self.s_axis_tlast):
@@ -563,7 +586,7 @@ class Tile(wiring.Component):
             with m.State("DECODE"):
                 with m.If(dec.done):
                     m.d.sync += tokens.eq(tokens + 1)
-                    with m.If(cur == last):
+                    with m.If(cur_is_last):
                         m.d.sync += resp_length.eq(decode_out_bytes)
                         start_response(decode_out_words, out_word)
                     with m.Else():
