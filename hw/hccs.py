@@ -415,12 +415,16 @@ class HCCS(wiring.Component):
         numerator_reg = Signal(steps * cfg.div_bits)
         r_params = d_params[rbank]
         r_start = ~r_active & (state[rbank] == SUMMED)
+        # The row's mode and output type, latched at the start: decoded from the bank's parameters through
+        # rbank every cycle they were in front of every divider register.
+        r_clb, r_out16 = Signal(), Signal()
         with m.If(r_start):
             numerators = {OUT_UINT8: UINT8_NUMERATOR, OUT_INT16: INT16_NUMERATOR}
             iters = {o: math.ceil(NUMERATOR_BITS[o] / cfg.div_bits) for o in numerators}
             # Left-align each numerator in the shift register so its first quotient step reads its top bits.
             aligned = {o: numerators[o] << (len(numerator_reg) - iters[o] * cfg.div_bits) for o in numerators}
             m.d.sync += [r_active.eq(1), divisor.eq(d_total[rbank]), divisor_zero.eq(d_total[rbank] == 0),
+                         r_clb.eq(r_params.mode == MODE_CLB), r_out16.eq(r_params.out == OUT_INT16),
                          remainder.eq(0), quotient.eq(0),
                          numerator_reg.eq(Mux(r_params.out == OUT_INT16, aligned[OUT_INT16], aligned[OUT_UINT8])),
                          r_iter.eq(Mux(r_params.mode == MODE_CLB, 1,
@@ -428,11 +432,11 @@ class HCCS(wiring.Component):
         r_done = Signal()
         r_inv = Signal.like(d_inv[0])
         with m.If(r_active):
-            with m.If(r_params.mode == MODE_CLB):
+            with m.If(r_clb):
                 # numerator >> (position of the leading one): select the shifted numerator by a one-hot of the
                 # leading one (log-depth OR trees rather than a priority chain). Two cycles: the one-hot into a
                 # register, then the selection.
-                clb_num = Mux(r_params.out == OUT_INT16, INT16_NUMERATOR, UINT8_NUMERATOR)
+                clb_num = Mux(r_out16, INT16_NUMERATOR, UINT8_NUMERATOR)
                 onehot = Signal(total_bits)
                 with m.If(r_iter != 0):
                     m.d.sync += [onehot.eq(Cat(divisor[bit] & ~divisor[bit + 1:].any() if bit + 1 < total_bits

@@ -144,6 +144,12 @@ class Tile(wiring.Component):
         resp_head = Signal(8)
         resp_error = Signal(8)
         resp_length = Signal(32)
+        # resp_length != 0, set with it (a 32-bit comparison in RESPOND_HEADER was in front of the response's
+        # and the HCCS command's registers).
+        resp_has_payload = Signal()
+
+        def set_length(value, nonzero):
+            m.d.sync += [resp_length.eq(value), resp_has_payload.eq(nonzero)]
         resp_result = Signal(32)
         response_header = Cat(Const(regmap.FRAME_MAGIC, 8), resp_opcode, resp_head, resp_error, resp_length,
                               resp_result, Const(0, 32))
@@ -194,6 +200,7 @@ class Tile(wiring.Component):
         rows_last = reg(m, rows - 1, "rows_last", signed(33))
         last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
         hccs_bytes = split_mul(m, rows, n_pad, "hccs_bytes")  # 3 cycles after the header
+        hccs_bytes_nonzero = reg(m, hccs_bytes != 0, "hccs_bytes_nonzero")  # 4 cycles after
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
                          (hccs_bytes > regmap.staging_bytes(p)))
 
@@ -224,6 +231,7 @@ class Tile(wiring.Component):
         # Products of header fields, registered like hccs_bytes (the first settle cycle).
         decode_bytes = reg(m, 3 * D * count, "decode_bytes", unsigned(32))
         decode_out_bytes = reg(m, D * count, "decode_out_bytes", unsigned(32))
+        decode_out_nonzero = reg(m, count != 0, "decode_out_nonzero")
         decode_out_words = reg(m, dw * count, "decode_out_words", range(mem_words + 1))
         head_words = reg(m, head * state_words, "head_words", unsigned(32))
         # (head + 1) * state_words as a sum: an adder in front of a multiplier is two slow steps in one cycle.
@@ -292,7 +300,8 @@ class Tile(wiring.Component):
 
         # Error latch.
         def fail(code, detail=0, echo=True):
-            m.d.sync += [resp_error.eq(code), resp_result.eq(detail), resp_length.eq(0)]
+            m.d.sync += [resp_error.eq(code), resp_result.eq(detail)]
+            set_length(0, 0)
             if not echo:
                 m.d.sync += [resp_opcode.eq(0), resp_head.eq(0)]
             with m.If(~error_latched):
@@ -462,7 +471,8 @@ class Tile(wiring.Component):
 
             with m.State("CHECK"):
                 m.d.sync += [resp_opcode.eq(opcode), resp_head.eq(head), resp_error.eq(0), resp_result.eq(0),
-                             resp_length.eq(0), byte_count.eq(0), in_payload.eq(expected > 0), counters_bad.eq(0)]
+                             byte_count.eq(0), in_payload.eq(expected > 0), counters_bad.eq(0)]
+                set_length(0, 0)
                 with m.If(check_error != 0):
                     with m.If(header_last):
                         fail(check_error, Mux(check_error == ErrorCode.BAD_LENGTH, expected, 0))
@@ -549,7 +559,7 @@ class Tile(wiring.Component):
             with m.State("EXECUTE"):
                 with m.Switch(opcode):
                     with m.Case(Opcode.INFO):
-                        m.d.sync += resp_length.eq(info_beats * SB)
+                        set_length(info_beats * SB, info_beats > 0)
                         start_response()
                     with m.Case(Opcode.REG_READ):
                         m.d.sync += resp_result.eq(reg_value)
@@ -568,7 +578,7 @@ class Tile(wiring.Component):
                     with m.Case(Opcode.LOAD_STATE):
                         start_response()
                     with m.Case(Opcode.READ_STATE):
-                        m.d.sync += resp_length.eq(state_words * W)
+                        set_length(state_words * W, state_words > 0)
                         start_response(state_words, head_words)
                     with m.Case(Opcode.RESET_STATE):
                         m.d.sync += [clear_word.eq(head_words), clear_end.eq(end_head_words),
@@ -580,14 +590,15 @@ class Tile(wiring.Component):
                                      dec_stage_base.eq(stage_word), dec_out_base.eq(out_word)]
                         m.next = "DECODE_NEXT"
                     with m.Case(Opcode.HCCS):
-                        m.d.sync += [resp_length.eq(hccs_bytes * out_bytes), row.eq(0), hccs_active.eq(1)]
+                        m.d.sync += [row.eq(0), hccs_active.eq(1)]
+                        set_length(hccs_bytes * out_bytes, hccs_bytes_nonzero)
                         start_response()
 
             with m.State("DECODE"):
                 with m.If(dec.done):
                     m.d.sync += tokens.eq(tokens + 1)
                     with m.If(cur_is_last):
-                        m.d.sync += resp_length.eq(decode_out_bytes)
+                        set_length(decode_out_bytes, decode_out_nonzero)
                         start_response(decode_out_words, out_word)
                     with m.Else():
                         m.d.sync += [cur.eq(cur + 1), dec_state_base.eq(dec_state_base + state_words),
@@ -599,11 +610,11 @@ class Tile(wiring.Component):
 
             with m.State("RESPOND_HEADER"):
                 m.d.comb += [resp_valid.eq(1), resp_data.eq(response_header.word_select(resp_beat, SW)),
-                             resp_last_beat.eq((resp_beat == HB - 1) & (resp_length == 0))]
+                             resp_last_beat.eq((resp_beat == HB - 1) & ~resp_has_payload)]
                 with m.If(m_beat):
                     m.d.sync += resp_beat.eq(resp_beat + 1)
                     with m.If(resp_beat == HB - 1):
-                        with m.If(resp_length == 0):
+                        with m.If(~resp_has_payload):
                             finish()
                         with m.Elif(hccs_active):
                             m.d.sync += [row_index.eq(0), row_start.eq(0), fetch_valid.eq(0), fetch_elem.eq(0),
