@@ -57,9 +57,9 @@ PASS_MAX, PASS_SUM, PASS_OUT = 0, 1, 2
 
 def normaliser_cycles(n: int) -> int:
     """Cycles of :class:`RowNormaliser` for a row of ``n`` entries, from the cycle after ``start`` through
-    the ``done`` pulse: start register 1, max ``n + 1``, sum ``n + NORM_SUM_DEPTH``, reciprocal
+    the ``done`` pulse: start register 1, max ``n + 2``, sum ``n + NORM_SUM_DEPTH``, reciprocal
     ``NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1``, output ``n + NORM_OUT_DEPTH``, done 1."""
-    return 1 + (n + 1) + (n + NORM_SUM_DEPTH) + (NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1) + (n + NORM_OUT_DEPTH) + 1
+    return 1 + (n + 2) + (n + NORM_SUM_DEPTH) + (NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1) + (n + NORM_OUT_DEPTH) + 1
 
 
 class RowNormaliser(wiring.Component):
@@ -120,6 +120,9 @@ class RowNormaliser(wiring.Component):
         x = row_r.data[:8].as_signed()
         valid1 = row_r.data[8]
         distance = reg(m, row_max - x, "distance", unsigned(9))                       # s2
+        # MAX pass: the element in a register (s2) before its comparison with the running maximum.
+        x_max = reg(m, x, "x_max")
+        max_candidate = reg(m, valid1, "max_valid") & (x_max > row_max)
         valid = delay(m, valid1, 1)
         capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s3
         u = reg(m, distance * exp_mult, "u", unsigned(25))
@@ -186,9 +189,9 @@ class RowNormaliser(wiring.Component):
                     m.d.sync += [row_max.eq(-256), total.eq(0)]
                     next_pass("MAX", PASS_MAX)
             with m.State("MAX"):
-                v, last, _ = at(1, PASS_MAX)
-                with m.If(v & valid1 & (x > row_max)):
-                    m.d.sync += row_max.eq(x)
+                v, last, _ = at(2, PASS_MAX)
+                with m.If(v & max_candidate):
+                    m.d.sync += row_max.eq(x_max)
                 with m.If(v & last):
                     next_pass("SUM", PASS_SUM)
             with m.State("SUM"):
@@ -595,7 +598,9 @@ class SomaDecode(wiring.Component):
         m.d.comb += self.n_prob_index.eq(n_prob_read)
         prob_reg = reg(m, prob_bits.word_select(n_prob_read, 8), "prob_bits_sel")
         prob = reg(m, Mux(use_exp, self.n_prob[:8], prob_reg), "prob", unsigned(8))
-        v_group = reg(m, lane_group(rd_word, c_issue), "v_group")
+        # c_issue's copy for the value lanes: c_issue changes as WEIGHTED begins, its first word arrives
+        # READ_LATENCY cycles later.
+        v_group = reg(m, lane_group(rd_word, reg(m, c_issue, "c_group")), "v_group")
         products = [reg(m, prob * v_group.word_select(l, 8).as_signed(), f"pv{l}", signed(17)) for l in range(L)]
         lane_acc = [Signal(signed(32), name=f"lane_acc{l}") for l in range(L)]
         _, last_w, _, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
@@ -609,11 +614,14 @@ class SomaDecode(wiring.Component):
                 m.d.sync += lane_acc[l].eq(Mux(w_first.copy(l), 0, lane_acc[l]) + products[l])
 
         # FINAL: element e = n of chunk c, d = c * L + e.
-        d_issue = Signal(range(D + 1))
-        acc_sel = reg(m, Array(lane_acc)[n_issue[:max(1, (L - 1).bit_length())]], "acc_sel")
+        # d_issue (the element issued) is kept as one copy per register file read, and the lane issued as a
+        # counter of its own: each addresses a few hundred LUT RAM cells or a 32-bit multiplexer.
+        d_issue = Replicated(range(D + 1), 4, "d_issue")
+        fin_lane = Signal(max(1, (L - 1).bit_length()))
+        acc_sel = reg(m, Array(lane_acc)[fin_lane], "acc_sel")
         # Element d_issue of the fields, k and v.
-        f_old, g_old, k_elem, v_elem = (ram.reader(ram.word_of(d_issue)).element(d_issue).as_signed()
-                                        for ram in (fld, gate_fld, k, v))
+        f_old, g_old, k_elem, v_elem = (ram.reader(ram.word_of(d)).element(d).as_signed() for ram, d in
+                                        zip((fld, gate_fld, k, v), (d_issue.copy(i) for i in range(4))))
         f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
         src = reg(m, Mux(field_of_keys, k_elem, v_elem), "src")
         k_d = reg(m, k_elem, "k_d")
@@ -673,14 +681,19 @@ class SomaDecode(wiring.Component):
         # STORE writes the field, the gate field and the counters to consecutive state words (from the
         # field's), then the output words from out_base, in order. The address advances in a register; the
         # source is named by a one-hot register set the cycle before (not decoded from the state and counter).
-        store_groups = [fld.reader(counter), gate_fld.reader(counter - 2 * words), None,
-                        out.reader(counter - (4 * words + 1))]
+        # The register files are read a cycle ahead, at store_read (0 outside STORE, counter + 1 in it), into
+        # registers; the word for `counter` is then one multiplexer away from wr_data.
+        store_read = Signal.like(counter)
+        store_groups = [reg(m, ram.reader(store_read - offset).data, f"store_word{g}") if ram is not None else None
+                        for g, (ram, offset) in enumerate(((fld, 0), (gate_fld, 2 * words), (None, 0),
+                                                           (out, 4 * words + 1)))]
         store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * words
         store_sel = Signal(len(store_groups))
         store_addr = Signal(range(self.mem_words))
 
         def enter_store():
-            m.d.sync += [counter.eq(0), store_addr.eq(state_row), store_sel.eq(1 << store_sources[0])]
+            m.d.sync += [counter.eq(0), store_read.eq(1), store_addr.eq(state_row),
+                         store_sel.eq(1 << store_sources[0])]
             m.next = "STORE"
 
         def enter_scores():
@@ -693,12 +706,16 @@ class SomaDecode(wiring.Component):
         # after: elements arrive in order d = 0..D-1, counted from WEIGHTED's start.
         final_index = Signal(range(D + 1))
         out_index = Signal(range(D + 1))
-        with m.If(at(3, PHASE_FINAL)[0]):
+        # Their enables (and FINAL's end, the last element's output) from registers set a stage early.
+        fin_write = reg(m, at(2, PHASE_FINAL)[0], "fin_write")
+        v_o = reg(m, at(FINAL_DEPTH - 1, PHASE_FINAL)[0], "out_write")
+        v_end, last_end, _, c_end = at(FINAL_DEPTH - 1, PHASE_FINAL)
+        final_end = reg(m, v_end & last_end & (c_end == chunks - 1), "final_end")
+        with m.If(fin_write):
             m.d.sync += final_index.eq(final_index + 1)
             fld.write_element(final_index, f_new)
             with m.If(gated):
                 gate_fld.write_element(final_index, g_new)
-        v_o, _, _, _ = at(FINAL_DEPTH, PHASE_FINAL)
         with m.If(v_o):
             m.d.sync += out_index.eq(out_index + 1)
             out.write_element(out_index, out_element)
@@ -771,7 +788,7 @@ class SomaDecode(wiring.Component):
                 with m.If(Mux(use_exp, self.n_done, near_unit.o.valid & near_unit.o.payload.last)):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate_busy & ~norm_busy):
-                    m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), d_issue.eq(0),
+                    m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), *d_issue.eq(0),
                                  final_index.eq(0), out_index.eq(0)]
                     begin_rows("v")
                     begin_issue(PHASE_WEIGHTED)
@@ -785,6 +802,7 @@ class SomaDecode(wiring.Component):
                     with m.If(n_issue == slots - 1):
                         m.d.sync += issuing.eq(0)
                 with m.If(w_en.copy(0) & last_w):
+                    m.d.sync += fin_lane.eq(0)
                     begin_issue(PHASE_FINAL)
                     m.next = "FINAL"
             with m.State("FINAL"):
@@ -792,7 +810,8 @@ class SomaDecode(wiring.Component):
                 # (their writes are outside the FSM, below); after the last chunk the unit waits for them.
                 m.d.comb += last_issue.eq(n_issue == L - 1)
                 with m.If(issuing):
-                    m.d.sync += [n_issue.eq(n_issue + 1), d_issue.eq(d_issue + 1)]
+                    m.d.sync += [n_issue.eq(n_issue + 1), fin_lane.eq(fin_lane + 1)]
+                    m.d.sync += [d_issue.copy(i).eq(d_issue.copy(i) + 1) for i in range(4)]
                     with m.If(n_issue == L - 1):
                         m.d.sync += issuing.eq(0)
                 with m.If(c_issue != chunks - 1):
@@ -801,7 +820,7 @@ class SomaDecode(wiring.Component):
                         begin_rows("v")
                         begin_issue(PHASE_WEIGHTED)
                         m.next = "WEIGHTED"
-                with m.Elif(v_o & (out_index == D - 1)):  # the last element leaves FINAL
+                with m.Elif(final_end):  # the last element leaves FINAL
                     m.d.sync += [write_slot_word.eq(0), write_last.eq(0)]
                     with m.If(par["include_self"]):
                         enter_store()
@@ -815,15 +834,15 @@ class SomaDecode(wiring.Component):
                         with m.Case(i):
                             following = store_sources[i + 1] if i + 1 < len(store_sources) else None
                             m.d.sync += store_sel.eq(0 if following is None else 1 << following)
-                m.d.sync += [counter.eq(counter + 1),
+                m.d.sync += [counter.eq(counter + 1), store_read.eq(store_read + 1),
                              store_addr.eq(Mux(counter == 4 * words, out_base, store_addr + 1))]
                 with m.If(counter == len(store_sources) - 1):
-                    m.d.sync += self.done.eq(1)
+                    m.d.sync += [self.done.eq(1), store_read.eq(0)]
                     m.next = "DONE"
             with m.State("DONE"):
                 m.next = "IDLE"
         # STORE's data: word `counter` of the stored sequence, from the register file store_sel names.
         for g, source in enumerate(store_groups):
             with m.If(store_sel[g]):
-                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step) if source is None else source.data)
+                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step) if source is None else source)
         return m

@@ -189,8 +189,12 @@ class Tile(wiring.Component):
         reg_index = reg(m, Cat(*[Cat(*[matches[i] for i in range(len(readable)) if i >> b & 1]).any()
                                  for b in range(max(1, (len(readable) - 1).bit_length()))]), "reg_index")
         reg_ok = reg(m, Cat(*matches).any(), "reg_ok")
-        reg_value = reg(m, Array(Const(v, 32) if isinstance(v, int) else v for _, v in readable)[reg_index],
-                        "reg_value", unsigned(32))
+        # The value in two registered steps (a multiplexer of 8 per group of 8 registers, then the group's).
+        values = [Const(v, 32) if isinstance(v, int) else v for _, v in readable]
+        group_values = [reg(m, Array(values[g:g + 8])[reg_index[:3]], f"reg_group{g // 8}", unsigned(32))
+                        for g in range(0, len(values), 8)]
+        reg_value = reg(m, Array(group_values)[reg(m, reg_index[3:], "reg_group_index")], "reg_value",
+                        unsigned(32))
         scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
 
         # HCCS command arguments and the HCCS parameter rules of hccs.check_params.
@@ -271,6 +275,10 @@ class Tile(wiring.Component):
             with m.If(condition):
                 m.d.comb += check_error_now.eq(code)
         check_error = reg(m, check_error_now, "check_error")
+        # The opcode as one flag per command, and expected == 0, registered in the settle cycles: the state
+        # machine's branches on them (CHECK, PAYLOAD, EXECUTE, RESPOND_HEADER) then start from flip-flops.
+        is_op = {op: reg(m, opcode == op, f"is_{op.name.lower()}") for op in Opcode}
+        no_payload = reg(m, expected == 0, "no_payload")
 
         # CONFIGURE_HEAD: the parameter block as received, its range checks and the SomaConfig rules.
         config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
@@ -412,13 +420,16 @@ class Tile(wiring.Component):
         # Memory port defaults: the read address follows the response stream; writes come from the payload,
         # the clear sweep or the decode unit.
         # resp_addr (the response's base word + resp_word) and resp_addr + 1 are kept in registers, so that
-        # the response's read address is one 2:1 mux behind the output handshake.
-        advance = Signal()
+        # the response's read address is one 2:1 mux behind the output handshake. The read address is
+        # selected by flags kept in registers beside the state (responding with memory words, fetching HCCS
+        # rows, the last beat of a word, the last word): decoded from the state and counters, the selection
+        # was in front of the address inputs of the 16 block RAMs across the die.
+        words_state, fetching, word_last, at_last_word = Signal(), Signal(), Signal(), Signal()
         resp_addr = Signal(range(mem_words + 1))
         resp_addr_next = Signal(range(mem_words + 2))
-        m.d.comb += rd.addr.eq(Mux(advance, resp_addr_next, resp_addr))
-        with m.If(dec.busy):
-            m.d.comb += rd.addr.eq(dec.rd_addr)
+        advance = words_state & resp_ready & word_last
+        m.d.comb += rd.addr.eq(Mux(dec.busy, dec.rd_addr,
+                                   Mux(fetching, fetch_addr, Mux(advance, resp_addr_next, resp_addr))))
         m.d.comb += [wr.addr.eq(Mux(dec.busy, dec.wr_addr, host["addr"])),
                      wr.data.eq(Mux(dec.busy, dec.wr_data, host["data"])),
                      wr.en.eq(Mux(dec.busy, dec.wr_en, host["en"]))]
@@ -427,7 +438,8 @@ class Tile(wiring.Component):
 
         def start_response(words=0, base=0):
             m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0), info_beat.eq(0),
-                         resp_last_word.eq(words - 1), resp_addr.eq(base), resp_addr_next.eq(base + 1)]
+                         resp_last_word.eq(words - 1), resp_addr.eq(base), resp_addr_next.eq(base + 1),
+                         word_last.eq(beats_per_word == 1), at_last_word.eq(words == 1)]
             m.next = "RESPOND_HEADER"
 
         def finish():
@@ -480,10 +492,10 @@ class Tile(wiring.Component):
                     with m.Else():
                         m.d.sync += pending_error.eq(check_error)
                         m.next = "DRAIN"
-                with m.Elif(header_last != (expected == 0)):
+                with m.Elif(header_last != no_payload):
                     # The frame ends where the payload should start, or carries one the opcode forbids.
                     with m.If(header_last):
-                        with m.If(opcode == Opcode.LOAD_STATE):
+                        with m.If(is_op[Opcode.LOAD_STATE]):
                             m.d.sync += [clear_word.eq(head_words), clear_end.eq(next_head_words),
                                          pending_error.eq(ErrorCode.BAD_LENGTH)]
                             m.next = "CLEAR"
@@ -494,11 +506,7 @@ class Tile(wiring.Component):
                         m.d.sync += pending_error.eq(ErrorCode.BAD_LENGTH)
                         m.next = "DRAIN"
                 with m.Else():
-                    with m.Switch(opcode):
-                        with m.Case(Opcode.LOAD_STATE):
-                            m.d.sync += payload_addr.eq(head_words)
-                        with m.Default():
-                            m.d.sync += payload_addr.eq(stage_word)
+                    m.d.sync += payload_addr.eq(Mux(is_op[Opcode.LOAD_STATE], head_words, stage_word))
                     with m.If(header_last):
                         m.next = "EXECUTE"
                     with m.Else():
@@ -510,7 +518,7 @@ class Tile(wiring.Component):
                     # byte_count + SB < expected, i.e. byte_count < expected - SB: no adder before the comparison.
                     m.d.sync += [byte_count.eq(byte_count + SB), in_payload.eq(byte_count < last_beat_at)]
                     with m.If(in_payload):
-                        with m.If(opcode == Opcode.CONFIGURE_HEAD):
+                        with m.If(is_op[Opcode.CONFIGURE_HEAD]):
                             m.d.comb += config_we_now.eq(Const(1, config_beats) << (byte_count[:8] >> log2(SB)))
                         with m.Else():
                             lane = (byte_count >> log2(SB)) % beats_per_word if beats_per_word > 1 else 0
@@ -519,17 +527,17 @@ class Tile(wiring.Component):
                             m.d.comb += [host_addr.eq(payload_addr),
                                          host_data.eq(Cat(*[self.s_axis_tdata] * beats_per_word)),
                                          host_en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
-                        with m.If((opcode == Opcode.LOAD_STATE) & beat_counters_bad):
+                        with m.If(is_op[Opcode.LOAD_STATE] & beat_counters_bad):
                             m.d.sync += counters_bad.eq(1)
                     with m.If(self.s_axis_tlast):
                         length_ok = byte_count == last_beat_at
-                        with m.If(opcode == Opcode.LOAD_STATE):
+                        with m.If(is_op[Opcode.LOAD_STATE]):
                             # Decided in LOAD_CHECK from registers (the last beat's counter check included).
                             m.d.sync += load_length_ok.eq(length_ok)
                             m.next = "LOAD_CHECK"
                         with m.Elif(length_ok):
                             m.next = "EXECUTE"
-                            with m.If(opcode == Opcode.CONFIGURE_HEAD):
+                            with m.If(is_op[Opcode.CONFIGURE_HEAD]):
                                 m.d.sync += settle.eq(0)
                                 m.next = "CONFIG_SETTLE"
                         with m.Else():
@@ -557,42 +565,41 @@ class Tile(wiring.Component):
                     start_response()
 
             with m.State("EXECUTE"):
-                with m.Switch(opcode):
-                    with m.Case(Opcode.INFO):
-                        set_length(info_beats * SB, info_beats > 0)
-                        start_response()
-                    with m.Case(Opcode.REG_READ):
-                        m.d.sync += resp_result.eq(reg_value)
-                        start_response()
-                    with m.Case(Opcode.REG_WRITE):
-                        m.d.sync += scratch.eq(arg1)
-                        start_response()
-                    with m.Case(Opcode.CLEAR_ERROR):
-                        m.d.sync += [error_latched.eq(0), error_code.eq(0), error_opcode.eq(0)]
-                        start_response()
-                    with m.Case(Opcode.CONFIGURE_HEAD):
-                        # The head's registers are written in this cycle from head_we (above).
-                        with m.If(~config_ok):
-                            fail(ErrorCode.BAD_ARGUMENT)
-                        start_response()
-                    with m.Case(Opcode.LOAD_STATE):
-                        start_response()
-                    with m.Case(Opcode.READ_STATE):
-                        set_length(state_words * W, state_words > 0)
-                        start_response(state_words, head_words)
-                    with m.Case(Opcode.RESET_STATE):
-                        m.d.sync += [clear_word.eq(head_words), clear_end.eq(end_head_words),
-                                     pending_error.eq(0)]
-                        m.next = "CLEAR"
-                    with m.Case(Opcode.DECODE):
-                        # The decode unit samples its head's parameters at start: cur first.
-                        m.d.sync += [cur.eq(head), last.eq(head_end - 1), dec_state_base.eq(head_words),
-                                     dec_stage_base.eq(stage_word), dec_out_base.eq(out_word)]
-                        m.next = "DECODE_NEXT"
-                    with m.Case(Opcode.HCCS):
-                        m.d.sync += [row.eq(0), hccs_active.eq(1)]
-                        set_length(hccs_bytes * out_bytes, hccs_bytes_nonzero)
-                        start_response()
+                with m.If(is_op[Opcode.INFO]):
+                    set_length(info_beats * SB, info_beats > 0)
+                    start_response()
+                with m.Elif(is_op[Opcode.REG_READ]):
+                    m.d.sync += resp_result.eq(reg_value)
+                    start_response()
+                with m.Elif(is_op[Opcode.REG_WRITE]):
+                    m.d.sync += scratch.eq(arg1)
+                    start_response()
+                with m.Elif(is_op[Opcode.CLEAR_ERROR]):
+                    m.d.sync += [error_latched.eq(0), error_code.eq(0), error_opcode.eq(0)]
+                    start_response()
+                with m.Elif(is_op[Opcode.CONFIGURE_HEAD]):
+                    # The head's registers are written in this cycle from head_we (above).
+                    with m.If(~config_ok):
+                        fail(ErrorCode.BAD_ARGUMENT)
+                    start_response()
+                with m.Elif(is_op[Opcode.LOAD_STATE]):
+                    start_response()
+                with m.Elif(is_op[Opcode.READ_STATE]):
+                    set_length(state_words * W, state_words > 0)
+                    start_response(state_words, head_words)
+                with m.Elif(is_op[Opcode.RESET_STATE]):
+                    m.d.sync += [clear_word.eq(head_words), clear_end.eq(end_head_words),
+                                 pending_error.eq(0)]
+                    m.next = "CLEAR"
+                with m.Elif(is_op[Opcode.DECODE]):
+                    # The decode unit samples its head's parameters at start: cur first.
+                    m.d.sync += [cur.eq(head), last.eq(head_end - 1), dec_state_base.eq(head_words),
+                                 dec_stage_base.eq(stage_word), dec_out_base.eq(out_word)]
+                    m.next = "DECODE_NEXT"
+                with m.Elif(is_op[Opcode.HCCS]):
+                    m.d.sync += [row.eq(0), hccs_active.eq(1)]
+                    set_length(hccs_bytes * out_bytes, hccs_bytes_nonzero)
+                    start_response()
 
             with m.State("DECODE"):
                 with m.If(dec.done):
@@ -618,11 +625,12 @@ class Tile(wiring.Component):
                             finish()
                         with m.Elif(hccs_active):
                             m.d.sync += [row_index.eq(0), row_start.eq(0), fetch_valid.eq(0), fetch_elem.eq(0),
-                                         fetch_addr.eq(stage_word)]
+                                         fetch_addr.eq(stage_word), fetching.eq(1)]
                             m.next = "HCCS_LOAD"
-                        with m.Elif(opcode == Opcode.INFO):
+                        with m.Elif(is_op[Opcode.INFO]):
                             m.next = "RESPOND_INFO"
                         with m.Else():
+                            m.d.sync += words_state.eq(1)
                             m.next = "RESPOND_WORDS"
 
             with m.State("RESPOND_INFO"):
@@ -634,23 +642,24 @@ class Tile(wiring.Component):
                         finish()
 
             with m.State("RESPOND_WORDS"):
-                last_beat_of_word = word_beat == beats_per_word - 1
-                final = last_beat_of_word & (resp_word == resp_last_word)
+                final = word_last & at_last_word
                 m.d.comb += [resp_valid.eq(1), resp_data.eq(rd.data.word_select(word_beat, SW)),
-                             resp_last_beat.eq(final), advance.eq(m_beat & last_beat_of_word)]
+                             resp_last_beat.eq(final)]
                 with m.If(m_beat):
-                    m.d.sync += word_beat.eq(Mux(last_beat_of_word, 0, word_beat + 1))
-                    with m.If(last_beat_of_word):
+                    m.d.sync += [word_beat.eq(Mux(word_last, 0, word_beat + 1)),
+                                 word_last.eq(Mux(word_last, beats_per_word == 1, word_beat == beats_per_word - 2))]
+                    with m.If(word_last):
                         m.d.sync += [resp_word.eq(resp_word + 1), resp_addr.eq(resp_addr_next),
-                                     resp_addr_next.eq(resp_addr_next + 1)]
+                                     resp_addr_next.eq(resp_addr_next + 1),
+                                     at_last_word.eq(resp_word + 1 == resp_last_word)]
                     with m.If(final):
+                        m.d.sync += words_state.eq(0)
                         finish()
 
             with m.State("HCCS_LOAD"):
                 # Read the row's words from staging and write its n elements into the normaliser, one a cycle.
                 # fetch_elem is the element whose word (fetch_addr) is addressed this cycle; the one consumed was
                 # addressed the cycle before (its byte lane in fetched_lane).
-                m.d.comb += rd.addr.eq(fetch_addr)
                 m.d.sync += [fetch_valid.eq(1), fetch_elem.eq(fetch_elem + 1)]
                 with m.If(fetch_elem[:log2(W)] == W - 1):
                     m.d.sync += fetch_addr.eq(fetch_addr + 1)
@@ -659,6 +668,7 @@ class Tile(wiring.Component):
                     m.d.sync += row_index.eq(row_index + 1)
                     with m.If(row_index == arg1_last):
                         m.d.comb += hccs_start.eq(1)
+                        m.d.sync += fetching.eq(0)
                         m.next = "HCCS_RUN"
             with m.State("HCCS_RUN"):
                 # The probabilities are read one cycle after their index: HCCS_PACK consumes row_index's and
@@ -687,7 +697,8 @@ class Tile(wiring.Component):
                     with m.Elif(row_done):
                         m.d.sync += [row.eq(row + 1), row_index.eq(0), row_start.eq(row_start + n_pad),
                                      fetch_valid.eq(0), fetch_elem.eq(row_start + n_pad),
-                                     fetch_addr.eq(stage_word + ((row_start + n_pad) >> log2(W)))]
+                                     fetch_addr.eq(stage_word + ((row_start + n_pad) >> log2(W))),
+                                     fetching.eq(1)]
                         m.next = "HCCS_LOAD"
                     with m.Else():
                         m.next = "HCCS_PACK"
