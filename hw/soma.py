@@ -44,9 +44,9 @@ from somatile.model import hccs, intexp, soma
 DIVIDER_BITS = 31
 """Quotient bits of the sequential reciprocal: the largest numerator is 32767 << 15 < 2**30."""
 
-NORM_SUM_DEPTH = 9
+NORM_SUM_DEPTH = 10
 """Cycles from a row index's issue to its score reaching the running total (RowNormaliser's SUM pass)."""
-NORM_OUT_DEPTH = 13
+NORM_OUT_DEPTH = 14
 """Cycles from a row index's issue to its probability being written (RowNormaliser's OUT pass)."""
 NORM_RECIPROCAL_PREP = 4
 """Cycles between the final total and the divider's first step: leading one (2), pre-shift, divisor."""
@@ -116,30 +116,29 @@ class RowNormaliser(wiring.Component):
         total = Signal(32)
         inv = Signal(32)
 
-        # s1: the element from the row memory.
-        x = row_r.data[:8].as_signed()
-        valid1 = row_r.data[8]
-        distance = reg(m, row_max - x, "distance", unsigned(9))                       # s2
-        # MAX pass: the element in a register (s2) before its comparison with the running maximum.
-        x_max = reg(m, x, "x_max")
-        max_candidate = reg(m, valid1, "max_valid") & (x_max > row_max)
-        valid = delay(m, valid1, 1)
-        capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s3
+        # s1: the element from the row memory (a block RAM, whose clock-to-output alone is 5.8 ns on the
+        # ECP5); s2: in a register, before any arithmetic.
+        x = reg(m, row_r.data[:8].as_signed(), "x")
+        valid2 = reg(m, row_r.data[8], "x_valid")
+        max_candidate = valid2 & (x > row_max)  # MAX pass
+        distance = reg(m, row_max - x, "distance", unsigned(9))                       # s3
+        valid = delay(m, valid2, 1)
+        capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s4
         u = reg(m, distance * exp_mult, "u", unsigned(25))
-        hccs_product = reg(m, S * capped, "hccs_product", unsigned(16))              # s4
+        hccs_product = reg(m, S * capped, "hccs_product", unsigned(16))              # s5
         w = reg(m, (intexp.POLY_B - u[:intexp.EXP_FRAC_BITS]) >> 1, "w", unsigned(17))
-        z = delay(m, u >> intexp.EXP_FRAC_BITS, 3)                                   # s4-s6, used in s7
-        hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s5
-        hccs_score = delay(m, hccs_score, 4)                                         # s6-s9, used in s9
+        z = delay(m, u >> intexp.EXP_FRAC_BITS, 3)                                   # s5-s7, used in s8
+        hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s6
+        hccs_score = delay(m, hccs_score, 4)                                         # s7-s10, used in s10
         square = reg(m, w * w, "square", unsigned(34))
-        poly = reg(m, intexp.POLY_A * (square >> 13), "poly", unsigned(36))          # s6
-        e = reg(m, (poly >> 15) + intexp.POLY_C, "e", unsigned(22))                  # s7
+        poly = reg(m, intexp.POLY_A * (square >> 13), "poly", unsigned(36))          # s7
+        e = reg(m, (poly >> 15) + intexp.POLY_C, "e", unsigned(22))                  # s8
         rounding = reg(m, (Const(1, 17) << z[:5]) >> 1, "rounding", unsigned(17))
         underflow = delay(m, reg(m, z >= intexp.EXP_ZERO_SHIFT, "underflow"), 1)
         z_shift = delay(m, reg(m, z[:5], "z_shift"), 1)
-        e_rounded = reg(m, e + rounding, "e_rounded", unsigned(23))                  # s8
-        exp_score = reg(m, Mux(underflow, 0, e_rounded >> z_shift), "exp_score", unsigned(17))  # s9 (below)
-        valid = delay(m, valid, NORM_SUM_DEPTH - 2)
+        e_rounded = reg(m, e + rounding, "e_rounded", unsigned(23))                  # s9
+        exp_score = reg(m, Mux(underflow, 0, e_rounded >> z_shift), "exp_score", unsigned(17))  # s10 (below)
+        valid = delay(m, valid, NORM_SUM_DEPTH - 3)
         score = Signal(17)
         m.d.comb += score.eq(Mux(valid, Mux(use_exp, exp_score, hccs_score), 0))
 
@@ -155,14 +154,14 @@ class RowNormaliser(wiring.Component):
                                      Mux(out16, hccs.INT16_NUMERATOR, hccs.UINT8_NUMERATOR)))
         clb_inv = reg(m, numerator >> log2_total, "clb_inv", unsigned(DIVIDER_BITS))
 
-        # s10-s13 of the OUT pass: pre-shift, score * inv (split), saturate, write.
-        shifted = reg(m, Mux(use_exp, score >> pre_shift, score), "shifted", unsigned(17))      # s10
-        product = split_mul(m, inv[:DIVIDER_BITS], shifted, "prob_product")                   # s12
+        # s11-s14 of the OUT pass: pre-shift, score * inv (split), saturate, write.
+        shifted = reg(m, Mux(use_exp, score >> pre_shift, score), "shifted", unsigned(17))      # s11
+        product = split_mul(m, inv[:DIVIDER_BITS], shifted, "prob_product")                   # s13
         valid = delay(m, valid, 3)
         hccs_prob = Mux(out16, Mux(product > hccs.INT16_MAX, hccs.INT16_MAX, product),
                         Mux((product >> hccs.INV_SHIFT) > hccs.UINT8_MAX, hccs.UINT8_MAX,
                             product >> hccs.INV_SHIFT))
-        prob = reg(m, Mux(valid, Mux(use_exp, product >> 15, hccs_prob), 0), "prob", unsigned(16))  # s13
+        prob = reg(m, Mux(valid, Mux(use_exp, product >> 15, hccs_prob), 0), "prob", unsigned(16))  # s14
         _, _, out_index = at(NORM_OUT_DEPTH, PASS_OUT)
         m.d.comb += [prob_w.addr.eq(out_index), prob_w.data.eq(prob)]
 
@@ -181,7 +180,7 @@ class RowNormaliser(wiring.Component):
 
         # The passes begin a cycle after `start`, from a register: in the tile `start` comes through the
         # selection between the decode unit and the HCCS command, whose select flag is far from here.
-        started = reg(m, self.start, "started")
+        started = reg(m, self.start, "started", reset_less=False)
         m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
         with m.FSM():
             with m.State("IDLE"):
@@ -191,7 +190,7 @@ class RowNormaliser(wiring.Component):
             with m.State("MAX"):
                 v, last, _ = at(2, PASS_MAX)
                 with m.If(v & max_candidate):
-                    m.d.sync += row_max.eq(x_max)
+                    m.d.sync += row_max.eq(x)
                 with m.If(v & last):
                     next_pass("SUM", PASS_SUM)
             with m.State("SUM"):
@@ -544,9 +543,10 @@ class SomaDecode(wiring.Component):
         hl = unit_config.lanes
         row_beats = unit_config.n_max // hl
         m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
-        row_bits = Signal(8 * unit_config.n_max)
-        row_valid_bits = Signal(unit_config.n_max)
-        prob_bits = Signal(8 * unit_config.n_max)
+        # Data registers without a reset (every slot is written in each step before it is read).
+        row_bits = Signal(8 * unit_config.n_max, reset_less=True)
+        row_valid_bits = Signal(unit_config.n_max, reset_less=True)
+        prob_bits = Signal(8 * unit_config.n_max, reset_less=True)
         feed_beat = Signal(range(row_beats + 1))
         drain_beat = Signal(range(row_beats + 1))
         with m.If(row_we):
@@ -582,7 +582,7 @@ class SomaDecode(wiring.Component):
         g_product = reg(m, g_q * g_f, "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
         v_g_early, _, n_g_early, _ = at(1, PHASE_GATE)
-        z_en, z_first = reg(m, v_g_early, "z_en"), reg(m, n_g_early == 0, "z_first")
+        z_en, z_first = reg(m, v_g_early, "z_en", reset_less=False), reg(m, n_g_early == 0, "z_first")
         with m.If(z_en):
             m.d.sync += z.eq(Mux(z_first, 0, z) + g_product)
         gate_scaled = round_shift(m, split_mul(m, z, operand("gate_mult"), "gate_product"), par["gate_shift"],
@@ -602,7 +602,7 @@ class SomaDecode(wiring.Component):
         # READ_LATENCY cycles later.
         v_group = reg(m, lane_group(rd_word, reg(m, c_issue, "c_group")), "v_group")
         products = [reg(m, prob * v_group.word_select(l, 8).as_signed(), f"pv{l}", signed(17)) for l in range(L)]
-        lane_acc = [Signal(signed(32), name=f"lane_acc{l}") for l in range(L)]
+        lane_acc = [Signal(signed(32), name=f"lane_acc{l}", reset_less=True) for l in range(L)]
         _, last_w, _, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
         # The accumulators' enable and clear are registered one stage early, a copy per lane: decoded from the
         # tag line in the same cycle they reached 256 flip-flop enables across the die.
@@ -707,10 +707,10 @@ class SomaDecode(wiring.Component):
         final_index = Signal(range(D + 1))
         out_index = Signal(range(D + 1))
         # Their enables (and FINAL's end, the last element's output) from registers set a stage early.
-        fin_write = reg(m, at(2, PHASE_FINAL)[0], "fin_write")
-        v_o = reg(m, at(FINAL_DEPTH - 1, PHASE_FINAL)[0], "out_write")
+        fin_write = reg(m, at(2, PHASE_FINAL)[0], "fin_write", reset_less=False)
+        v_o = reg(m, at(FINAL_DEPTH - 1, PHASE_FINAL)[0], "out_write", reset_less=False)
         v_end, last_end, _, c_end = at(FINAL_DEPTH - 1, PHASE_FINAL)
-        final_end = reg(m, v_end & last_end & (c_end == chunks - 1), "final_end")
+        final_end = reg(m, v_end & last_end & (c_end == chunks - 1), "final_end", reset_less=False)
         with m.If(fin_write):
             m.d.sync += final_index.eq(final_index + 1)
             fld.write_element(final_index, f_new)

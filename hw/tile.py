@@ -118,7 +118,7 @@ class Tile(wiring.Component):
         m_beat = resp_valid & resp_ready
 
         # Command header and its fields.
-        header = Signal(8 * regmap.HEADER_BYTES)
+        header = Signal(8 * regmap.HEADER_BYTES, reset_less=True)  # read only after a frame's header is in
         magic, opcode, head, count = (header.word_select(i, 8) for i in range(4))
         length, arg0, arg1 = (header.word_select(i, 32) for i in (1, 2, 3))
         header_beat = Signal(range(HB + 1))
@@ -282,7 +282,7 @@ class Tile(wiring.Component):
 
         # CONFIGURE_HEAD: the parameter block as received, its range checks and the SomaConfig rules.
         config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
-        config = Signal(8 * config_bytes)
+        config = Signal(8 * config_bytes, reset_less=True)  # applied only through head_we (reset)
         config_values = [config.word_select(i, 32) for i in range(len(HEAD_PARAMS))]
         # Each range check registered on its own, their AND three cycles later (4 in all, like the HCCS rules).
         ranges_ok = reg(m, Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]),
@@ -320,7 +320,7 @@ class Tile(wiring.Component):
         # cycle, the enables of the 600-odd flip-flops of the block were among the tile's longest paths).
         config_beats = config_bytes // SB
         config_we_now = Signal(config_beats)
-        config_we = reg(m, config_we_now, "config_we")
+        config_we = reg(m, config_we_now, "config_we", reset_less=False)
         config_data = reg(m, self.s_axis_tdata, "config_data")
         for i in range(config_beats):
             with m.If(config_we[i]):
@@ -330,7 +330,7 @@ class Tile(wiring.Component):
         # the state, the opcode and the byte counter decoded in front of the block RAMs' write ports were the
         # tile's longest paths. Nothing reads a word in the cycle after it is written by them.
         host_addr, host_data, host_en = Signal.like(wr.addr), Signal.like(wr.data), Signal.like(wr.en)
-        host = {name: reg(m, value, f"host_{name}") for name, value in
+        host = {name: reg(m, value, f"host_{name}", reset_less=name != "en") for name, value in
                 (("addr", host_addr), ("data", host_data), ("en", host_en))}
 
         # Byte counter of the payload and where its beats go.
