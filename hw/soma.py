@@ -458,9 +458,9 @@ class SomaDecode(wiring.Component):
         def begin_rows(region: str):
             m.d.sync += row_addr.eq(first_row[("sink_" if sinks else "ring_") + region])
 
-        def next_row(region: str, n):
+        def next_row(region: str):
             if sinks:
-                m.d.sync += row_addr.eq(Mux(n == sinks - 1, first_row["ring_" + region], row_addr + words))
+                m.d.sync += row_addr.eq(Mux(sink_last, first_row["ring_" + region], row_addr + words))
             else:
                 m.d.sync += row_addr.eq(row_addr + words)
 
@@ -472,6 +472,7 @@ class SomaDecode(wiring.Component):
         # An issue counter over (slot n, chunk c) or (element); tags (valid, last, n, c) travel down a
         # delay line so that every pipeline stage knows which item it holds.
         n_issue = Signal(range(max(slots, D, L) + 1))
+        sink_last = Signal()  # n_issue == sinks - 1, set with n_issue (it steers the row address)
         c_issue = Signal(range(chunks + 1))
         issuing = Signal()
         last_issue = Signal()
@@ -482,7 +483,7 @@ class SomaDecode(wiring.Component):
         n_bits = len(n_issue)
 
         def begin_issue(code):
-            m.d.sync += [n_issue.eq(0), issuing.eq(1), phase.eq(code)]
+            m.d.sync += [n_issue.eq(0), issuing.eq(1), phase.eq(code), sink_last.eq(sinks == 1)]
 
         # SCORES: read, operands, products, adder tree, accumulator.
         s = READ_LATENCY
@@ -587,21 +588,28 @@ class SomaDecode(wiring.Component):
             m.d.sync += z.eq(Mux(z_first, 0, z) + g_product)
         gate_scaled = round_shift(m, split_mul(m, z, operand("gate_mult"), "gate_product"), par["gate_shift"],
                                   soma.INT_SHIFT_MAX, "gate_scaled")
-        gate_value = reg(m, saturate(soma.GATE_ONE // 2 + gate_scaled, 0, soma.GATE_ONE), "gate_value",
-                         range(soma.GATE_ONE + 1))
+        # sat(64 + x, 0, 128) as 64 + sat(x, -64, 64): the comparisons on the register, the adder on 8 bits.
+        half = soma.GATE_ONE // 2
+        gate_value = reg(m, half + saturate(gate_scaled, -half, half), "gate_value", range(soma.GATE_ONE + 1))
         gate = Signal(range(soma.GATE_ONE + 1))
         gate_busy = Signal()
         norm_busy = Signal()
 
         # WEIGHTED SUM over slots for chunk c (c_issue holds the chunk); then FINAL over its L elements.
         _, _, n_prob_read, _ = at(READ_LATENCY - 1, PHASE_WEIGHTED)
-        m.d.comb += self.n_prob_index.eq(n_prob_read)
+        # The normaliser's probability (a block RAM, 5.8 ns from clock to output on the ECP5) is addressed a
+        # cycle earlier and registered as it leaves the RAM.
+        m.d.comb += self.n_prob_index.eq(at(READ_LATENCY - 2, PHASE_WEIGHTED)[2])
+        n_prob = reg(m, self.n_prob[:8], "n_prob")
         prob_reg = reg(m, prob_bits.word_select(n_prob_read, 8), "prob_bits_sel")
-        prob = reg(m, Mux(use_exp, self.n_prob[:8], prob_reg), "prob", unsigned(8))
+        # The probability in one copy per value lane (each copy feeds one multiplier).
+        prob = Replicated(unsigned(8), L, "prob")
+        m.d.sync += prob.eq(Mux(use_exp, n_prob, prob_reg))
         # c_issue's copy for the value lanes: c_issue changes as WEIGHTED begins, its first word arrives
         # READ_LATENCY cycles later.
         v_group = reg(m, lane_group(rd_word, reg(m, c_issue, "c_group")), "v_group")
-        products = [reg(m, prob * v_group.word_select(l, 8).as_signed(), f"pv{l}", signed(17)) for l in range(L)]
+        products = [reg(m, prob.copy(l) * v_group.word_select(l, 8).as_signed(), f"pv{l}", signed(17))
+                    for l in range(L)]
         lane_acc = [Signal(signed(32), name=f"lane_acc{l}", reset_less=True) for l in range(L)]
         _, last_w, _, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
         # The accumulators' enable and clear are registered one stage early, a copy per lane: decoded from the
@@ -636,10 +644,11 @@ class SomaDecode(wiring.Component):
                           soma.INT_SHIFT_MAX + 7, "far_scaled")
         far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
         out_element = reg(m, saturate(near + far, -128, 127), "out_element", signed(8))
-        gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], "gamma_rest")
 
         def field_update(f, x, name):
             """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): products (1), sum and rounding (1)."""
+            # 2^15 - gamma is a register of its own per update, beside its multiplier.
+            gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], f"{name}_gamma_rest")
             kept = reg(m, operand("gamma_q15") * f, f"{name}_kept", signed(33))
             added = reg(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), f"{name}_added", signed(33))
             return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
@@ -764,8 +773,8 @@ class SomaDecode(wiring.Component):
                 with m.If(issuing):
                     m.d.comb += rd_addr_next.eq(slot_word(c_issue))
                     with m.If(c_issue == chunks - 1):
-                        m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1)]
-                        next_row("k", n_issue)
+                        m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1), sink_last.eq(n_issue + 2 == sinks)]
+                        next_row("k")
                         with m.If(n_issue == slots - 1):
                             m.d.sync += issuing.eq(0)
                     with m.Else():
@@ -797,8 +806,8 @@ class SomaDecode(wiring.Component):
                 m.d.comb += last_issue.eq(n_issue == slots - 1)
                 with m.If(issuing):
                     m.d.comb += rd_addr_next.eq(slot_word(c_issue))
-                    m.d.sync += n_issue.eq(n_issue + 1)
-                    next_row("v", n_issue)
+                    m.d.sync += [n_issue.eq(n_issue + 1), sink_last.eq(n_issue + 2 == sinks)]
+                    next_row("v")
                     with m.If(n_issue == slots - 1):
                         m.d.sync += issuing.eq(0)
                 with m.If(w_en.copy(0) & last_w):

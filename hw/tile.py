@@ -32,7 +32,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import block_ram, delay, reg, skid_buffer, split_mul
+from somatile.hw.pipe import Replicated, block_ram, delay, reg, skid_buffer, split_mul
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
 from somatile.model import hccs
@@ -186,14 +186,18 @@ class Tile(wiring.Component):
                     + [(regmap.head_register(h, i), head_regs[h][i]) for h in range(p.heads)
                        for i in range(len(HEAD_PARAMS))])
         matches = list(reg(m, Cat(*[address == a for a, _ in readable]), "reg_matches"))
-        reg_index = reg(m, Cat(*[Cat(*[matches[i] for i in range(len(readable)) if i >> b & 1]).any()
-                                 for b in range(max(1, (len(readable) - 1).bit_length()))]), "reg_index")
+        index_now = Cat(*[Cat(*[matches[i] for i in range(len(readable)) if i >> b & 1]).any()
+                          for b in range(max(1, (len(readable) - 1).bit_length()))])
         reg_ok = reg(m, Cat(*matches).any(), "reg_ok")
-        # The value in two registered steps (a multiplexer of 8 per group of 8 registers, then the group's).
+        # The value in two registered steps: a multiplexer of 8 per group of 8 registers (each group with its
+        # own copy of the index, as the registers are spread over the die), then the group's.
         values = [Const(v, 32) if isinstance(v, int) else v for _, v in readable]
-        group_values = [reg(m, Array(values[g:g + 8])[reg_index[:3]], f"reg_group{g // 8}", unsigned(32))
-                        for g in range(0, len(values), 8)]
-        reg_value = reg(m, Array(group_values)[reg(m, reg_index[3:], "reg_group_index")], "reg_value",
+        groups = range(0, len(values), 8)
+        reg_index = Replicated(len(index_now), len(groups), "reg_index")
+        m.d.sync += reg_index.eq(index_now)
+        group_values = [reg(m, Array(values[g:g + 8])[reg_index.copy(i)[:3]], f"reg_group{i}", unsigned(32))
+                        for i, g in enumerate(groups)]
+        reg_value = reg(m, Array(group_values)[reg(m, reg_index.copy(0)[3:], "reg_group_index")], "reg_value",
                         unsigned(32))
         scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
 
@@ -256,6 +260,9 @@ class Tile(wiring.Component):
                 m.d.comb += expected_now.eq(hccs_bytes)
         expected = reg(m, expected_now, "expected")
         last_beat_at = reg(m, expected - SB, "last_beat_at", signed(34))   # byte_count of the payload's last beat
+        # byte_count == last_beat_at is kept in a register (at_last_beat) beside byte_count, from these two.
+        first_is_last = reg(m, last_beat_at == 0, "first_is_last")
+        before_last_beat = reg(m, last_beat_at - SB, "before_last_beat", signed(35))
 
         # Each condition is registered on its own (at most 4 cycles after the header), then the priority.
         conditions = [
@@ -341,6 +348,7 @@ class Tile(wiring.Component):
         payload_addr = Signal(range(mem_words + 1))   # word the next payload beat goes to
         counters_bad = Signal()
         load_length_ok = Signal()
+        at_last_beat = Signal()
         counter_offset = dict((n, o) for n, o, _, _ in regmap.state_layout(p))["counters"]
         counter_limits = (p.ring - 1, p.ring, (1 << 31) - 1)
         beat_counters_bad = Signal()
@@ -354,8 +362,19 @@ class Tile(wiring.Component):
         cur = Signal(8)
         last = Signal(8)
         cur_is_last = reg(m, cur == last, "cur_is_last")  # cur and last change long before a step's done
+        # The sweep clears [clear_word, clear_end): after reset every head's state (the reset values), else the
+        # range CLEAR is entered with. clear_last (the word being cleared is the last one) is kept in a register:
+        # every sweep covers at least one head's state, which is more than one word.
+        assert state_words >= 2
         clear_word = Signal(range(mem_words + 1))
-        clear_end = Signal(range(mem_words + 1))
+        clear_end = Signal(range(mem_words + 1), init=p.heads * state_words)
+        after_reset = Signal(init=1)
+        clear_last = Signal()
+
+        def enter_clear(end, error):
+            m.d.sync += [clear_word.eq(head_words), clear_end.eq(end), pending_error.eq(error),
+                         after_reset.eq(0), clear_last.eq(0)]
+            m.next = "CLEAR"
         pending_error = Signal(8)
 
         # Response payload streaming: memory words (READ_STATE, DECODE), INFO words, or HCCS rows.
@@ -450,9 +469,9 @@ class Tile(wiring.Component):
             with m.State("CLEAR"):
                 # After reset, and for RESET_STATE / a faulting LOAD_STATE: zero [clear_word, clear_end).
                 m.d.comb += [host_addr.eq(clear_word), host_data.eq(0), host_en.eq((1 << W) - 1)]
-                m.d.sync += clear_word.eq(clear_word + 1)
-                with m.If(clear_word + 1 >= Mux(clear_end == 0, p.heads * state_words, clear_end)):
-                    with m.If(clear_end == 0):
+                m.d.sync += [clear_word.eq(clear_word + 1), clear_last.eq(clear_word + 2 >= clear_end)]
+                with m.If(clear_last):
+                    with m.If(after_reset):
                         m.d.sync += header_beat.eq(0)
                         m.next = "HEADER"
                     with m.Else():
@@ -483,7 +502,8 @@ class Tile(wiring.Component):
 
             with m.State("CHECK"):
                 m.d.sync += [resp_opcode.eq(opcode), resp_head.eq(head), resp_error.eq(0), resp_result.eq(0),
-                             byte_count.eq(0), in_payload.eq(expected > 0), counters_bad.eq(0)]
+                             byte_count.eq(0), in_payload.eq(expected > 0), counters_bad.eq(0),
+                             at_last_beat.eq(first_is_last)]
                 set_length(0, 0)
                 with m.If(check_error != 0):
                     with m.If(header_last):
@@ -496,9 +516,7 @@ class Tile(wiring.Component):
                     # The frame ends where the payload should start, or carries one the opcode forbids.
                     with m.If(header_last):
                         with m.If(is_op[Opcode.LOAD_STATE]):
-                            m.d.sync += [clear_word.eq(head_words), clear_end.eq(next_head_words),
-                                         pending_error.eq(ErrorCode.BAD_LENGTH)]
-                            m.next = "CLEAR"
+                            enter_clear(next_head_words, ErrorCode.BAD_LENGTH)
                         with m.Else():
                             fail(ErrorCode.BAD_LENGTH, expected)
                             start_response()
@@ -516,7 +534,8 @@ class Tile(wiring.Component):
                 m.d.comb += self.s_axis_tready.eq(1)
                 with m.If(s_beat):
                     # byte_count + SB < expected, i.e. byte_count < expected - SB: no adder before the comparison.
-                    m.d.sync += [byte_count.eq(byte_count + SB), in_payload.eq(byte_count < last_beat_at)]
+                    m.d.sync += [byte_count.eq(byte_count + SB), in_payload.eq(byte_count < last_beat_at),
+                                 at_last_beat.eq(byte_count == before_last_beat)]
                     with m.If(in_payload):
                         with m.If(is_op[Opcode.CONFIGURE_HEAD]):
                             m.d.comb += config_we_now.eq(Const(1, config_beats) << (byte_count[:8] >> log2(SB)))
@@ -530,7 +549,7 @@ class Tile(wiring.Component):
                         with m.If(is_op[Opcode.LOAD_STATE] & beat_counters_bad):
                             m.d.sync += counters_bad.eq(1)
                     with m.If(self.s_axis_tlast):
-                        length_ok = byte_count == last_beat_at
+                        length_ok = at_last_beat
                         with m.If(is_op[Opcode.LOAD_STATE]):
                             # Decided in LOAD_CHECK from registers (the last beat's counter check included).
                             m.d.sync += load_length_ok.eq(length_ok)
@@ -546,9 +565,7 @@ class Tile(wiring.Component):
 
             with m.State("LOAD_CHECK"):
                 with m.If(~load_length_ok | counters_bad):
-                    m.d.sync += [clear_word.eq(head_words), clear_end.eq(next_head_words),
-                                 pending_error.eq(Mux(load_length_ok, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_LENGTH))]
-                    m.next = "CLEAR"
+                    enter_clear(next_head_words, Mux(load_length_ok, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_LENGTH))
                 with m.Else():
                     m.next = "EXECUTE"
 
@@ -588,9 +605,7 @@ class Tile(wiring.Component):
                     set_length(state_words * W, state_words > 0)
                     start_response(state_words, head_words)
                 with m.Elif(is_op[Opcode.RESET_STATE]):
-                    m.d.sync += [clear_word.eq(head_words), clear_end.eq(end_head_words),
-                                 pending_error.eq(0)]
-                    m.next = "CLEAR"
+                    enter_clear(end_head_words, 0)
                 with m.Elif(is_op[Opcode.DECODE]):
                     # The decode unit samples its head's parameters at start: cur first.
                     m.d.sync += [cur.eq(head), last.eq(head_end - 1), dec_state_base.eq(head_words),
