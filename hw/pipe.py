@@ -122,6 +122,22 @@ def split_mul(m, a, b, name: str):
     return reg(m, lo + (hi << MUL_SPLIT), name, signed(width))
 
 
+def lut_mul(a, b):
+    """``a * b`` exactly (combinational), built as a sum of ``len(b)`` shifted copies of ``a`` (one per bit of
+    ``b``; the sign bit of a signed ``b`` subtracts), which Yosys maps to adders in the fabric rather than to a
+    DSP block. For small products between two registers: on the ECP5 Yosys packs no register into a DSP block
+    and a product through one spent 9-13 ns (3.9 ns in the block, the rest routing to and from its row); the
+    adder tree of a few partial products stays beside its registers. Meant for ``b`` of up to 8 bits."""
+    b_shape = Shape.cast(b.shape())
+    terms = []
+    for i in range(b_shape.width):
+        term = Mux(b[i], a, 0) << i
+        terms.append(-term if b_shape.signed and i == b_shape.width - 1 else term)
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def round_shift(m, x, shift, max_shift: int, name: str):
     """Round-half-up arithmetic right shift of signed ``x`` by the variable ``shift`` (0..max_shift), as
     ``soma_int.rshift_round``: ``(x + ((1 << shift) >> 1)) >> shift``. Latency 2 (the add, then the shift)."""

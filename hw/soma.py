@@ -36,8 +36,8 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import (Replicated, TagLine, block_ram, delay, floor_log2, reg, round_shift, saturate,
-                              skid_buffer, split_mul)
+from somatile.hw.pipe import (Replicated, TagLine, block_ram, delay, floor_log2, lut_mul, reg, round_shift,
+                              saturate, skid_buffer, split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
@@ -125,7 +125,7 @@ class RowNormaliser(wiring.Component):
         valid = delay(m, valid2, 1)
         capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s4
         u = reg(m, distance * exp_mult, "u", unsigned(25))
-        hccs_product = reg(m, S * capped, "hccs_product", unsigned(16))              # s5
+        hccs_product = reg(m, lut_mul(capped, S), "hccs_product", unsigned(16))              # s5
         w = reg(m, (intexp.POLY_B - u[:intexp.EXP_FRAC_BITS]) >> 1, "w", unsigned(17))
         z = delay(m, u >> intexp.EXP_FRAC_BITS, 3)                                   # s5-s7, used in s8
         hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s6
@@ -392,10 +392,10 @@ class SomaDecode(wiring.Component):
         use_exp = par["normaliser"] == HEAD_PARAMS[HEAD_INDEX["normaliser"]].choices.index("exp_int")
 
         def operand(name: str):
-            """A copy of parameter ``name`` for one multiplier, so that the net to its DSP block starts beside it
-            rather than across the die. The copy is a cycle behind ``par``, which is constant from start on;
-            no multiplier uses its parameter before LOAD's end."""
-            return reg(m, par[name], f"{name}_operand")
+            """A copy of parameter ``name`` for one multiplier, through two registers so that the last one can sit
+            beside its DSP block rather than across the die. The copy is two cycles behind ``par``, which is
+            constant from start on; no multiplier uses its parameter before LOAD's end."""
+            return delay(m, par[name], 2, f"{name}_operand")
 
         # Memory ports from registers: the FSM sets the *_next values. The word read is registered as it
         # leaves the block RAM (whose clock-to-output is already half a 100 MHz cycle on the ECP5).
@@ -491,7 +491,7 @@ class SomaDecode(wiring.Component):
         q_chunk = reg(m, lane_group(q.reader(chunk_word(c_read)).data, c_read), "q_chunk")  # chunk c_read
         k_chunk = reg(m, lane_group(rd_word, c_read), "k_chunk")
         s += 1
-        terms = [reg(m, q_chunk.word_select(l, 8).as_signed() * k_chunk.word_select(l, 8).as_signed(),
+        terms = [reg(m, lut_mul(q_chunk.word_select(l, 8).as_signed(), k_chunk.word_select(l, 8).as_signed()),
                      f"qk{l}", signed(16)) for l in range(L)]
         s += 1
         while len(terms) > 1:
@@ -525,7 +525,7 @@ class SomaDecode(wiring.Component):
         # A legal state has write_pos < ring (LOAD_STATE checks it), so a ring slot's distance is at most ring:
         # the product fits one multiplier.
         distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", range(ring + 1))
-        recency = reg(m, operand("recency_int") * distance, "recency", unsigned(7 + len(distance)))
+        recency = reg(m, lut_mul(operand("recency_int"), distance), "recency", unsigned(7 + len(distance)))
         scaled = round_shift(m, split_mul(m, dot, operand("score_mult"), "score_product"), par["score_shift"],
                              soma.INT_SHIFT_MAX, "scaled")
         recency = delay(m, recency, 1)
@@ -580,7 +580,7 @@ class SomaDecode(wiring.Component):
         # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
         g_q, g_f = (reg(m, ram.reader(ram.word_of(n_issue)).element(n_issue).as_signed(), name)
                     for ram, name in ((q, "g_q"), (gate_fld, "g_f")))  # element n_issue
-        g_product = reg(m, g_q * g_f, "g_product", signed(24))
+        g_product = reg(m, lut_mul(g_f, g_q), "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
         v_g_early, _, n_g_early, _ = at(1, PHASE_GATE)
         z_en, z_first = reg(m, v_g_early, "z_en", reset_less=False), reg(m, n_g_early == 0, "z_first")
@@ -608,7 +608,7 @@ class SomaDecode(wiring.Component):
         # c_issue's copy for the value lanes: c_issue changes as WEIGHTED begins, its first word arrives
         # READ_LATENCY cycles later.
         v_group = reg(m, lane_group(rd_word, reg(m, c_issue, "c_group")), "v_group")
-        products = [reg(m, prob.copy(l) * v_group.word_select(l, 8).as_signed(), f"pv{l}", signed(17))
+        products = [reg(m, lut_mul(v_group.word_select(l, 8).as_signed(), prob.copy(l)), f"pv{l}", signed(17))
                     for l in range(L)]
         lane_acc = [Signal(signed(32), name=f"lane_acc{l}", reset_less=True) for l in range(L)]
         _, last_w, _, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)

@@ -6,7 +6,7 @@ import pytest
 from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
-from somatile.hw.pipe import floor_log2, round_shift, skid_buffer, split_mul
+from somatile.hw.pipe import floor_log2, lut_mul, round_shift, skid_buffer, split_mul
 from somatile.hw.soma import RowNormaliser, normaliser_cycles
 from somatile.model import hccs, intexp, soma_int
 
@@ -37,6 +37,36 @@ def test_split_mul_round_shift_and_floor_log2_are_exact_at_their_latencies(rng):
         assert p == av * bv
         assert r == int(soma_int.rshift_round(np.int64(av), np.int64(sv)))
         assert lg == max(uv.bit_length() - 1, 0)
+
+
+def test_lut_mul_is_exact_for_every_8_bit_operand_pair_and_signedness():
+    """lut_mul (partial products of ``a`` by the bits of ``b``) over all 65,536 pairs of 8-bit operands, for
+    each of the four signedness combinations, against Python's product: the sign bit of a signed ``b`` is the
+    one term subtracted."""
+    m = Module()
+    shapes = [(signed(8), signed(8)), (signed(8), unsigned(8)), (unsigned(8), signed(8)), (unsigned(8), unsigned(8))]
+    pairs = [(Signal(sa), Signal(sb)) for sa, sb in shapes]
+    outs = [Signal(signed(18)) for _ in shapes]
+    for (a, b), out in zip(pairs, outs):
+        m.d.comb += out.eq(lut_mul(a, b))
+    mismatches = []
+
+    async def bench(ctx):
+        for x in range(256):
+            for y in range(256):
+                for (a, b), out in zip(pairs, outs):
+                    ctx.set(a, x), ctx.set(b, y)
+                for (a, b), out in zip(pairs, outs):
+                    av = x - 256 if a.shape().signed and x > 127 else x
+                    bv = y - 256 if b.shape().signed and y > 127 else y
+                    if ctx.get(out) != av * bv:
+                        mismatches.append((a.shape(), b.shape(), av, bv, ctx.get(out)))
+            await ctx.delay(1e-9)
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert not mismatches, mismatches[:5]
 
 
 @pytest.mark.parametrize("mode", ["exp", "div", "clb"])
