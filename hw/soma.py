@@ -46,7 +46,7 @@ DIVIDER_BITS = 31
 
 NORM_SUM_DEPTH = 10
 """Cycles from a row index's issue to its score reaching the running total (RowNormaliser's SUM pass)."""
-NORM_OUT_DEPTH = 14
+NORM_OUT_DEPTH = 15
 """Cycles from a row index's issue to its probability being written (RowNormaliser's OUT pass)."""
 NORM_RECIPROCAL_PREP = 4
 """Cycles between the final total and the divider's first step: leading one (2), pre-shift, divisor."""
@@ -154,14 +154,14 @@ class RowNormaliser(wiring.Component):
                                      Mux(out16, hccs.INT16_NUMERATOR, hccs.UINT8_NUMERATOR)))
         clb_inv = reg(m, numerator >> log2_total, "clb_inv", unsigned(DIVIDER_BITS))
 
-        # s11-s14 of the OUT pass: pre-shift, score * inv (split), saturate, write.
+        # s11-s15 of the OUT pass: pre-shift, score * inv (split, operands registered), saturate, write.
         shifted = reg(m, Mux(use_exp, score >> pre_shift, score), "shifted", unsigned(17))      # s11
-        product = split_mul(m, inv[:DIVIDER_BITS], shifted, "prob_product")                   # s13
-        valid = delay(m, valid, 3)
+        product = split_mul(m, inv[:DIVIDER_BITS], shifted, "prob_product")                   # s14
+        valid = delay(m, valid, 4)
         hccs_prob = Mux(out16, Mux(product > hccs.INT16_MAX, hccs.INT16_MAX, product),
                         Mux((product >> hccs.INV_SHIFT) > hccs.UINT8_MAX, hccs.UINT8_MAX,
                             product >> hccs.INV_SHIFT))
-        prob = reg(m, Mux(valid, Mux(use_exp, product >> 15, hccs_prob), 0), "prob", unsigned(16))  # s14
+        prob = reg(m, Mux(valid, Mux(use_exp, product >> 15, hccs_prob), 0), "prob", unsigned(16))  # s15
         _, _, out_index = at(NORM_OUT_DEPTH, PASS_OUT)
         m.d.comb += [prob_w.addr.eq(out_index), prob_w.data.eq(prob)]
 
@@ -250,11 +250,13 @@ FEED_LATENCY = 1
 """Cycles the decode row's beats spend in the register slice in front of the HCCS unit."""
 WEIGHTED_DEPTH = READ_LATENCY + 2
 """WEIGHTED SUM: read, then the probability and value operands registered, then their products."""
-FINAL_DEPTH = 8
-"""FINAL: operands selected (1), near term (split product 2, round-shift 2, saturate 1) beside the far term
-(a product 1, split product 2, round-shift 2, saturate 1), their sum saturated (1)."""
-GATE_DEPTH = 7
-"""Query gate after its last element's issue: operands (1), product (1), accumulate (1), split product (2),
+FINAL_DEPTH = 10
+"""FINAL: operands selected (1), near term (split product 3, round-shift 2, saturate 1, aligned 2) beside
+the far term (operand 1, a product 1, split product 3, round-shift 2, saturate 1), their sum saturated (1)."""
+FIELD_DEPTH = 4
+"""FINAL's field updates: operands selected (1), registered again (1), products (1), sum and rounding (1)."""
+GATE_DEPTH = 8
+"""Query gate after its last element's issue: operands (1), product (1), accumulate (1), split product (3),
 round-shift (2); the gate register follows one cycle later."""
 
 
@@ -303,9 +305,9 @@ def tree_levels(lanes: int) -> int:
 
 def score_depth(params: TileParams) -> int:
     """SCORES: cycles from a (slot, chunk) read's address to the slot's int8 logit written into the row: read,
-    operands, products, the adder tree, the accumulator, ``dot * score_mult`` (2), round-shift (2), recency
+    operands, products, the adder tree, the accumulator, ``dot * score_mult`` (3), round-shift (2), recency
     subtraction (1), saturation (1)."""
-    return READ_LATENCY + 2 + tree_levels(params.mac_lanes) + 1 + 6
+    return READ_LATENCY + 2 + tree_levels(params.mac_lanes) + 1 + 7
 
 
 def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
@@ -528,11 +530,11 @@ class SomaDecode(wiring.Component):
         recency = reg(m, lut_mul(operand("recency_int"), distance), "recency", unsigned(7 + len(distance)))
         scaled = round_shift(m, split_mul(m, dot, operand("score_mult"), "score_product"), par["score_shift"],
                              soma.INT_SHIFT_MAX, "scaled")
-        recency = delay(m, recency, 1)
+        recency = delay(m, recency, 2)
         logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
-        row_x = reg(m, Mux(delay(m, slot_valid, 5), saturate(logit, -128, 127), 0), "row_x", signed(8))
-        row_tags = delay(m, Cat(dot_tags, slot_valid), 6)
-        s += 6
+        row_x = reg(m, Mux(delay(m, slot_valid, 6), saturate(logit, -128, 127), 0), "row_x", signed(8))
+        row_tags = delay(m, Cat(dot_tags, slot_valid), 7)
+        s += 7
         assert s == score_depth(p)
         row_we, row_last, row_slot, row_slot_valid = row_tags[0], row_tags[1], row_tags[2:2 + n_bits], row_tags[-1]
         m.d.comb += [self.n_row_index.eq(row_slot), self.n_row_valid.eq(row_slot_valid),
@@ -635,8 +637,8 @@ class SomaDecode(wiring.Component):
         k_d = reg(m, k_elem, "k_d")
         near = round_shift(m, split_mul(m, acc_sel, operand("out_mult"), "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
-        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
-        far_f = reg(m, f_old * operand("alpha_mult"), "far_f", signed(32))
+        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 2)
+        far_f = reg(m, reg(m, f_old, "far_f_a") * operand("alpha_mult"), "far_f", signed(32))
         # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
         # a shifter or a multiplier would be two slow steps in one cycle.
         alpha_shift = reg(m, par["alpha_shift"] + 7, "alpha_shift_7")
@@ -646,9 +648,11 @@ class SomaDecode(wiring.Component):
         out_element = reg(m, saturate(near + far, -128, 127), "out_element", signed(8))
 
         def field_update(f, x, name):
-            """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): products (1), sum and rounding (1)."""
+            """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): operands (1), products (1), sum and
+            rounding (1)."""
             # 2^15 - gamma is a register of its own per update, beside its multiplier.
             gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], f"{name}_gamma_rest")
+            f, x = reg(m, f, f"{name}_f"), reg(m, x, f"{name}_x")
             kept = reg(m, operand("gamma_q15") * f, f"{name}_kept", signed(33))
             added = reg(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), f"{name}_added", signed(33))
             return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
@@ -711,12 +715,12 @@ class SomaDecode(wiring.Component):
             begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
-        # FINAL's field writes, 3 cycles after an element's issue, and the output elements, FINAL_DEPTH cycles
+        # FINAL's field writes, FIELD_DEPTH cycles after an element's issue, and the output elements, FINAL_DEPTH cycles
         # after: elements arrive in order d = 0..D-1, counted from WEIGHTED's start.
         final_index = Signal(range(D + 1))
         out_index = Signal(range(D + 1))
         # Their enables (and FINAL's end, the last element's output) from registers set a stage early.
-        fin_write = reg(m, at(2, PHASE_FINAL)[0], "fin_write", reset_less=False)
+        fin_write = reg(m, at(FIELD_DEPTH - 1, PHASE_FINAL)[0], "fin_write", reset_less=False)
         v_o = reg(m, at(FINAL_DEPTH - 1, PHASE_FINAL)[0], "out_write", reset_less=False)
         v_end, last_end, _, c_end = at(FINAL_DEPTH - 1, PHASE_FINAL)
         final_end = reg(m, v_end & last_end & (c_end == chunks - 1), "final_end", reset_less=False)

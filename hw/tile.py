@@ -207,7 +207,7 @@ class Tile(wiring.Component):
         rows = arg0
         rows_last = reg(m, rows - 1, "rows_last", signed(33))
         last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
-        hccs_bytes = split_mul(m, rows, n_pad, "hccs_bytes")  # 3 cycles after the header
+        hccs_bytes = split_mul(m, rows, n_pad, "hccs_bytes", registered_operands=False)  # 3 cycles after the header
         hccs_bytes_nonzero = reg(m, hccs_bytes != 0, "hccs_bytes_nonzero")  # 4 cycles after
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
                          (hccs_bytes > regmap.staging_bytes(p)))

@@ -14,7 +14,8 @@ from somatile.model import hccs, intexp, soma_int
 def test_split_mul_round_shift_and_floor_log2_are_exact_at_their_latencies(rng):
     m = Module()
     a, b, shift, u = Signal(signed(32)), Signal(unsigned(15)), Signal(range(48)), Signal(32)
-    product = split_mul(m, a, b, "p")                    # latency 2
+    product = split_mul(m, a, b, "p")                    # latency 3 (operands registered)
+    product2 = split_mul(m, a, b, "q", registered_operands=False)  # latency 2
     rounded = round_shift(m, a, shift, 47, "r")          # latency 2
     log2 = floor_log2(m, u, "lg")                        # latency 2
     cases = list(zip(rng.integers(-2**31, 2**31, 200), rng.integers(0, 2**15, 200), rng.integers(0, 48, 200),
@@ -26,15 +27,17 @@ def test_split_mul_round_shift_and_floor_log2_are_exact_at_their_latencies(rng):
         for av, bv, sv, uv in cases:
             ctx.set(a, int(av)), ctx.set(b, int(bv)), ctx.set(shift, int(sv)), ctx.set(u, int(uv))
             await ctx.tick().repeat(2)
-            got.append((ctx.get(product), ctx.get(rounded), ctx.get(log2)))
+            at_two = (ctx.get(product2), ctx.get(rounded), ctx.get(log2))
+            await ctx.tick()
+            got.append((ctx.get(product), *at_two))
 
     sim = Simulator(m)
     sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
-    for (av, bv, sv, uv), (p, r, lg) in zip(cases, got):
+    for (av, bv, sv, uv), (p, p2, r, lg) in zip(cases, got):
         av, bv, sv, uv = int(av), int(bv), int(sv), int(uv)
-        assert p == av * bv
+        assert p == av * bv and p2 == av * bv
         assert r == int(soma_int.rshift_round(np.int64(av), np.int64(sv)))
         assert lg == max(uv.bit_length() - 1, 0)
 
