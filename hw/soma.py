@@ -678,11 +678,15 @@ class SomaDecode(wiring.Component):
         slot_k = reg(m, state_base + k_base, "slot_k", range(self.mem_words))
         slot_v = reg(m, state_base + v_base, "slot_v", range(self.mem_words))
 
-        k_write, v_write = k.reader(write_slot_word), v.reader(write_slot_word - words)
+        # As in STORE, k and v are read a cycle ahead (write_read: 0 outside WRITE, write_slot_word + 1 in it)
+        # into registers, so that the word written is one multiplexer away from wr_data.
+        write_read = Signal.like(write_slot_word)
+        k_write, v_write = (reg(m, ram.reader(write_read - offset).data, f"{name}_write_word")
+                            for ram, offset, name in ((k, 0, "k"), (v, words, "v")))
 
         def do_write_word(i):
             """Write word i of (k, v) into the slot the counters select."""
-            address, data = (slot_k + i, k_write.data) if i < words else (slot_v + i - words, v_write.data)
+            address, data = (slot_k + i, k_write) if i < words else (slot_v + i - words, v_write)
             m.d.comb += [wr_addr_next.eq(address), wr_data_next.eq(data), wr_en_next.eq((1 << W) - 1)]
 
         def advance_counters():
@@ -755,6 +759,7 @@ class SomaDecode(wiring.Component):
                 with m.If(counter == len(load_targets) + READ_LATENCY):
                     m.d.sync += [write_slot_word.eq(0), write_last.eq(0)]
                     with m.If(par["include_self"]):
+                        m.d.sync += write_read.eq(1)
                         m.next = "WRITE"
                     with m.Else():
                         enter_scores()
@@ -763,9 +768,10 @@ class SomaDecode(wiring.Component):
                     for i in range(2 * words):
                         with m.Case(i):
                             do_write_word(i)
-                m.d.sync += [write_slot_word.eq(write_slot_word + 1),
+                m.d.sync += [write_slot_word.eq(write_slot_word + 1), write_read.eq(write_read + 1),
                              write_last.eq(write_slot_word == 2 * words - 2)]
                 with m.If(write_last):
+                    m.d.sync += write_read.eq(0)
                     advance_counters()
                     m.d.sync += wrote.eq(1)
                     with m.If(wrote):
@@ -838,7 +844,7 @@ class SomaDecode(wiring.Component):
                     with m.If(par["include_self"]):
                         enter_store()
                     with m.Else():
-                        m.d.sync += wrote.eq(1)
+                        m.d.sync += [wrote.eq(1), write_read.eq(1)]
                         m.next = "WRITE"
             with m.State("STORE"):
                 m.d.comb += [wr_addr_next.eq(store_addr), wr_en_next.eq((1 << W) - 1)]

@@ -327,7 +327,7 @@ class Tile(wiring.Component):
         # cycle, the enables of the 600-odd flip-flops of the block were among the tile's longest paths).
         config_beats = config_bytes // SB
         config_we_now = Signal(config_beats)
-        config_we = reg(m, config_we_now, "config_we", reset_less=False)
+        config_we = reg(m, config_we_now, "config_we")  # no reset: config is applied only through head_we
         config_data = reg(m, self.s_axis_tdata, "config_data")
         for i in range(config_beats):
             with m.If(config_we[i]):
