@@ -135,11 +135,28 @@ def lut_mul(a, b):
     DSP block. For small products between two registers: on the ECP5 Yosys packs no register into a DSP block
     and a product through one spent 9-13 ns (3.9 ns in the block, the rest routing to and from its row); the
     adder tree of a few partial products stays beside its registers. Meant for ``b`` of up to 8 bits."""
+    return _sum_tree(_partial_products(a, b))
+
+
+def lut_mul_pipelined(m, a, b, name: str, shape):
+    """:func:`lut_mul` in two registered steps (latency 2): the partial products summed in pairs, then the
+    rest of the adder tree; for a product whose single-cycle tree (three adder levels for 8 bits) was too
+    long."""
+    terms = _partial_products(a, b)
+    pairs = [reg(m, sum(terms[i:i + 2]), f"{name}_pair{i // 2}") for i in range(0, len(terms), 2)]
+    return reg(m, _sum_tree(pairs), name, shape)
+
+
+def _partial_products(a, b):
     b_shape = Shape.cast(b.shape())
     terms = []
     for i in range(b_shape.width):
         term = Mux(b[i], a, 0) << i
         terms.append(-term if b_shape.signed and i == b_shape.width - 1 else term)
+    return terms
+
+
+def _sum_tree(terms):
     while len(terms) > 1:
         terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
     return terms[0]

@@ -36,8 +36,8 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import (Replicated, TagLine, block_ram, delay, floor_log2, lut_mul, reg, round_shift,
-                              saturate, skid_buffer, split_mul)
+from somatile.hw.pipe import (Replicated, TagLine, block_ram, delay, floor_log2, lut_mul, lut_mul_pipelined, reg,
+                              round_shift, saturate, skid_buffer, split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
@@ -255,8 +255,8 @@ FINAL_DEPTH = 10
 the far term (operand 1, a product 1, split product 3, round-shift 2, saturate 1), their sum saturated (1)."""
 FIELD_DEPTH = 4
 """FINAL's field updates: operands selected (1), registered again (1), products (1), sum and rounding (1)."""
-GATE_DEPTH = 8
-"""Query gate after its last element's issue: operands (1), product (1), accumulate (1), split product (3),
+GATE_DEPTH = 9
+"""Query gate after its last element's issue: operands (1), product (2), accumulate (1), split product (3),
 round-shift (2); the gate register follows one cycle later."""
 
 
@@ -305,9 +305,9 @@ def tree_levels(lanes: int) -> int:
 
 def score_depth(params: TileParams) -> int:
     """SCORES: cycles from a (slot, chunk) read's address to the slot's int8 logit written into the row: read,
-    operands, products, the adder tree, the accumulator, ``dot * score_mult`` (3), round-shift (2), recency
+    operands, products (2: partial products in pairs, then their sum), the adder tree, the accumulator, ``dot * score_mult`` (3), round-shift (2), recency
     subtraction (1), saturation (1)."""
-    return READ_LATENCY + 2 + tree_levels(params.mac_lanes) + 1 + 7
+    return READ_LATENCY + 3 + tree_levels(params.mac_lanes) + 1 + 7
 
 
 def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
@@ -493,9 +493,9 @@ class SomaDecode(wiring.Component):
         q_chunk = reg(m, lane_group(q.reader(chunk_word(c_read)).data, c_read), "q_chunk")  # chunk c_read
         k_chunk = reg(m, lane_group(rd_word, c_read), "k_chunk")
         s += 1
-        terms = [reg(m, lut_mul(q_chunk.word_select(l, 8).as_signed(), k_chunk.word_select(l, 8).as_signed()),
-                     f"qk{l}", signed(16)) for l in range(L)]
-        s += 1
+        terms = [lut_mul_pipelined(m, q_chunk.word_select(l, 8).as_signed(), k_chunk.word_select(l, 8).as_signed(),
+                                   f"qk{l}", signed(16)) for l in range(L)]
+        s += 2
         while len(terms) > 1:
             terms = [reg(m, terms[i] + terms[i + 1]) if i + 1 < len(terms) else reg(m, terms[i])
                      for i in range(0, len(terms), 2)]
@@ -582,9 +582,9 @@ class SomaDecode(wiring.Component):
         # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
         g_q, g_f = (reg(m, ram.reader(ram.word_of(n_issue)).element(n_issue).as_signed(), name)
                     for ram, name in ((q, "g_q"), (gate_fld, "g_f")))  # element n_issue
-        g_product = reg(m, lut_mul(g_f, g_q), "g_product", signed(24))
+        g_product = lut_mul_pipelined(m, g_f, g_q, "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
-        v_g_early, _, n_g_early, _ = at(1, PHASE_GATE)
+        v_g_early, _, n_g_early, _ = at(2, PHASE_GATE)
         z_en, z_first = reg(m, v_g_early, "z_en", reset_less=False), reg(m, n_g_early == 0, "z_first")
         with m.If(z_en):
             m.d.sync += z.eq(Mux(z_first, 0, z) + g_product)
