@@ -164,10 +164,11 @@ def _sum_tree(terms):
 
 def round_shift(m, x, shift, max_shift: int, name: str):
     """Round-half-up arithmetic right shift of signed ``x`` by the variable ``shift`` (0..max_shift), as
-    ``soma_int.rshift_round``: ``(x + ((1 << shift) >> 1)) >> shift``. Latency 2 (the add, then the shift)."""
+    ``soma_int.rshift_round``: ``(x + ((1 << shift) >> 1)) >> shift``. Latency 2 (the add, then the shift)
+    from ``x``; ``shift`` must hold its value from the cycle before ``x`` on (a parameter does): the rounding
+    term is decoded from it into a register, not in front of the adder."""
     width = max(Shape.cast(x.shape()).width, max_shift) + 2
-    half = Signal(unsigned(max_shift + 1), name=f"{name}_half")
-    m.d.comb += half.eq((Const(1, max_shift + 1) << shift) >> 1)
+    half = reg(m, (Const(1, max_shift + 1) << shift) >> 1, f"{name}_half", unsigned(max_shift + 1))
     total = reg(m, x.as_signed() + half, f"{name}_sum", signed(width))
     amount = reg(m, shift, f"{name}_amount")
     return reg(m, total >> amount, name, signed(width))

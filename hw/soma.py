@@ -580,8 +580,10 @@ class SomaDecode(wiring.Component):
 
         # Query gate: z = q . G over the head_dim elements (issued as n = 0..D-1), in parallel with the
         # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
-        g_q, g_f = (reg(m, ram.reader(ram.word_of(n_issue)).element(n_issue).as_signed(), name)
-                    for ram, name in ((q, "g_q"), (gate_fld, "g_f")))  # element n_issue
+        # The element issued (n_issue in NORMALISE) in a copy per register file read.
+        gate_index = Replicated(range(D + 1), 2, "gate_index")
+        g_q, g_f = (reg(m, ram.reader(ram.word_of(gate_index.copy(i))).element(gate_index.copy(i)).as_signed(), name)
+                    for i, (ram, name) in enumerate(((q, "g_q"), (gate_fld, "g_f"))))
         g_product = lut_mul_pipelined(m, g_f, g_q, "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
         v_g_early, _, n_g_early, _ = at(2, PHASE_GATE)
@@ -791,7 +793,7 @@ class SomaDecode(wiring.Component):
                         m.d.sync += c_issue.eq(c_issue + 1)
                 with m.If(row_we & row_last):
                     m.d.sync += [gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0), drain_beat.eq(0),
-                                 feeding.eq(~use_exp)]
+                                 feeding.eq(~use_exp), *gate_index.eq(0)]
                     begin_issue(PHASE_GATE)
                     m.d.comb += [self.n_start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]
                     m.next = "NORMALISE"
@@ -799,6 +801,7 @@ class SomaDecode(wiring.Component):
                 m.d.comb += last_issue.eq(n_issue == D - 1)
                 with m.If(issuing):
                     m.d.sync += n_issue.eq(n_issue + 1)
+                    m.d.sync += [gate_index.copy(i).eq(gate_index.copy(i) + 1) for i in range(2)]
                     with m.If(n_issue == D - 1):
                         m.d.sync += issuing.eq(0)
                 v_gate_done, last_gate_done, _, _ = at(GATE_DEPTH, PHASE_GATE)

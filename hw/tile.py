@@ -282,6 +282,7 @@ class Tile(wiring.Component):
             with m.If(condition):
                 m.d.comb += check_error_now.eq(code)
         check_error = reg(m, check_error_now, "check_error")
+        check_failed = reg(m, check_error_now != 0, "check_failed")  # check_error != 0, beside it
         # The opcode as one flag per command, and expected == 0, registered in the settle cycles: the state
         # machine's branches on them (CHECK, PAYLOAD, EXECUTE, RESPOND_HEADER) then start from flip-flops.
         is_op = {op: reg(m, opcode == op, f"is_{op.name.lower()}") for op in Opcode}
@@ -505,7 +506,7 @@ class Tile(wiring.Component):
                              byte_count.eq(0), in_payload.eq(expected > 0), counters_bad.eq(0),
                              at_last_beat.eq(first_is_last)]
                 set_length(0, 0)
-                with m.If(check_error != 0):
+                with m.If(check_failed):
                     with m.If(header_last):
                         fail(check_error, Mux(check_error == ErrorCode.BAD_LENGTH, expected, 0))
                         start_response()
