@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
@@ -64,7 +65,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from somatile.hw.pipe import Replicated
+from somatile.hw.pipe import Replicated, reduce_levels, reduce_tree
 from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
                                  MODE_CODES, OUT_CODES, OUT_INT16, OUT_UINT8, PRODUCT_BITS, S_MAX, UINT8_MAX,
                                  UINT8_NUMERATOR)
@@ -192,20 +193,6 @@ def _capped_distances(row_max, dmax, word):
     return lanes
 
 
-def _tree_levels(values, op, levels):
-    """``levels`` levels of a balanced pairwise reduction of a list of Amaranth values (the partial results)."""
-    values = list(values)
-    for _ in range(levels):
-        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values
-
-
-def _tree(values, op):
-    """Balanced reduction (log depth) of a list of Amaranth values."""
-    return _tree_levels(values, op, ceil_log2(len(values)))[0]
-
-
 def ingest_pipeline(cfg: HCCSConfig) -> int:
     """Extra cycles from a row's last input beat to its bank being ready for the sum stage: the registered
     lanes plus one stage per level of the beat-maximum tree, ``1 + log2(lanes)`` (one compare level per
@@ -326,14 +313,14 @@ class HCCS(wiring.Component):
         m.d.sync += [mx.lanes[j].eq(Mux(beat.mask[j] & stored, beat.data[j], lane_min)) for j in range(L)]
         max_pipe = [mx]
         for k in range(ceil_log2(L)):
-            values = _tree_levels([mx.lanes[j] for j in range(len(mx.lanes))], signed_max, 1)
+            values = reduce_levels([mx.lanes[j] for j in range(len(mx.lanes))], signed_max, 1)
             nxt = Signal(max_stage(len(values)), name=f"max{k + 1}")
             m.d.sync += [nxt.valid.eq(mx.valid), nxt.start.eq(mx.start), nxt.last.eq(mx.last),
                          nxt.bank.eq(mx.bank)] + [nxt.lanes[j].eq(v) for j, v in enumerate(values)]
             max_pipe.append(nxt)
             mx = nxt
         run_max = Signal(signed(INPUT_BITS))
-        beat_max = _tree([mx.lanes[j] for j in range(len(mx.lanes))], signed_max)
+        beat_max = reduce_tree([mx.lanes[j] for j in range(len(mx.lanes))], signed_max)
         new_max = signed_max(beat_max, Mux(mx.start, lane_min, run_max))
         with m.If(mx.valid):
             m.d.sync += run_max.eq(new_max)
@@ -381,8 +368,8 @@ class HCCS(wiring.Component):
                                        "dsum": bits_for(L * DMAX_MAX), "count": bits_for(L)}))
         m.d.sync += [s2.valid.eq(s_dist.valid), s2.first.eq(s_dist.first), s2.last.eq(s_dist.last),
                      s2.bank.eq(s_dist.bank),
-                     s2.dsum.eq(_tree([s_dist.d[j] for j in range(L)], lambda a, b: a + b)),
-                     s2.count.eq(_tree([s_dist.mask[j] for j in range(L)], lambda a, b: a + b))]
+                     s2.dsum.eq(reduce_tree([s_dist.d[j] for j in range(L)], operator.add)),
+                     s2.count.eq(reduce_tree([s_dist.mask[j] for j in range(L)], operator.add))]
         acc_dsum = Signal(bits_for(cfg.n_max * DMAX_MAX))
         acc_count = Signal(bits_for(cfg.n_max))
         next_dsum = Mux(s2.first, 0, acc_dsum) + s2.dsum
@@ -443,7 +430,7 @@ class HCCS(wiring.Component):
                                                else divisor[bit] for bit in range(total_bits))),
                                  r_iter.eq(r_iter - 1)]
                 shifted = [Mux(onehot[bit], clb_num >> bit, 0) for bit in range(total_bits)]
-                m.d.comb += [r_done.eq(r_iter == 0), r_inv.eq(_tree(shifted, lambda a, b: a | b))]
+                m.d.comb += [r_done.eq(r_iter == 0), r_inv.eq(reduce_tree(shifted, operator.or_))]
             with m.Else():
                 rem, quo, num = remainder, quotient, numerator_reg
                 for _ in range(cfg.div_bits):

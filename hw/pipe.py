@@ -8,10 +8,12 @@ The arithmetic is exact: widths are derived from the operands' shapes, never tru
 
 from __future__ import annotations
 
+import operator
 from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Const, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib.memory import Memory
+from amaranth.utils import ceil_log2
 
 MUL_SPLIT = 17
 """Low part of a split product: an unsigned 17-bit slice times a <= 18-bit signed operand fits one 18x18."""
@@ -135,16 +137,16 @@ def lut_mul(a, b):
     DSP block. For small products between two registers: on the ECP5 Yosys packs no register into a DSP block
     and a product through one spent 9-13 ns (3.9 ns in the block, the rest routing to and from its row); the
     adder tree of a few partial products stays beside its registers. Meant for ``b`` of up to 8 bits."""
-    return _sum_tree(_partial_products(a, b))
+    return reduce_tree(_partial_products(a, b), operator.add)
 
 
 def lut_mul_pipelined(m, a, b, name: str, shape):
     """:func:`lut_mul` in two registered steps (latency 2): the partial products summed in pairs, then the
     rest of the adder tree; for a product whose single-cycle tree (three adder levels for 8 bits) was too
     long."""
-    terms = _partial_products(a, b)
-    pairs = [reg(m, sum(terms[i:i + 2]), f"{name}_pair{i // 2}") for i in range(0, len(terms), 2)]
-    return reg(m, _sum_tree(pairs), name, shape)
+    pairs = [reg(m, pair, f"{name}_pair{i}")
+             for i, pair in enumerate(reduce_levels(_partial_products(a, b), operator.add, 1))]
+    return reg(m, reduce_tree(pairs, operator.add), name, shape)
 
 
 def _partial_products(a, b):
@@ -156,10 +158,18 @@ def _partial_products(a, b):
     return terms
 
 
-def _sum_tree(terms):
-    while len(terms) > 1:
-        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
-    return terms[0]
+def reduce_levels(values, op, levels: int) -> list:
+    """``levels`` levels of a balanced pairwise reduction of a list of Amaranth values (the partial results)."""
+    values = list(values)
+    for _ in range(levels):
+        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values
+
+
+def reduce_tree(values, op):
+    """Balanced reduction (log depth) of a list of Amaranth values, combinational."""
+    return reduce_levels(values, op, ceil_log2(len(values)))[0]
 
 
 def round_shift(m, x, shift, max_shift: int, name: str):
