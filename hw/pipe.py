@@ -70,6 +70,10 @@ class Replicated:
     def eq(self, value):
         return [copy.eq(value) for copy in self._copies]
 
+    def increment(self):
+        """Every copy counts up by one from its own value (a counter kept as copies)."""
+        return [copy.eq(copy + 1) for copy in self._copies]
+
     def copy(self, i: int):
         return self._copies[i]
 

@@ -305,8 +305,8 @@ def tree_levels(lanes: int) -> int:
 
 def score_depth(params: TileParams) -> int:
     """SCORES: cycles from a (slot, chunk) read's address to the slot's int8 logit written into the row: read,
-    operands, products (2: partial products in pairs, then their sum), the adder tree, the accumulator, ``dot * score_mult`` (3), round-shift (2), recency
-    subtraction (1), saturation (1)."""
+    operands, products (2: partial products in pairs, then their sum), the adder tree, the accumulator,
+    ``dot * score_mult`` (3), round-shift (2), recency subtraction (1), saturation (1)."""
     return READ_LATENCY + 3 + tree_levels(params.mac_lanes) + 1 + 7
 
 
@@ -428,7 +428,7 @@ class SomaDecode(wiring.Component):
         with m.If(self.start):
             m.d.sync += load_addr.eq(self.stage_base)
         load_tag = Signal(len(registers))
-        arrived = delay(m, load_tag, READ_LATENCY, "load_tag")
+        arrived = delay(m, load_tag, READ_LATENCY, "load_tag", reset_less=False)
         load_word = Signal(range(2 * words))
         with m.If(self.start):
             m.d.sync += load_word.eq(0)
@@ -533,7 +533,7 @@ class SomaDecode(wiring.Component):
         recency = delay(m, recency, 2)
         logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
         row_x = reg(m, Mux(delay(m, slot_valid, 6), saturate(logit, -128, 127), 0), "row_x", signed(8))
-        row_tags = delay(m, Cat(dot_tags, slot_valid), 7)
+        row_tags = delay(m, Cat(dot_tags, slot_valid), 7, reset_less=False)
         s += 7
         assert s == score_depth(p)
         row_we, row_last, row_slot, row_slot_valid = row_tags[0], row_tags[1], row_tags[2:2 + n_bits], row_tags[-1]
@@ -721,23 +721,23 @@ class SomaDecode(wiring.Component):
             begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
-        # FINAL's field writes, FIELD_DEPTH cycles after an element's issue, and the output elements, FINAL_DEPTH cycles
-        # after: elements arrive in order d = 0..D-1, counted from WEIGHTED's start.
-        final_index = Signal(range(D + 1))
-        out_index = Signal(range(D + 1))
+        # FINAL's field writes, FIELD_DEPTH cycles after an element's issue, and the output elements, FINAL_DEPTH
+        # cycles after, at element d = c * L + n of the item's tags (L a power of two: TileParams checks it).
         # Their enables (and FINAL's end, the last element's output) from registers set a stage early.
+        def element_at(stage):
+            _, _, n, c = at(stage, PHASE_FINAL)
+            return Cat(n[:(L - 1).bit_length()], c)
+
         fin_write = reg(m, at(FIELD_DEPTH - 1, PHASE_FINAL)[0], "fin_write", reset_less=False)
         v_o = reg(m, at(FINAL_DEPTH - 1, PHASE_FINAL)[0], "out_write", reset_less=False)
         v_end, last_end, _, c_end = at(FINAL_DEPTH - 1, PHASE_FINAL)
         final_end = reg(m, v_end & last_end & (c_end == chunks - 1), "final_end", reset_less=False)
         with m.If(fin_write):
-            m.d.sync += final_index.eq(final_index + 1)
-            fld.write_element(final_index, f_new)
+            fld.write_element(element_at(FIELD_DEPTH), f_new)
             with m.If(gated):
-                gate_fld.write_element(final_index, g_new)
+                gate_fld.write_element(element_at(FIELD_DEPTH), g_new)
         with m.If(v_o):
-            m.d.sync += out_index.eq(out_index + 1)
-            out.write_element(out_index, out_element)
+            out.write_element(element_at(FINAL_DEPTH), out_element)
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
@@ -801,7 +801,7 @@ class SomaDecode(wiring.Component):
                 m.d.comb += last_issue.eq(n_issue == D - 1)
                 with m.If(issuing):
                     m.d.sync += n_issue.eq(n_issue + 1)
-                    m.d.sync += [gate_index.copy(i).eq(gate_index.copy(i) + 1) for i in range(2)]
+                    m.d.sync += gate_index.increment()
                     with m.If(n_issue == D - 1):
                         m.d.sync += issuing.eq(0)
                 v_gate_done, last_gate_done, _, _ = at(GATE_DEPTH, PHASE_GATE)
@@ -810,8 +810,7 @@ class SomaDecode(wiring.Component):
                 with m.If(Mux(use_exp, self.n_done, near_unit.o.valid & near_unit.o.payload.last)):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate_busy & ~norm_busy):
-                    m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), *d_issue.eq(0),
-                                 final_index.eq(0), out_index.eq(0)]
+                    m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), *d_issue.eq(0)]
                     begin_rows("v")
                     begin_issue(PHASE_WEIGHTED)
                     m.next = "WEIGHTED"
@@ -833,7 +832,7 @@ class SomaDecode(wiring.Component):
                 m.d.comb += last_issue.eq(n_issue == L - 1)
                 with m.If(issuing):
                     m.d.sync += [n_issue.eq(n_issue + 1), fin_lane.eq(fin_lane + 1)]
-                    m.d.sync += [d_issue.copy(i).eq(d_issue.copy(i) + 1) for i in range(4)]
+                    m.d.sync += d_issue.increment()
                     with m.If(n_issue == L - 1):
                         m.d.sync += issuing.eq(0)
                 with m.If(c_issue != chunks - 1):

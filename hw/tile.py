@@ -415,7 +415,8 @@ class Tile(wiring.Component):
         # it the next cycle, and the write follows.
         fetched_word = reg(m, rd.data, "fetched_word")
         late_x = reg(m, fetched_word.word_select(delay(m, fetched_lane, 1), 8), "late_x")
-        late_start, late_we, late_index = (delay(m, v, 2) for v in (hccs_start, hccs_row_we, row_index))
+        late_start, late_we = (delay(m, v, 2, reset_less=False) for v in (hccs_start, hccs_row_we))
+        late_index = delay(m, row_index, 2)
         with m.If(hccs_active):
             m.d.comb += [norm.start.eq(late_start), norm.count.eq(arg1), norm.use_exp.eq(0),
                          norm.clb.eq(head_field(head, "hccs_mode") == 1), norm.out16.eq(out_bytes == 2),
