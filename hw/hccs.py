@@ -38,15 +38,16 @@ the clock: no path has more than one carry chain or one multiplier (8 lanes: 108
 
 Contract
 - Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
-  ``max(nb, D, (3*nb + D + E + 6) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
+  ``max(nb, D, (3*nb + D + E + 7) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
   (:func:`reciprocal_cycles`: ``2 + ceil(23 / div_bits)`` for div uint8, ``2 + ceil(15 / div_bits)`` for
   div int16, 3 for clb) and ``E = 1 + log2(lanes)`` the ingest pipeline (:func:`ingest_pipeline`). Rows of
-  at least ``(D + E + 6) / 3`` and ``D`` beats therefore stream at one beat per cycle; shorter rows are
+  at least ``(D + E + 7) / 3`` and ``D`` beats therefore stream at one beat per cycle; shorter rows are
   bound by the reciprocal (div) or the four-bank ring.
 - Latency of a lone row: ``3*nb + D + E + 18`` cycles from its first input beat to its last output beat
   (:data:`SUM_PIPELINE` + :data:`NORMALISE_PIPELINE` = 18).
 - Backpressure: ``o`` stalls only the normalise stage; the other stages run on until they need a bank it
-  holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` depends only on internal state.
+  holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` is a register (it depends only
+  on internal state) and rises one cycle after the normaliser releases a bank.
 - :func:`expected_cycles` gives the exact cycle count of back-to-back rows with ``o`` always ready.
 - Parameters outside the model's rules (``check_params``) are outside this contract except that every
   reachable total (up to ``n_max * 32767``) is divided exactly; ``B < S*Dmax`` (negative scores) is not
@@ -65,7 +66,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from somatile.hw.pipe import Replicated, reduce_levels, reduce_tree
+from somatile.hw.pipe import Replicated, lut_mul_pairs, reduce_levels, reduce_tree
 from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
                                  MODE_CODES, OUT_CODES, OUT_INT16, OUT_UINT8, PRODUCT_BITS, S_MAX, UINT8_MAX,
                                  UINT8_NUMERATOR)
@@ -173,7 +174,8 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
     for r in range(rows):
         i_start = 0 if r == 0 else ingest[r - 1] + nb
         if r >= BANKS:
-            i_start = max(i_start, norm[r - BANKS] + nb)
+            # The bank is released as its last beat is normalised; the registered i.ready rises a cycle later.
+            i_start = max(i_start, norm[r - BANKS] + nb + 1)
         s_start = max(i_start + nb + extra, summed[r - 1] + nb if r else 0)
         d_start = max(s_start + nb + SUM_PIPELINE, recips[r - 1] + recip if r else 0)
         n_start = max(d_start + recip, norm[r - 1] + nb if r else 0)
@@ -268,7 +270,11 @@ class HCCS(wiring.Component):
         row_head = Signal(cfg.head_bits)
         row_params = Signal(params_layout)
         beat = self.i.payload
-        m.d.comb += self.i.ready.eq(state[wbank] == FREE)
+        # i.ready is a register (the write bank is free in the next cycle): as a comparison of the bank's state
+        # it reached the enables of the producer's register slice, 12 ns on the ECP5 tile. It is computed from
+        # this cycle's states, so it rises one cycle after the normaliser releases the bank.
+        ready = Signal(init=1, name="i_ready")
+        m.d.comb += self.i.ready.eq(ready)
         lane_min = Const(-(1 << (INPUT_BITS - 1)), signed(INPUT_BITS))
         stored = iptr < NB
         bad_head = Signal()
@@ -281,6 +287,9 @@ class HCCS(wiring.Component):
         m.d.comb += [wr.addr.eq(Cat(iptr[:ptr_bits], wbank)), wr.data.data.eq(beat.data),
                      wr.data.mask.eq(beat.mask)]
         accepted = self.i.valid & self.i.ready
+        closing = accepted & beat.last
+        free = Cat(state[b] == FREE for b in range(BANKS))
+        m.d.sync += ready.eq(free.bit_select(Mux(closing, wbank + 1, wbank)[:bank_bits], 1))
         with m.If(accepted):
             m.d.comb += wr.en.eq(stored)
             with m.If(stored):
@@ -483,14 +492,20 @@ class HCCS(wiring.Component):
         dist_layout = data.StructLayout({**framing, "B": params_layout["B"].shape, "S": params_layout["S"].shape,
                                          "inv": d_inv[0].shape(), "d": data.ArrayLayout(bits_for(DMAX_MAX), L)})
         n_dist = Signal(dist_layout)
-        # Each multiplier gets operand registers of its own in the stage before it (n_ops, n2r) and a copy of its
-        # product in the stage after it (n_sdr, n3r). The operands shared by the lanes (S, inv) are kept once
-        # per lane (Replicated): one register beside each multiplier instead of one reaching a row of them.
+        # Each product gets operand registers of its own in the stage before it (n_ops, n2r) and a register
+        # stage after it (n_sdr, n3r). The operands shared by the lanes (S, inv) are kept once per lane
+        # (Replicated): one register beside each multiplier instead of one reaching a row of them.
         n_ops = Signal(dist_layout)
         n_ops_S = Replicated(params_layout["S"].shape, L, "n_ops_S")
-        sd_layout = data.StructLayout({**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape(),
-                                       "sd": data.ArrayLayout(bits_for(S_MAX * DMAX_MAX), L)})
-        n_sd, n_sdr = Signal(sd_layout), Signal(sd_layout)
+        # S * d in the fabric, in two registered steps (n_sd: the partial products summed in pairs; n_sdr: the
+        # sum): two 7-bit operands, and through a DSP block the product spent 11 ns on the ECP5 tile, most of
+        # it routing to and from the block's row.
+        sd_bits = bits_for(S_MAX * DMAX_MAX)
+        sd_pairs = len(lut_mul_pairs(Signal(params_layout["S"].shape), Signal(bits_for(DMAX_MAX))))
+        carried = {**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape()}
+        n_sd = Signal(data.StructLayout({**carried, "pairs": data.ArrayLayout(data.ArrayLayout(sd_bits, sd_pairs),
+                                                                                L)}))
+        n_sdr = Signal(data.StructLayout({**carried, "sd": data.ArrayLayout(sd_bits, L)}))
         score_layout = data.StructLayout({**framing, "inv": d_inv[0].shape(),
                                           "score": data.ArrayLayout(bits_for(B_MAX), L)})
         n2, n2r = Signal(score_layout), Signal(score_layout)
@@ -501,6 +516,7 @@ class HCCS(wiring.Component):
                                           "hi": data.ArrayLayout(bits_for(B_MAX) + inv_bits - INV_SPLIT, L)})
         n3, n3r = Signal(parts_layout), Signal(parts_layout)
         n4 = Signal(data.StructLayout({**framing, "product": data.ArrayLayout(PRODUCT_BITS, L)}))
+        n4_out16 = Replicated(1, L, "n4_out16")
         with m.If(advance):
             m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last),
                          n1.row.eq(n_row_now)]
@@ -515,8 +531,11 @@ class HCCS(wiring.Component):
             m.d.sync += [n_ops.eq(n_dist), n_ops_S.eq(n_dist.S)]
             m.d.sync += [n_sd[name].eq(n_ops[name]) for name in framing] + [n_sd.inv.eq(n_ops.inv),
                                                                            n_sd.B.eq(n_ops.B)]
-            m.d.sync += [n_sd.sd[j].eq(n_ops_S.copy(j) * n_ops.d[j]) for j in range(L)]
-            m.d.sync += n_sdr.eq(n_sd)
+            m.d.sync += [n_sd.pairs[j][i].eq(pair) for j in range(L)
+                         for i, pair in enumerate(lut_mul_pairs(n_ops_S.copy(j), n_ops.d[j]))]
+            m.d.sync += [n_sdr[name].eq(n_sd[name]) for name in carried]
+            m.d.sync += [n_sdr.sd[j].eq(reduce_tree([n_sd.pairs[j][i] for i in range(sd_pairs)], operator.add))
+                         for j in range(L)]
             m.d.sync += [n2[name].eq(n_sdr[name]) for name in framing] + [n2.inv.eq(n_sdr.inv)]
             m.d.sync += [n2.score[j].eq(Mux(n_sdr.mask[j], n_sdr.B - n_sdr.sd[j], 0)) for j in range(L)]
             m.d.sync += [n2r.eq(n2), n2r_inv.eq(n2.inv)]
@@ -527,9 +546,11 @@ class HCCS(wiring.Component):
             # score * inv <= numerator (div) or < 255 << 16 (clb): PRODUCT_BITS hold it exactly.
             m.d.sync += [n4[name].eq(n3r[name]) for name in framing]
             m.d.sync += [n4.product[j].eq(n3r.lo[j] + (n3r.hi[j] << INV_SPLIT)) for j in range(L)]
-            out_max = Mux(n4.out == OUT_INT16, INT16_MAX, UINT8_MAX)
+            # The row's output type as a flag per lane (it selects 16 bits of every lane's result).
+            m.d.sync += n4_out16.eq(n3r.out == OUT_INT16)
             for j in range(L):
-                scaled = Mux(n4.out == OUT_INT16, n4.product[j], n4.product[j] >> INV_SHIFT)
+                out_max = Mux(n4_out16.copy(j), INT16_MAX, UINT8_MAX)
+                scaled = Mux(n4_out16.copy(j), n4.product[j], n4.product[j] >> INV_SHIFT)
                 m.d.sync += self.o.payload.data[j].eq(Mux(scaled > out_max, out_max, scaled))
             m.d.sync += [self.o.valid.eq(n4.valid), self.o.payload.mask.eq(n4.mask),
                          self.o.payload.first.eq(n4.first), self.o.payload.last.eq(n4.last),

@@ -148,9 +148,14 @@ def lut_mul_pipelined(m, a, b, name: str, shape):
     """:func:`lut_mul` in two registered steps (latency 2): the partial products summed in pairs, then the
     rest of the adder tree; for a product whose single-cycle tree (three adder levels for 8 bits) was too
     long."""
-    pairs = [reg(m, pair, f"{name}_pair{i}")
-             for i, pair in enumerate(reduce_levels(_partial_products(a, b), operator.add, 1))]
+    pairs = [reg(m, pair, f"{name}_pair{i}") for i, pair in enumerate(lut_mul_pairs(a, b))]
     return reg(m, reduce_tree(pairs, operator.add), name, shape)
+
+
+def lut_mul_pairs(a, b) -> list:
+    """The first step of :func:`lut_mul_pipelined`: :func:`lut_mul`'s partial products summed in pairs, for a
+    pipeline that registers them itself (under its own enable); ``a * b`` is ``reduce_tree(pairs, add)``."""
+    return reduce_levels(_partial_products(a, b), operator.add, 1)
 
 
 def _partial_products(a, b):

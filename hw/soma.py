@@ -236,9 +236,12 @@ def head_param_ports() -> dict:
 def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig":
     """Configuration of the streaming HCCS unit (hw/hccs.py) that normalises the decode row of HCCS heads:
     ``hccs_lanes`` lanes, one head (loaded with the current head's parameters before each row), rows of up
-    to ``sinks + ring`` slots rounded up to whole beats."""
+    to ``sinks + ring`` slots rounded up to whole beats, and a divider of one quotient bit per cycle: the unit
+    takes one row per decode step, so its divider's rate does not matter, and two chained subtractors per
+    cycle were 13.6 ns on the ECP5 tile (the 23-bit reciprocal takes 25 cycles instead of 14)."""
     lanes = params.hccs_lanes
-    return hccs_unit.HCCSConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, out_type="uint8")
+    return hccs_unit.HCCSConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, out_type="uint8",
+                                div_bits=1)
 
 
 PHASE_SCORES, PHASE_GATE, PHASE_WEIGHTED, PHASE_FINAL = range(4)
@@ -248,8 +251,9 @@ READ_LATENCY = 3
 registered word (``rd_word``)."""
 FEED_LATENCY = 1
 """Cycles the decode row's beats spend in the register slice in front of the HCCS unit."""
-WEIGHTED_DEPTH = READ_LATENCY + 2
-"""WEIGHTED SUM: read, then the probability and value operands registered, then their products."""
+WEIGHTED_DEPTH = READ_LATENCY + 3
+"""WEIGHTED SUM: read, then the probability and value operands registered, then their products (2: partial
+products in pairs, then their sum)."""
 FINAL_DEPTH = 10
 """FINAL: operands selected (1), near term (split product 3, round-shift 2, saturate 1, aligned 2) beside
 the far term (operand 1, a product 1, split product 3, round-shift 2, saturate 1), their sum saturated (1)."""
@@ -605,14 +609,20 @@ class SomaDecode(wiring.Component):
         # cycle earlier and registered as it leaves the RAM.
         m.d.comb += self.n_prob_index.eq(at(READ_LATENCY - 2, PHASE_WEIGHTED)[2])
         n_prob = reg(m, self.n_prob[:8], "n_prob")
-        prob_reg = reg(m, prob_bits.word_select(n_prob_read, 8), "prob_bits_sel")
+        # The HCCS probability of slot n in two registered steps (a group of 8 slots addressed a stage early,
+        # then the slot): in one step, a 72:1 byte select behind the tag line's index was 12 ns on the ECP5.
+        group_bits = 3
+        n_group = at(READ_LATENCY - 2, PHASE_WEIGHTED)[2] >> group_bits
+        padded = Cat(prob_bits, Const(0, -len(prob_bits) % (8 << group_bits)))
+        prob_group = reg(m, padded.word_select(n_group, 8 << group_bits), "prob_group")
+        prob_reg = reg(m, prob_group.word_select(n_prob_read[:group_bits], 8), "prob_bits_sel")
         # The probability in one copy per value lane (each copy feeds one multiplier).
         prob = Replicated(unsigned(8), L, "prob")
         m.d.sync += prob.eq(Mux(use_exp, n_prob, prob_reg))
         # c_issue's copy for the value lanes: c_issue changes as WEIGHTED begins, its first word arrives
         # READ_LATENCY cycles later.
         v_group = reg(m, lane_group(rd_word, reg(m, c_issue, "c_group")), "v_group")
-        products = [reg(m, lut_mul(v_group.word_select(l, 8).as_signed(), prob.copy(l)), f"pv{l}", signed(17))
+        products = [lut_mul_pipelined(m, v_group.word_select(l, 8).as_signed(), prob.copy(l), f"pv{l}", signed(17))
                     for l in range(L)]
         lane_acc = [Signal(signed(32), name=f"lane_acc{l}", reset_less=True) for l in range(L)]
         _, last_w, _, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
@@ -728,14 +738,18 @@ class SomaDecode(wiring.Component):
             _, _, n, c = at(stage, PHASE_FINAL)
             return Cat(n[:(L - 1).bit_length()], c)
 
-        fin_write = reg(m, at(FIELD_DEPTH - 1, PHASE_FINAL)[0], "fin_write", reset_less=False)
+        fin_valid = at(FIELD_DEPTH - 1, PHASE_FINAL)[0]
+        # The gate field's enable in a register of its own, gating included (it steers the LUT RAM's write
+        # address between LOAD's words and FINAL's elements).
+        fin_write = reg(m, fin_valid, "fin_write", reset_less=False)
+        gate_write = reg(m, fin_valid & gated, "gate_write", reset_less=False)
         v_o = reg(m, at(FINAL_DEPTH - 1, PHASE_FINAL)[0], "out_write", reset_less=False)
         v_end, last_end, _, c_end = at(FINAL_DEPTH - 1, PHASE_FINAL)
         final_end = reg(m, v_end & last_end & (c_end == chunks - 1), "final_end", reset_less=False)
         with m.If(fin_write):
             fld.write_element(element_at(FIELD_DEPTH), f_new)
-            with m.If(gated):
-                gate_fld.write_element(element_at(FIELD_DEPTH), g_new)
+        with m.If(gate_write):
+            gate_fld.write_element(element_at(FIELD_DEPTH), g_new)
         with m.If(v_o):
             out.write_element(element_at(FINAL_DEPTH), out_element)
 

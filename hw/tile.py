@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import struct
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import Replicated, block_ram, delay, reg, skid_buffer, split_mul
+from somatile.hw.pipe import Replicated, block_ram, delay, lut_mul_pipelined, reg, skid_buffer, split_mul
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
 from somatile.model import hccs
@@ -74,7 +74,8 @@ def expected_decode_cycles(params: TileParams, configs) -> int:
     intake = header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb
     steps = sum(expected_cycles(params, c.normaliser, c.hccs_mode) for c in configs)
     execute = 1 + steps + count
-    respond = header + params.head_dim * count // sb
+    # A one-beat response header waits a cycle for the first word's read (resp_word_reg in Tile).
+    respond = header + (header == 1) + params.head_dim * count // sb
     return intake + execute + respond
 
 
@@ -185,7 +186,12 @@ class Tile(wiring.Component):
                     + [(regmap.INFO_BASE + i * regmap.REGISTER_BYTES, value) for i, value in enumerate(info)]
                     + [(regmap.head_register(h, i), head_regs[h][i]) for h in range(p.heads)
                        for i in range(len(HEAD_PARAMS))])
-        matches = list(reg(m, Cat(*[address == a for a, _ in readable]), "reg_matches"))
+        # The address compared in two registered steps (its halves against every readable address, then both):
+        # in one, the header's address reached some 70 32-bit comparisons, 11 ns on the ECP5 tile.
+        half = len(address) // 2
+        match_lo = reg(m, Cat(*[address[:half] == a % (1 << half) for a, _ in readable]), "reg_match_lo")
+        match_hi = reg(m, Cat(*[address[half:] == a >> half for a, _ in readable]), "reg_match_hi")
+        matches = list(reg(m, match_lo & match_hi, "reg_matches"))
         index_now = Cat(*[Cat(*[matches[i] for i in range(len(readable)) if i >> b & 1]).any()
                           for b in range(max(1, (len(readable) - 1).bit_length()))])
         reg_ok = reg(m, Cat(*matches).any(), "reg_ok")
@@ -207,7 +213,12 @@ class Tile(wiring.Component):
         rows = arg0
         rows_last = reg(m, rows - 1, "rows_last", signed(33))
         last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
-        hccs_bytes = split_mul(m, rows, n_pad, "hccs_bytes", registered_operands=False)  # 3 cycles after the header
+        # rows * n_pad, 3 cycles after the header: n_pad is a multiple of the granule, so the product is rows
+        # times its few high bits, in the fabric (through a DSP block, from the header register, it was 12.7 ns
+        # on the ECP5 tile).
+        granule_bits = log2(regmap.FRAME_GRANULE)
+        hccs_bytes = lut_mul_pipelined(m, rows, n_pad[granule_bits:], "hccs_bytes_hi",
+                                       unsigned(len(rows) + len(n_pad) - granule_bits)) << granule_bits
         hccs_bytes_nonzero = reg(m, hccs_bytes != 0, "hccs_bytes_nonzero")  # 4 cycles after
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
                          (hccs_bytes > regmap.staging_bytes(p)))
@@ -399,6 +410,7 @@ class Tile(wiring.Component):
         fetch_valid = Signal()
         fetch_elem = Signal(32)
         m.d.sync += last_row.eq(row == rows_last)
+        row_done = Signal()
         fetch_addr = Signal(range(mem_words + 1))
         fetched_lane = reg(m, fetch_elem[:log2(W)], "fetched_lane")
 
@@ -440,17 +452,29 @@ class Tile(wiring.Component):
 
         # Memory port defaults: the read address follows the response stream; writes come from the payload,
         # the clear sweep or the decode unit.
-        # resp_addr (the response's base word + resp_word) and resp_addr + 1 are kept in registers, so that
-        # the response's read address is one 2:1 mux behind the output handshake. The read address is
-        # selected by flags kept in registers beside the state (responding with memory words, fetching HCCS
-        # rows, the last beat of a word, the last word): decoded from the state and counters, the selection
-        # was in front of the address inputs of the 16 block RAMs across the die.
+        # The response's memory words leave the block RAM into a register (resp_word_reg, the word whose beats
+        # are being sent) and the block RAM already holds the next one at its output: the beats are selected
+        # from a register, not from the block RAM's output (5.8 ns clock-to-output on the ECP5, which was the
+        # tile's critical path). Read pointer: resp_addr (the word the block RAM shows, to be loaded next) and
+        # resp_addr + 1 in registers; the pointer steps when a word's last beat leaves (or the header's,
+        # loading the first word). The read address is selected by flags kept in registers beside the state
+        # (responding with memory words, fetching HCCS rows, the last beat of a word, the header's last beat):
+        # decoded from the state and counters, the selection was in front of the block RAMs' address inputs.
         words_state, fetching, word_last, at_last_word = Signal(), Signal(), Signal(), Signal()
-        resp_addr = Signal(range(mem_words + 1))
-        resp_addr_next = Signal(range(mem_words + 2))
-        advance = words_state & resp_ready & word_last
-        m.d.comb += rd.addr.eq(Mux(dec.busy, dec.rd_addr,
-                                   Mux(fetching, fetch_addr, Mux(advance, resp_addr_next, resp_addr))))
+        header_last = Signal()     # RESPOND_HEADER presents its last beat (valid)
+        header_hold = Signal()     # one-beat header of a word response: its first cycle waits for the read
+        resp_addr = Signal(range(mem_words + 2))
+        resp_addr_next = Signal(range(mem_words + 3))
+        resp_word_reg = Signal(8 * W)
+        step = resp_ready & Mux(words_state, word_last, header_last)
+        # After a step the block RAM shows the next word one cycle late; with two or more beats per word the
+        # next step is at least two cycles later, so the read address is the pointer itself (no path from the
+        # output handshake to the block RAMs' address inputs). With one beat per word it steps ahead.
+        resp_read = Mux(step, resp_addr_next, resp_addr) if beats_per_word == 1 else resp_addr
+        m.d.comb += rd.addr.eq(Mux(dec.busy, dec.rd_addr, Mux(fetching, fetch_addr, resp_read)))
+        with m.If(step):
+            m.d.sync += [resp_word_reg.eq(rd.data), resp_addr.eq(resp_addr_next),
+                         resp_addr_next.eq(resp_addr_next + 1)]
         m.d.comb += [wr.addr.eq(Mux(dec.busy, dec.wr_addr, host["addr"])),
                      wr.data.eq(Mux(dec.busy, dec.wr_data, host["data"])),
                      wr.en.eq(Mux(dec.busy, dec.wr_en, host["en"]))]
@@ -458,9 +482,13 @@ class Tile(wiring.Component):
         m.d.sync += cycles_run.eq(cycles_run + 1)
 
         def start_response(words=0, base=0):
+            # A one-beat header of a word response is held a cycle: the first word is read in the first
+            # cycle and loaded into resp_word_reg as the header's beat leaves.
+            hold = Value.cast(words) != 0 if HB == 1 else Const(0)
             m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0), info_beat.eq(0),
                          resp_last_word.eq(words - 1), resp_addr.eq(base), resp_addr_next.eq(base + 1),
-                         word_last.eq(beats_per_word == 1), at_last_word.eq(words == 1)]
+                         word_last.eq(beats_per_word == 1), at_last_word.eq(words == 1),
+                         header_hold.eq(hold), header_last.eq(~hold if HB == 1 else 0)]
             m.next = "RESPOND_HEADER"
 
         def finish():
@@ -633,11 +661,17 @@ class Tile(wiring.Component):
                 m.next = "DECODE"
 
             with m.State("RESPOND_HEADER"):
-                m.d.comb += [resp_valid.eq(1), resp_data.eq(response_header.word_select(resp_beat, SW)),
+                m.d.comb += [resp_valid.eq(~header_hold), resp_data.eq(response_header.word_select(resp_beat, SW)),
                              resp_last_beat.eq((resp_beat == HB - 1) & ~resp_has_payload)]
+                with m.If(header_hold):
+                    m.d.sync += [header_hold.eq(0), header_last.eq(1)]
                 with m.If(m_beat):
                     m.d.sync += resp_beat.eq(resp_beat + 1)
+                    if HB > 1:
+                        with m.If(resp_beat == HB - 2):
+                            m.d.sync += header_last.eq(1)
                     with m.If(resp_beat == HB - 1):
+                        m.d.sync += header_last.eq(0)
                         with m.If(~resp_has_payload):
                             finish()
                         with m.Elif(hccs_active):
@@ -660,15 +694,13 @@ class Tile(wiring.Component):
 
             with m.State("RESPOND_WORDS"):
                 final = word_last & at_last_word
-                m.d.comb += [resp_valid.eq(1), resp_data.eq(rd.data.word_select(word_beat, SW)),
+                m.d.comb += [resp_valid.eq(1), resp_data.eq(resp_word_reg.word_select(word_beat, SW)),
                              resp_last_beat.eq(final)]
                 with m.If(m_beat):
                     m.d.sync += [word_beat.eq(Mux(word_last, 0, word_beat + 1)),
                                  word_last.eq(Mux(word_last, beats_per_word == 1, word_beat == beats_per_word - 2))]
                     with m.If(word_last):
-                        m.d.sync += [resp_word.eq(resp_word + 1), resp_addr.eq(resp_addr_next),
-                                     resp_addr_next.eq(resp_addr_next + 1),
-                                     at_last_word.eq(resp_word + 1 == resp_last_word)]
+                        m.d.sync += [resp_word.eq(resp_word + 1), at_last_word.eq(resp_word + 1 == resp_last_word)]
                     with m.If(final):
                         m.d.sync += words_state.eq(0)
                         finish()
@@ -697,12 +729,14 @@ class Tile(wiring.Component):
             with m.State("HCCS_PACK"):
                 m.d.comb += hccs_prob_index.eq(row_index + 1)
                 value = Mux(row_index < arg1, norm.prob, 0)[:8 * out_bytes]
+                # row_done: the row's last element is packed (row_index == n_pad when HCCS_SEND reads it), in a
+                # register: a comparison there was in front of the enables of the frame's counters.
                 m.d.sync += [beat_data.word_select(beat_fill, 8 * out_bytes).eq(value),
-                             beat_fill.eq(beat_fill + 1), row_index.eq(row_index + 1)]
+                             beat_fill.eq(beat_fill + 1), row_index.eq(row_index + 1),
+                             row_done.eq(row_index + 1 == n_pad)]
                 with m.If(beat_fill == elems_per_beat - 1):
                     m.next = "HCCS_SEND"
             with m.State("HCCS_SEND"):
-                row_done = row_index == n_pad
                 final = row_done & last_row
                 m.d.comb += [resp_valid.eq(1), resp_data.eq(beat_data), resp_last_beat.eq(final),
                              hccs_prob_index.eq(row_index)]
