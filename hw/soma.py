@@ -701,11 +701,15 @@ class SomaDecode(wiring.Component):
             address, data = (slot_k + i, k_write) if i < words else (slot_v + i - words, v_write)
             m.d.comb += [wr_addr_next.eq(address), wr_data_next.eq(data), wr_en_next.eq((1 << W) - 1)]
 
+        # The counters' comparisons in registers (32-bit comparisons in front of their enables were 10.6 ns on
+        # the ECP5 tile): LOAD writes the counters at least three cycles before WRITE's last cycle advances them.
+        past_sinks, pos_wraps, filling, counting = reg(m, Cat(step >= sinks, write_pos == ring - 1, fill < ring,
+                                                              step < soma.COUNTER_MAX), "counter_flags")
+
         def advance_counters():
-            with m.If(step >= sinks):
-                m.d.sync += [write_pos.eq(Mux(write_pos == ring - 1, 0, write_pos + 1)),
-                             fill.eq(Mux(fill < ring, fill + 1, fill))]
-            m.d.sync += step.eq(Mux(step < soma.COUNTER_MAX, step + 1, step))
+            with m.If(past_sinks):
+                m.d.sync += [write_pos.eq(Mux(pos_wraps, 0, write_pos + 1)), fill.eq(Mux(filling, fill + 1, fill))]
+            m.d.sync += step.eq(Mux(counting, step + 1, step))
 
         # STORE writes the field, the gate field and the counters to consecutive state words (from the
         # field's), then the output words from out_base, in order. The address advances in a register; the

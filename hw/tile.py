@@ -32,7 +32,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import Replicated, block_ram, delay, lut_mul_pipelined, reg, skid_buffer, split_mul
+from somatile.hw.pipe import (Replicated, block_ram, delay, lut_mul, lut_mul_pipelined, reg, skid_buffer,
+                              split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
 from somatile.model import hccs
@@ -225,9 +226,10 @@ class Tile(wiring.Component):
 
         def hccs_rules_ok(B, S, dmax, cols, name):
             """hccs.check_params' rules for (B, S, Dmax) over ``cols`` columns, registered in four steps
-            (latency 4): S Dmax (a multiplier alone: it may sit far away in a DSP row); the floor B - S Dmax;
-            the two masses; their comparisons."""
-            product = reg(m, S * dmax, f"{name}_s_dmax", unsigned(16))
+            (latency 4): S Dmax (two 8-bit operands, in the fabric: through a DSP block's row it was 11 ns);
+            the floor B - S Dmax; the two masses; their comparisons. S and Dmax are used on 8 bits (head
+            registers hold checked values; a CONFIGURE_HEAD block's range checks run beside these)."""
+            product = reg(m, lut_mul(S[:8], dmax[:8]), f"{name}_s_dmax", unsigned(16))
             floor = reg(m, delay(m, B, 1).as_signed() - product, f"{name}_floor", signed(18))
             cols, B = (c if isinstance(c, int) else delay(m, c, 2) for c in (cols, B))
             floor_mass = reg(m, cols * floor, f"{name}_floor_mass", signed(36))
@@ -252,10 +254,12 @@ class Tile(wiring.Component):
         decode_out_bytes = reg(m, D * count, "decode_out_bytes", unsigned(32))
         decode_out_nonzero = reg(m, count != 0, "decode_out_nonzero")
         decode_out_words = reg(m, dw * count, "decode_out_words", range(mem_words + 1))
-        head_words = reg(m, head * state_words, "head_words", unsigned(32))
+        # Products by the constant state_words as shifted sums in the fabric (a DSP block's row was 11.4 ns
+        # from the header register on the ECP5 tile).
+        head_words = reg(m, lut_mul(head, Const(state_words)), "head_words", unsigned(32))
         # (head + 1) * state_words as a sum: an adder in front of a multiplier is two slow steps in one cycle.
         next_head_words = reg(m, head_words + state_words, "next_head_words", unsigned(32))
-        end_head_words = reg(m, head_end * state_words, "end_head_words", unsigned(32))
+        end_head_words = reg(m, lut_mul(head_end, Const(state_words)), "end_head_words", unsigned(32))
 
         # The payload length the opcode expects and the header's check result, registered at the end of the
         # second settle cycle (CHECK reads the registers).
