@@ -257,8 +257,9 @@ products in pairs, then their sum)."""
 FINAL_DEPTH = 10
 """FINAL: operands selected (1), near term (split product 3, round-shift 2, saturate 1, aligned 2) beside
 the far term (operand 1, a product 1, split product 3, round-shift 2, saturate 1), their sum saturated (1)."""
-FIELD_DEPTH = 4
-"""FINAL's field updates: operands selected (1), registered again (1), products (1), sum and rounding (1)."""
+FIELD_DEPTH = 6
+"""FINAL's field updates: operands selected (1), registered twice (2), products (2: a register on each side
+of the multiplier's), sum and rounding (1)."""
 GATE_DEPTH = 9
 """Query gate after its last element's issue: operands (1), product (2), accumulate (1), split product (3),
 round-shift (2); the gate register follows one cycle later."""
@@ -660,13 +661,15 @@ class SomaDecode(wiring.Component):
         out_element = reg(m, saturate(near + far, -128, 127), "out_element", signed(8))
 
         def field_update(f, x, name):
-            """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): operands (1), products (1), sum and
-            rounding (1)."""
-            # 2^15 - gamma is a register of its own per update, beside its multiplier.
+            """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): operands (2), products (1), products
+            again (1), sum and rounding (1)."""
+            # 2^15 - gamma is a register of its own per update, beside its multiplier. Two registers on each
+            # side of the DSP block: with one, nextpnr placed them 4 ns of routing from the block on either
+            # side (11.7-12.3 ns on the ECP5 tile); the second lets the placer split each route.
             gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], f"{name}_gamma_rest")
-            f, x = reg(m, f, f"{name}_f"), reg(m, x, f"{name}_x")
-            kept = reg(m, operand("gamma_q15") * f, f"{name}_kept", signed(33))
-            added = reg(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), f"{name}_added", signed(33))
+            f, x = (delay(m, v, 2, f"{name}_{v_name}") for v, v_name in ((f, "f"), (x, "x")))
+            kept = delay(m, operand("gamma_q15") * f, 2, f"{name}_kept")
+            added = delay(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), 2, f"{name}_added")
             return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
 
         f_new = field_update(f_old, src, "field")
@@ -678,17 +681,20 @@ class SomaDecode(wiring.Component):
         # and the next phase's registers.
         write_last = Signal()
 
-        # The slot k and v go to (the next sink while step < sinks, else the ring's write position), kept in
-        # registers: LOAD ends one cycle after the counters arrive so that they are valid in WRITE.
-        in_sink = step < sinks
-        if sinks:
-            k_base = Mux(in_sink, layout["sink_k"] + step * words, layout["ring_k"] + write_pos * words)
-            v_base = Mux(in_sink, layout["sink_v"] + step * words, layout["ring_v"] + write_pos * words)
-        else:
-            k_base = layout["ring_k"] + write_pos * words
-            v_base = layout["ring_v"] + write_pos * words
-        slot_k = reg(m, state_base + k_base, "slot_k", range(self.mem_words))
-        slot_v = reg(m, state_base + v_base, "slot_v", range(self.mem_words))
+        # The slot k and v go to (the next sink while step < sinks, else the ring's write position): both
+        # candidates and the comparison in registers, valid in WRITE (LOAD ends one cycle after the counters
+        # arrive); the comparison in front of the address adders was 11.3 ns on the ECP5 tile.
+        in_sink = reg(m, step < sinks, "in_sink")
+
+        def slot_row(region):
+            ring_row = reg(m, first_row[f"ring_{region}"] + write_pos * words, f"slot_ring_{region}",
+                           range(self.mem_words))
+            if not sinks:
+                return ring_row
+            sink_row = reg(m, first_row[f"sink_{region}"] + step * words, f"slot_sink_{region}",
+                           range(self.mem_words))
+            return Mux(in_sink, sink_row, ring_row)
+        slot_k, slot_v = slot_row("k"), slot_row("v")
 
         # As in STORE, k and v are read a cycle ahead (write_read: 0 outside WRITE, write_slot_word + 1 in it)
         # into registers, so that the word written is one multiplexer away from wr_data.
@@ -703,11 +709,11 @@ class SomaDecode(wiring.Component):
 
         # The counters' comparisons in registers (32-bit comparisons in front of their enables were 10.6 ns on
         # the ECP5 tile): LOAD writes the counters at least three cycles before WRITE's last cycle advances them.
-        past_sinks, pos_wraps, filling, counting = reg(m, Cat(step >= sinks, write_pos == ring - 1, fill < ring,
-                                                              step < soma.COUNTER_MAX), "counter_flags")
+        pos_wraps, filling, counting = reg(m, Cat(write_pos == ring - 1, fill < ring, step < soma.COUNTER_MAX),
+                                           "counter_flags")
 
         def advance_counters():
-            with m.If(past_sinks):
+            with m.If(~in_sink):
                 m.d.sync += [write_pos.eq(Mux(pos_wraps, 0, write_pos + 1)), fill.eq(Mux(filling, fill + 1, fill))]
             m.d.sync += step.eq(Mux(counting, step + 1, step))
 
