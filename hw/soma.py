@@ -125,11 +125,11 @@ class RowNormaliser(wiring.Component):
         valid = delay(m, valid2, 1)
         capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s4
         u = reg(m, distance * exp_mult, "u", unsigned(25))
-        hccs_product = reg(m, lut_mul(capped, S), "hccs_product", unsigned(16))              # s5
+        hccs_product = lut_mul_pipelined(m, capped, S, "hccs_product", unsigned(16))         # s5-s6
         w = reg(m, (intexp.POLY_B - u[:intexp.EXP_FRAC_BITS]) >> 1, "w", unsigned(17))
         z = delay(m, u >> intexp.EXP_FRAC_BITS, 3)                                   # s5-s7, used in s8
-        hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s6
-        hccs_score = delay(m, hccs_score, 4)                                         # s7-s10, used in s10
+        hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s7
+        hccs_score = delay(m, hccs_score, 3)                                         # s8-s10, used in s10
         square = reg(m, w * w, "square", unsigned(34))
         poly = reg(m, intexp.POLY_A * (square >> 13), "poly", unsigned(36))          # s7
         e = reg(m, (poly >> 15) + intexp.POLY_C, "e", unsigned(22))                  # s8

@@ -52,14 +52,17 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
-CHECK_SETTLE = 6
+RULES_LATENCY = 5
+"""Cycles of the HCCS parameter rules (hccs.check_params) in the command layer: S Dmax (2), the floor, the
+masses, their comparisons."""
+CHECK_SETTLE = 7
 """Cycles between a header's last beat and CHECK: the header's checks are a pipeline of that depth (head
-parameters selected, S Dmax, HCCS floor, masses, comparisons, the check result)."""
-CONFIG_SETTLE = 7
+parameters selected, the HCCS rules (RULES_LATENCY), the check result)."""
+CONFIG_SETTLE = 8
 """Cycles between a CONFIGURE_HEAD block's last beat and its execution: the beat's capture (the block's beats
 are written into its register one cycle after they arrive, from a registered one-hot enable), the rules'
-pipeline depth (5), then the head's write enable in a register (it enables some 150 flip-flops of the head's
-parameters)."""
+pipeline depth (RULES_LATENCY + 1), then the head's write enable in a register (it enables some 150
+flip-flops of the head's parameters)."""
 
 
 def expected_decode_cycles(params: TileParams, configs) -> int:
@@ -225,13 +228,14 @@ class Tile(wiring.Component):
                          (hccs_bytes > regmap.staging_bytes(p)))
 
         def hccs_rules_ok(B, S, dmax, cols, name):
-            """hccs.check_params' rules for (B, S, Dmax) over ``cols`` columns, registered in four steps
-            (latency 4): S Dmax (two 8-bit operands, in the fabric: through a DSP block's row it was 11 ns);
-            the floor B - S Dmax; the two masses; their comparisons. S and Dmax are used on 8 bits (head
-            registers hold checked values; a CONFIGURE_HEAD block's range checks run beside these)."""
-            product = reg(m, lut_mul(S[:8], dmax[:8]), f"{name}_s_dmax", unsigned(16))
-            floor = reg(m, delay(m, B, 1).as_signed() - product, f"{name}_floor", signed(18))
-            cols, B = (c if isinstance(c, int) else delay(m, c, 2) for c in (cols, B))
+            """hccs.check_params' rules for (B, S, Dmax) over ``cols`` columns, registered in RULES_LATENCY
+            steps: S Dmax (two 8-bit operands, in the fabric in two steps: through a DSP block's row it was 11
+            ns, in one step 10.4-11.1); the floor B - S Dmax; the two masses; their comparisons. S and Dmax are
+            used on 8 bits (head registers hold checked values; a CONFIGURE_HEAD block's range checks run
+            beside these)."""
+            product = lut_mul_pipelined(m, S[:8], dmax[:8], f"{name}_s_dmax", unsigned(16))
+            floor = reg(m, delay(m, B, 2).as_signed() - product, f"{name}_floor", signed(18))
+            cols, B = (c if isinstance(c, int) else delay(m, c, 3) for c in (cols, B))
             floor_mass = reg(m, cols * floor, f"{name}_floor_mass", signed(36))
             row_mass = reg(m, cols * B, f"{name}_row_mass", unsigned(34))
             floor_ok = delay(m, floor >= 0, 1)
@@ -242,7 +246,7 @@ class Tile(wiring.Component):
 
         cmd_head_ok = head < p.heads
         selected = [reg(m, head_field(head, f"hccs_{n}"), f"selected_{n}") for n in ("B", "S", "dmax")]
-        hccs_param_ok = hccs_rules_ok(*selected, arg1[:16], "hccs_param_ok")   # 5 cycles after the header
+        hccs_param_ok = hccs_rules_ok(*selected, arg1[:16], "hccs_param_ok")   # 6 cycles after the header
         heads_configured = Signal()
         mask = Signal(p.heads)
         for h in range(p.heads):
@@ -307,7 +311,7 @@ class Tile(wiring.Component):
         config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
         config = Signal(8 * config_bytes, reset_less=True)  # applied only through head_we (reset)
         config_values = [config.word_select(i, 32) for i in range(len(HEAD_PARAMS))]
-        # Each range check registered on its own, their AND three cycles later (4 in all, like the HCCS rules).
+        # Each range check registered on its own, their AND RULES_LATENCY - 1 cycles later (like the HCCS rules).
         ranges_ok = reg(m, Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]),
                         "ranges").all()
         cv = {hp.name: v for hp, v in zip(HEAD_PARAMS, config_values)}
@@ -317,9 +321,9 @@ class Tile(wiring.Component):
         uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
         config_hccs_ok = hccs_rules_ok(cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8], p.slots,
                                        "config_hccs_ok")
-        ranges_ok = delay(m, ranges_ok, 3)
-        gating_ok, uses_hccs = (delay(m, v, 4) for v in (gating_ok, uses_hccs))
-        # 6 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles before executing.
+        ranges_ok = delay(m, ranges_ok, RULES_LATENCY - 1)
+        gating_ok, uses_hccs = (delay(m, v, RULES_LATENCY) for v in (gating_ok, uses_hccs))
+        # RULES_LATENCY + 2 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles.
         config_ok = reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")
         # One-hot: head h's parameters are written in this cycle (CONFIGURE_HEAD's EXECUTE cycle); set in the
         # last CONFIG_SETTLE cycle, so that the enable of the head's registers comes from one flip-flop.
