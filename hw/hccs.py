@@ -501,10 +501,10 @@ class HCCS(wiring.Component):
         # sum): two 7-bit operands, and through a DSP block the product spent 11 ns on the ECP5 tile, most of
         # it routing to and from the block's row.
         sd_bits = bits_for(S_MAX * DMAX_MAX)
-        sd_pairs = len(lut_mul_pairs(Signal(params_layout["S"].shape), Signal(bits_for(DMAX_MAX))))
+        sd_pairs = [lut_mul_pairs(n_ops_S.copy(j), n_ops.d[j]) for j in range(L)]
         carried = {**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape()}
-        n_sd = Signal(data.StructLayout({**carried, "pairs": data.ArrayLayout(data.ArrayLayout(sd_bits, sd_pairs),
-                                                                                L)}))
+        n_sd = Signal(data.StructLayout({**carried, "pairs": data.ArrayLayout(
+            data.ArrayLayout(sd_bits, len(sd_pairs[0])), L)}))
         n_sdr = Signal(data.StructLayout({**carried, "sd": data.ArrayLayout(sd_bits, L)}))
         score_layout = data.StructLayout({**framing, "inv": d_inv[0].shape(),
                                           "score": data.ArrayLayout(bits_for(B_MAX), L)})
@@ -529,13 +529,11 @@ class HCCS(wiring.Component):
             m.d.sync += [n_dist.d[j].eq(d)
                          for j, d in enumerate(_capped_distances(n_read.row.max, p.dmax, n_read.word))]
             m.d.sync += [n_ops.eq(n_dist), n_ops_S.eq(n_dist.S)]
-            m.d.sync += [n_sd[name].eq(n_ops[name]) for name in framing] + [n_sd.inv.eq(n_ops.inv),
-                                                                           n_sd.B.eq(n_ops.B)]
-            m.d.sync += [n_sd.pairs[j][i].eq(pair) for j in range(L)
-                         for i, pair in enumerate(lut_mul_pairs(n_ops_S.copy(j), n_ops.d[j]))]
+            m.d.sync += [n_sd[name].eq(n_ops[name]) for name in carried]
+            m.d.sync += [n_sd.pairs[j][i].eq(pair) for j in range(L) for i, pair in enumerate(sd_pairs[j])]
             m.d.sync += [n_sdr[name].eq(n_sd[name]) for name in carried]
-            m.d.sync += [n_sdr.sd[j].eq(reduce_tree([n_sd.pairs[j][i] for i in range(sd_pairs)], operator.add))
-                         for j in range(L)]
+            m.d.sync += [n_sdr.sd[j].eq(reduce_tree([n_sd.pairs[j][i] for i in range(len(sd_pairs[j]))],
+                                                    operator.add)) for j in range(L)]
             m.d.sync += [n2[name].eq(n_sdr[name]) for name in framing] + [n2.inv.eq(n_sdr.inv)]
             m.d.sync += [n2.score[j].eq(Mux(n_sdr.mask[j], n_sdr.B - n_sdr.sd[j], 0)) for j in range(L)]
             m.d.sync += [n2r.eq(n2), n2r_inv.eq(n2.inv)]
