@@ -9,7 +9,8 @@ API (stable; the HCCS, Soma, tile, board and firmware-sim flows all use it)::
     build(component_factory, params, toplevel_name, *, simulator=None, waves=False) -> SimBuild
         Elaborate ``component_factory(**params)``, write ``<toplevel_name>.v`` and compile it into
         ``build/sim/<toplevel_name>-<hash>/``; the hash covers the Verilog text, the simulator and ``waves``,
-        so a build is reused (about 0.1 s) until the RTL or its parameters change. Concurrent processes that
+        so a build is reused (about 0.1 s) until the RTL or its parameters change; only the simulator binary and
+        its sources are kept (object files and precompiled headers are deleted). Concurrent processes that
         ask for the same build wait on a file lock instead of compiling twice.
 
     build_and_test(component_factory, params, toplevel_name, test_module, testcase=None, *, waves=False,
@@ -219,8 +220,21 @@ def build(component_factory: Callable, params: Mapping, toplevel_name: str, *, s
             except (RuntimeError, SystemExit) as exc:
                 raise SimulationFailure(f"{simulator} build of {toplevel_name} failed ({exc}); "
                                         f"log {log}:\n{_tail(log)}") from None
+            _drop_intermediates(directory)
             stamp.write_text(digest)
     return SimBuild(directory, toplevel_name, simulator, waves, verilog_path)
+
+
+_INTERMEDIATES = ("*.gch", "*.o", "*.a")
+"""Compiler by-products of a Verilator build: the two precompiled headers alone are ~140 MB per build, the
+binary ~1 MB. A build is never recompiled incrementally (it is rebuilt whole when its hash changes), so only the
+binary and the sources are kept; without this, build/sim grew to 30 GB over a week of edits."""
+
+
+def _drop_intermediates(directory: Path) -> None:
+    for pattern in _INTERMEDIATES:
+        for path in directory.glob(pattern):
+            path.unlink()
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:

@@ -25,6 +25,18 @@ def test_an_unchanged_build_is_reused_and_a_new_parameter_builds_anew():
     assert other.directory != first.directory
 
 
+def test_a_build_keeps_its_binary_but_not_the_compiler_by_products(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOMATILE_BUILD_DIR", str(tmp_path))
+    result = runner.build_and_test(Counter, {"width": 7}, "probe_counter", "tests.hw.runner_probe", "counts_as_asked",
+                                   inputs={"cycles": 5})
+    assert result.build.directory.parent == tmp_path
+    leftovers = [p.name for pattern in ("*.gch", "*.o", "*.a") for p in result.build.directory.glob(pattern)]
+    assert leftovers == []
+    # The kept binary alone runs the next test: no recompilation is needed.
+    assert runner.build_and_test(Counter, {"width": 7}, "probe_counter", "tests.hw.runner_probe", "counts_as_asked",
+                                 inputs={"cycles": 9}).outputs["count"].tolist() == [9]
+
+
 def test_a_failing_cocotb_test_names_itself_and_its_message():
     with pytest.raises(runner.SimulationFailure, match=r"always_fails.*probe failure: count is 3"):
         runner.build_and_test(Counter, {"width": 8}, "probe_counter", "tests.hw.runner_probe", "always_fails")
