@@ -110,13 +110,14 @@ def _sha256(path: Path) -> str:
 
 def source_hash() -> str:
     """SHA-256 over the sources the built design comes from: the RTL (``hw/*.py``), the model constants it
-    imports (``model/*.py``), the board files, the harness and the PLL (path-keyed, in sorted order)."""
+    imports (``model/*.py``), the board files, the harness, the PLL, the netlist pass ``dsp_pack.py`` and
+    this file (the Yosys scripts it adds) (path-keyed, in sorted order)."""
     import somatile.hw
     import somatile.model
 
     files = [*Path(somatile.hw.__file__).parent.glob("*.py"), *Path(somatile.model.__file__).parent.glob("*.py"),
              *board_config.BOARDS_DIR.glob("*.yaml"), board_config.BOARDS_DIR / "harness.py",
-             board_config.BOARDS_DIR / "pll.py"]
+             board_config.BOARDS_DIR / "pll.py", board_config.BOARDS_DIR / "dsp_pack.py", Path(__file__)]
     digest = hashlib.sha256()
     for path in sorted(files, key=lambda p: (p.parent.name, p.name)):
         digest.update(f"{path.parent.name}/{path.name}\0".encode())
@@ -205,6 +206,14 @@ def open_platform(cfg: BoardConfig):
         @property
         def required_tools(self):
             return [t for t in super().required_tools if t not in PROGRAMMERS]
+
+        @property
+        def command_templates(self):
+            templates = list(super().command_templates)
+            if cfg.fpga["dsp_registers"] == "packed":
+                # Between Yosys (writes {{name}}.json) and nextpnr (reads it): this Python, this package.
+                templates.insert(1, f'"{sys.executable}" -m somatile.boards.dsp_pack {{{{name}}}}.json')
+            return templates
 
     BuildOnlyPlatform.__name__ = f"{class_name}BuildOnly"
     return BuildOnlyPlatform()

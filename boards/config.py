@@ -106,9 +106,14 @@ FPGA_SCHEMA: dict[str, Param] = {
     "tile_router": Param(str, _one_of("router1", "router2"),
                          "nextpnr router for the tile and the tile array (optional, default router1; router2 "
                          "finishes designs on which router1 stalls, router1 gives the faster small units)"),
+    "dsp_registers": Param(str, _one_of("fabric", "packed"),
+                           "registers around the multiplier blocks: 'packed' moves plain ones into the ECP5 "
+                           "MULT18X18D's own input/output registers after synthesis (boards/dsp_pack.py; ecp5 "
+                           "only), 'fabric' keeps Yosys' netlist (optional, default fabric)"),
 }
 # Keys of a section that a board file may leave out.
-SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1"}}
+SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
+                                                        "dsp_registers": "fabric"}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
 AIE_SCHEMA: dict[str, Param] = {
@@ -309,6 +314,9 @@ def _check_consistency(cfg: BoardConfig, where: str) -> None:
         key = str(exc).partition("TileParams.")[2].partition(" ")[0] or "tile"
         raise BoardError(f"{where}: key '{key}': {str(exc).partition(': ')[2] or exc} "
                          f"(rule of the tile RTL, somatile.hw.regmap.TileParams)") from exc
+    if cfg.fpga is not None and cfg.fpga["dsp_registers"] == "packed" and cfg.fpga["family"] != "ecp5":
+        raise BoardError(f"{where}: key 'fpga.dsp_registers': got 'packed', expected 'fabric' for family "
+                         f"{cfg.fpga['family']!r} (register packing handles the ECP5 MULT18X18D only)")
     if cfg.aie is not None:
         if cfg.aie["data_memory_bytes"] != cfg.local_memory_bytes:
             raise BoardError(f"{where}: key 'local_memory_bytes': got {cfg.local_memory_bytes}, expected the AI "

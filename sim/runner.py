@@ -6,10 +6,12 @@ API (stable; the HCCS, Soma, tile, board and firmware-sim flows all use it)::
         Verilog text of an elaborated ``wiring.Component`` with top module ``name`` (ports ``clk``, ``rst``
         and ``<member>__payload/__valid/__ready`` for streams).
 
-    build(component_factory, params, toplevel_name, *, simulator=None, waves=False) -> SimBuild
+    build(component_factory, params, toplevel_name, *, simulator=None, waves=False, extra_sources=(),
+          includes=()) -> SimBuild
         Elaborate ``component_factory(**params)``, write ``<toplevel_name>.v`` and compile it into
         ``build/sim/<toplevel_name>-<hash>/``; the hash covers the Verilog text, the simulator and ``waves``,
-        so a build is reused (about 0.1 s) until the RTL or its parameters change; only the simulator binary and
+        so a build is reused (about 0.1 s) until the RTL or its parameters change. The factory may return
+        Verilog text instead (a Yosys netlist), compiled with the cell models ``extra_sources``; only the simulator binary and
         its sources are kept (object files and precompiled headers are deleted). Concurrent processes that
         ask for the same build wait on a file lock instead of compiling twice.
 
@@ -44,7 +46,7 @@ import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -188,19 +190,25 @@ def _verilog_cached(component_factory: Callable, params: Mapping, toplevel: str)
     # Elaboration plus Yosys costs seconds; one process often runs several tests on one build.
     key = (component_factory, toplevel, json.dumps(dict(params), sort_keys=True, default=repr))
     if key not in _verilog_memo:
-        _verilog_memo[key] = verilog_for(component_factory(**params), toplevel)
+        made = component_factory(**params)
+        _verilog_memo[key] = made if isinstance(made, str) else verilog_for(made, toplevel)
     return _verilog_memo[key]
 
 
 def build(component_factory: Callable, params: Mapping, toplevel_name: str, *, simulator: str | None = None,
-          waves: bool = False) -> SimBuild:
-    """Compile ``component_factory(**params)`` for ``simulator`` unless an identical build exists."""
+          waves: bool = False, extra_sources: Sequence[Path] = (), includes: Sequence[Path] = ()) -> SimBuild:
+    """Compile ``component_factory(**params)`` for ``simulator`` unless an identical build exists.
+
+    The factory returns a component, or Verilog text (a netlist that Yosys wrote, for gate-level simulation);
+    ``extra_sources`` (cell models) are compiled beside it with ``includes`` as include folders, and their
+    text is part of the build's hash."""
     prepare_environment()
     simulator = _resolve_simulator(simulator)
     text = _verilog_cached(component_factory, params, toplevel_name)
     if simulator == "icarus":
         text = icarus_time_zero(text)
-    digest = hashlib.sha256(f"{simulator}|{waves}|{toplevel_name}\n{text}".encode()).hexdigest()[:12]
+    extra = "".join(Path(source).read_text() for source in extra_sources)
+    digest = hashlib.sha256(f"{simulator}|{waves}|{toplevel_name}\n{text}{extra}".encode()).hexdigest()[:12]
     directory = build_root() / f"{toplevel_name}-{digest}"
     verilog_path = directory / f"{toplevel_name}.v"
     stamp = directory / "build.stamp"
@@ -213,7 +221,8 @@ def build(component_factory: Callable, params: Mapping, toplevel_name: str, *, s
             try:
                 with _environ(VERILATOR_BUILD_ENV if simulator == "verilator" else {}):
                     _runner(simulator).build(
-                        sources=[verilog_path], hdl_toplevel=toplevel_name, build_dir=directory, waves=waves,
+                        sources=[verilog_path, *map(Path, extra_sources)], includes=list(includes),
+                        hdl_toplevel=toplevel_name, build_dir=directory, waves=waves,
                         always=True, timescale=("1ns", "1ps"), log_file=log,
                         # Yosys-written Verilog trips Verilator's width lint (toolchain pitfall 5).
                         build_args=["-Wno-fatal"] if simulator == "verilator" else [])
@@ -258,9 +267,11 @@ def failed_tests(results_xml: Path) -> list[tuple[str, str]]:
 def build_and_test(component_factory: Callable, params: Mapping, toplevel_name: str, test_module: str,
                    testcase: str | None = None, *, waves: bool = False, extra_env: Mapping[str, str] | None = None,
                    simulator: str | None = None, inputs: Mapping[str, np.ndarray] | None = None,
-                   seed: int | None = None) -> SimResult:
+                   seed: int | None = None, extra_sources: Sequence[Path] = (),
+                   includes: Sequence[Path] = ()) -> SimResult:
     """Build (or reuse) the model and run ``test_module``'s cocotb tests on it; see the module docstring."""
-    sim_build = build(component_factory, params, toplevel_name, simulator=simulator, waves=waves)
+    sim_build = build(component_factory, params, toplevel_name, simulator=simulator, waves=waves,
+                      extra_sources=extra_sources, includes=includes)
     runs = sim_build.directory / "runs"
     runs.mkdir(exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=runs))

@@ -111,6 +111,10 @@ def _write(tmp_path, name, text):
      "key 'fpga.router': got 'router3', expected one of router1, router2"),
     ("extends: ulx3s_85f\nfpga: {tile_router: 2}\n",
      "key 'fpga.tile_router': got 2 (int), expected a string"),
+    ("extends: icebreaker\nfpga: {dsp_registers: packed}\n",
+     "key 'fpga.dsp_registers': got 'packed', expected 'fabric' for family 'ice40'"),
+    ("extends: ulx3s_85f\nfpga: {dsp_registers: inside}\n",
+     "key 'fpga.dsp_registers': got 'inside', expected one of fabric, packed"),
 ])
 def test_bad_board_file_names_file_key_and_expectation(tmp_path, body, message):
     path = _write(tmp_path, "myboard", body)
@@ -150,3 +154,22 @@ def test_extends_cycle_is_reported(tmp_path):
     b = _write(tmp_path, "b", "extends: a\n")
     with pytest.raises(BoardError, match="cycle"):
         boards.load(b)
+
+
+def test_packed_dsp_registers_put_the_packing_step_between_yosys_and_nextpnr(tmp_path):
+    from somatile.boards import build
+    from somatile.boards.harness import ShiftHarness
+    from somatile.boards.pll import pll_for
+    scripts = {}
+    for value in ("packed", "fabric"):
+        cfg = boards.load(_write(tmp_path, value, f"extends: ulx3s_85f\nfpga: {{dsp_registers: {value}}}\n"))
+        unit = build.make_unit(cfg, "hccs")
+        plan = build.open_platform(cfg).prepare(ShiftHarness(unit, pll_for("ecp5", 25.0, cfg.clock_mhz)),
+                                                name="t", **build.toolchain_options(cfg, "hccs"))
+        scripts[value] = plan.files["build_t.sh"].splitlines()
+    step = [i for i, line in enumerate(scripts["packed"]) if "somatile.boards.dsp_pack t.json" in line]
+    yosys = [i for i, line in enumerate(scripts["packed"]) if "$YOSYS" in line and "t.ys" in line]
+    nextpnr = [i for i, line in enumerate(scripts["packed"]) if "$NEXTPNR_ECP5" in line and "--json t.json" in line]
+    assert len(step) == 1 and yosys[0] < step[0] < nextpnr[0]
+    assert not any("dsp_pack" in line for line in scripts["fabric"])
+    assert boards.load("ulx3s_85f").fpga["dsp_registers"] == "packed"
