@@ -405,6 +405,8 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     if timing_log.exists():
         parsed = parse_nextpnr_log(timing_log.read_text(), pll.achieved_mhz)
         result.utilisation = parsed["utilisation"]
+        if "TRELLIS_FF" in result.utilisation:  # after dsp_pack, fewer than Yosys counted
+            result.resources["FF"] = result.utilisation["TRELLIS_FF"][0]
         result.critical_path = parsed["critical_path"]
         if parsed["clock"] and returncode == 0:  # an unfinished run's log holds only pre-route estimates
             result.fmax_mhz = parsed["fmax"][parsed["clock"]][0]
@@ -617,7 +619,10 @@ def write_summary(records: list[dict], path: Path) -> list[Path]:
     head = ["# Boards: generated RTL, resources and Fmax", "", SUMMARY_INTRO, "## Boards", "", boards_table(),
             "## Builds", "",
             "Resources are Yosys' cell counts after synthesis of the unit inside the board harness "
-            "(`boards/harness.py`), which adds exactly in_bits + out_bits flip-flops (listed below) to drive the "
+            "(`boards/harness.py`), except FF on the ECP5, which is nextpnr's TRELLIS_FF count: on a board with "
+            "`fpga.dsp_registers: packed` the flip-flops moved into the multiplier blocks after synthesis "
+            "(`boards/dsp_pack.py`) are not placed in the fabric. The harness adds exactly in_bits + out_bits "
+            "flip-flops (listed below) to drive the "
             "unit's ports from one serial pin and read them on another. Fmax is nextpnr's final (post-route) "
             "figure for the PLL-made clock; the target is the board's `clock_mhz`. P&R seconds are wall-clock "
             "time on the machine named below, which was shared with other jobs. Where a target is missed, the "
@@ -625,7 +630,8 @@ def write_summary(records: list[dict], path: Path) -> list[Path]:
             "their paths start and end at) come from the routed delays nextpnr writes as SDF "
             "(`boards/timing.py`; builds made before that summary existed have none).", "",
             "The `sources` column is the start of the SHA-256 over the sources the row's design was built from "
-            "(`hw/*.py`, `model/*.py`, the board files, the harness and the PLL: `build.source_hash`).", "",
+            "(`hw/*.py`, `model/*.py`, the board files, the harness, the PLL, `boards/dsp_pack.py` and "
+            "`boards/build.py`: `build.source_hash`).", "",
             "Tools: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + "; sources sha256 "
             + ", ".join(h[:16] for h in hashes) + f"; machine: {_machine()}; "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]

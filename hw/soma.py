@@ -274,8 +274,15 @@ class ElementRam:
 
     Each consumer reads through a port of its own (``reader(address)``; on the ECP5 each is one more copy of
     the LUT RAM), so that no read address is a multiplexer steered by the state machine. ``word_of(d)`` is the
-    word holding element ``d``; a reader's ``element(d)`` selects it from the word read. Writes
-    (``write_word``, ``write_element``) land at the clock edge; a read in the same cycle returns the old word."""
+    word holding element ``d``; a reader's ``element(d)`` selects it from the word read.
+
+    Writes (``write_word``, ``write_element``) pass through a register (address, data, enables) in front of
+    the write port and land at the second clock edge: a read in the next cycle still returns the old word.
+    The register keeps the writers' multiplexer and the enable decoding off the paths to the LUT RAM cells,
+    every copy of which the write port reaches (on the ECP5 tile those paths were 10-11 ns). Every word
+    written here is read again three or more cycles later: LOAD's words in later phases, FINAL's field
+    elements at the next step, its output elements (FINAL_DEPTH) after its last field element
+    (FIELD_DEPTH) is four cycles old."""
 
     def __init__(self, m, name: str, bits: int, elements: int, word_bits: int):
         self.m, self.bits = m, bits
@@ -283,7 +290,11 @@ class ElementRam:
         self._shift = self.per_word.bit_length() - 1
         self.words = elements // self.per_word
         m.submodules[name] = self.memory = Memory(shape=unsigned(word_bits), depth=self.words, init=[])
-        self.wr = self.memory.write_port(granularity=bits)
+        port = self.memory.write_port(granularity=bits)
+        self.wr = SimpleNamespace(addr=Signal.like(port.addr, name=f"{name}_wr_addr"),
+                                  data=Signal.like(port.data, name=f"{name}_wr_data"),
+                                  en=Signal.like(port.en, name=f"{name}_wr_en"))
+        m.d.sync += [port.addr.eq(self.wr.addr), port.data.eq(self.wr.data), port.en.eq(self.wr.en)]
 
     def word_of(self, d):
         return d >> self._shift
@@ -354,7 +365,8 @@ class SomaDecode(wiring.Component):
     ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit per byte); all four outputs come from registers. ``busy``
     is high from the cycle after ``start`` through the ``done`` cycle (the last store is written in the done
     cycle); while it is high the unit owns the memory ports and drives the :class:`RowNormaliser` through
-    ``n_*``.
+    ``n_*`` (its parameters ``n_B``, ``n_S``, ``n_dmax``, ``n_exp_mult`` from the head's parameters sampled at
+    ``start``, so ``p_<name>`` may change from the cycle after ``start`` on).
     """
 
     def __init__(self, params: TileParams, mem_words: int):
@@ -371,6 +383,7 @@ class SomaDecode(wiring.Component):
             "n_use_exp": Out(1), "n_clb": Out(1), "n_out16": Out(1),
             "n_row_we": Out(1), "n_row_index": Out(range(params.n_max)), "n_row_x": Out(signed(8)),
             "n_row_valid": Out(1), "n_prob_index": Out(range(params.n_max)), "n_prob": In(16),
+            "n_B": Out(16), "n_S": Out(8), "n_dmax": Out(8), "n_exp_mult": Out(16),
             **head_param_ports(),
         })
         self.mem_words = mem_words
@@ -446,7 +459,9 @@ class SomaDecode(wiring.Component):
                     m.d.sync += load_word.eq(Mux(load_word == target.words - 1, 0, load_word + 1))
         counter = Signal(range(max(len(load_targets) + READ_LATENCY, 5 * words + 1) + 1))
         m.d.comb += self.n_count.eq(slots)
-        m.d.comb += [self.n_use_exp.eq(use_exp), self.n_clb.eq(par["hccs_mode"] == 1), self.n_out16.eq(0)]
+        m.d.comb += [self.n_use_exp.eq(use_exp), self.n_clb.eq(par["hccs_mode"] == 1), self.n_out16.eq(0),
+                     self.n_B.eq(par["hccs_B"]), self.n_S.eq(par["hccs_S"]), self.n_dmax.eq(par["hccs_dmax"]),
+                     self.n_exp_mult.eq(par["exp_mult"])]
 
         # Slot n's chunk c of K or V: word row_addr(n) + (c * L) // W, lane group (c * L % W) // L. Slots are
         # issued in order (sinks, then the ring), so the row address advances in a register (by `words`, or to

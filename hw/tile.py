@@ -245,8 +245,8 @@ class Tile(wiring.Component):
             return Array(head_regs[h][HEAD_INDEX[name]] for h in range(p.heads))[h_index]
 
         cmd_head_ok = head < p.heads
-        selected = [reg(m, head_field(head, f"hccs_{n}"), f"selected_{n}") for n in ("B", "S", "dmax")]
-        hccs_param_ok = hccs_rules_ok(*selected, arg1[:16], "hccs_param_ok")   # 6 cycles after the header
+        selected = {n: reg(m, head_field(head, f"hccs_{n}"), f"selected_{n}") for n in ("B", "S", "dmax")}
+        hccs_param_ok = hccs_rules_ok(*selected.values(), arg1[:16], "hccs_param_ok")  # 6 cycles after the header
         heads_configured = Signal()
         mask = Signal(p.heads)
         for h in range(p.heads):
@@ -382,6 +382,22 @@ class Tile(wiring.Component):
         cur = Signal(8)
         last = Signal(8)
         cur_is_last = reg(m, cur == last, "cur_is_last")  # cur and last change long before a step's done
+        # The decode unit's head parameters come from registers (cur_params), not through the head multiplexer
+        # from cur: that path fanned out to the decode unit's parameter registers across the die (12.4 ns on
+        # the ECP5), and an enable from the command decoding reached them as far. They load every cycle, in
+        # DECODE and DECODE_NEXT those of cur + 1 (registered twice behind cur), else those of the header's
+        # head (registered; the header is decoded cycles before EXECUTE). The unit samples them in DECODE_NEXT,
+        # the cycle after cur was set; they were loaded at that same edge (in EXECUTE for the first head, from
+        # cur + 1 of the previous head for the others) and change at the earliest at the sampling edge. The
+        # normaliser takes its parameters from the unit's sampled copies (n_B, ...), held for the whole step.
+        cur_next = reg(m, cur + 1, "cur_next", cur.shape())
+        head_params, next_params = ({hp.name: reg(m, head_field(h_index, hp.name), f"{prefix}_{hp.name}")
+                                     for hp in HEAD_PARAMS} for h_index, prefix in ((head, "head_p"),
+                                                                                     (cur_next, "next_p")))
+        cur_params = {hp.name: Signal(range(hp.hi + 1), name=f"cur_{hp.name}") for hp in HEAD_PARAMS}
+        decoding = Signal()
+        m.d.sync += [cur_params[n].eq(Mux(decoding, next_params[n], head_params[n])) for n in cur_params]
+
         # The sweep clears [clear_word, clear_end): after reset every head's state (the reset values), else the
         # range CLEAR is entered with. clear_last (the word being cleared is the last one) is kept in a register:
         # every sweep covers at least one head's state, which is more than one word.
@@ -446,13 +462,15 @@ class Tile(wiring.Component):
                          norm.clb.eq(head_field(head, "hccs_mode") == 1), norm.out16.eq(out_bytes == 2),
                          norm.row_we.eq(late_we), norm.row_index.eq(late_index), norm.row_x.eq(late_x),
                          norm.row_valid.eq(1), norm.prob_index.eq(hccs_prob_index)]
-        for name in ("B", "S", "dmax", "exp_mult"):
-            m.d.comb += getattr(norm, name).eq(head_field(Mux(hccs_active, head, cur), f"hccs_{name}"
-                                                          if name != "exp_mult" else "exp_mult"))
+        # The HCCS command's parameters from the registers its rule check reads (the exp head is never asked for
+        # there), a decode step's from the decode unit: no head multiplexer in front of the normaliser.
+        for name in ("B", "S", "dmax"):
+            m.d.comb += getattr(norm, name).eq(Mux(hccs_active, selected[name], getattr(dec, f"n_{name}")))
+        m.d.comb += norm.exp_mult.eq(dec.n_exp_mult)
 
         # Decode unit: parameters of the current head, addresses, memory ports.
         for hp in HEAD_PARAMS:
-            m.d.comb += getattr(dec, f"p_{hp.name}").eq(head_field(cur, hp.name))
+            m.d.comb += getattr(dec, f"p_{hp.name}").eq(cur_params[hp.name])
         # The current head's addresses advance with cur (no multiplier between cur and the decode unit).
         dec_state_base = Signal(range(mem_words))
         dec_stage_base = Signal(range(mem_words))
@@ -507,7 +525,8 @@ class Tile(wiring.Component):
             m.d.sync += [cycles_last.eq(cycles_run + 1), commands.eq(commands + 1), header_beat.eq(0)]
             m.next = "HEADER"
 
-        with m.FSM(init="CLEAR"):
+        with m.FSM(init="CLEAR") as fsm:
+            m.d.comb += decoding.eq(fsm.ongoing("DECODE") | fsm.ongoing("DECODE_NEXT"))
             with m.State("CLEAR"):
                 # After reset, and for RESET_STATE / a faulting LOAD_STATE: zero [clear_word, clear_end).
                 m.d.comb += [host_addr.eq(clear_word), host_data.eq(0), host_en.eq((1 << W) - 1)]
@@ -665,7 +684,7 @@ class Tile(wiring.Component):
                         set_length(decode_out_bytes, decode_out_nonzero)
                         start_response(decode_out_words, out_word)
                     with m.Else():
-                        m.d.sync += [cur.eq(cur + 1), dec_state_base.eq(dec_state_base + state_words),
+                        m.d.sync += [cur.eq(cur_next), dec_state_base.eq(dec_state_base + state_words),
                                      dec_stage_base.eq(dec_stage_base + 3 * dw), dec_out_base.eq(dec_out_base + dw)]
                         m.next = "DECODE_NEXT"
             with m.State("DECODE_NEXT"):
