@@ -364,10 +364,12 @@ def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 
 def toolchain_options(cfg: BoardConfig, top: str) -> dict[str, str]:
     """The amaranth build options of an FPGA board for one ``top``: nextpnr's router from the board file
-    (``fpga.router`` for the HCCS unit, ``fpga.tile_router`` for the tile and the array) and
+    (``fpga.router`` for the HCCS unit, ``fpga.tile_router`` and ``fpga.tile_nextpnr_opts`` for the tile and
+    the array) and
     ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
-    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}",
+    extra = "" if top == "hccs" or not cfg.fpga["tile_nextpnr_opts"] else " " + cfg.fpga["tile_nextpnr_opts"]
+    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{extra}",
                "script_after_read": f"{REPLICA_SCRIPT}\n{FSM_SCRIPT}"}
     if cfg.fpga["device"].startswith("iCE40UP"):
         options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for

@@ -53,6 +53,14 @@ def _one_of(*choices) -> Callable[[Any], str | None]:
     return check
 
 
+def _nextpnr_options(v) -> str | None:
+    # The options go into the build's shell script: words of options and values only.
+    words = v.split()
+    if (words and not words[0].startswith("--")) or any(set(w) & set(";|&$`'\"<>()\\") for w in words):
+        return "nextpnr options ('--name [value] ...') without shell characters"
+    return None
+
+
 def _positive(v) -> str | None:
     return None if v > 0 and math.isfinite(v) else "a positive finite number"
 
@@ -106,6 +114,9 @@ FPGA_SCHEMA: dict[str, Param] = {
     "tile_router": Param(str, _one_of("router1", "router2"),
                          "nextpnr router for the tile and the tile array (optional, default router1; router2 "
                          "finishes designs on which router1 stalls, router1 gives the faster small units)"),
+    "tile_nextpnr_opts": Param(str, _nextpnr_options,
+                               "further nextpnr options for the tile and the tile array, e.g. '--tmg-ripup' "
+                               "(optional, default none)"),
     "dsp_registers": Param(str, _one_of("fabric", "packed"),
                            "registers around the multiplier blocks: 'packed' moves plain ones into the ECP5 "
                            "MULT18X18D's own input/output registers after synthesis (boards/dsp_pack.py; ecp5 "
@@ -113,7 +124,7 @@ FPGA_SCHEMA: dict[str, Param] = {
 }
 # Keys of a section that a board file may leave out.
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
-                                                        "dsp_registers": "fabric"}}
+                                                        "dsp_registers": "fabric", "tile_nextpnr_opts": ""}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
 AIE_SCHEMA: dict[str, Param] = {

@@ -115,6 +115,8 @@ def _write(tmp_path, name, text):
      "key 'fpga.dsp_registers': got 'packed', expected 'fabric' for family 'ice40'"),
     ("extends: ulx3s_85f\nfpga: {dsp_registers: inside}\n",
      "key 'fpga.dsp_registers': got 'inside', expected one of fabric, packed"),
+    ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: '--seed 2; rm -r x'}\n",
+     "key 'fpga.tile_nextpnr_opts': got '--seed 2; rm -r x', expected nextpnr options"),
 ])
 def test_bad_board_file_names_file_key_and_expectation(tmp_path, body, message):
     path = _write(tmp_path, "myboard", body)
@@ -142,6 +144,11 @@ def test_the_nextpnr_routers_default_to_router1_and_reach_the_build_script_of_th
     for top, router in (("hccs", "router1"), ("tile", "router2"), ("array", "router2")):
         options = build.toolchain_options(cfg, top)
         assert f"--router {router}" in options["nextpnr_opts"], top
+        assert "--tmg-ripup" not in options["nextpnr_opts"]  # icebreaker sets no further options
+    ulx3s = boards.load("ulx3s_85f")
+    assert ulx3s.fpga["tile_nextpnr_opts"] == "--tmg-ripup"
+    assert [("--tmg-ripup" in build.toolchain_options(ulx3s, top)["nextpnr_opts"]) for top in
+            ("hccs", "tile", "array")] == [False, True, True]
     unit = build.make_unit(cfg, "hccs")
     plan = build.open_platform(cfg).prepare(ShiftHarness(unit, pll_for("ice40", 12.0, cfg.clock_mhz)), name="t",
                                             **build.toolchain_options(cfg, "tile"))
