@@ -116,7 +116,8 @@ FPGA_SCHEMA: dict[str, Param] = {
                          "finishes designs on which router1 stalls, router1 gives the faster small units)"),
     "tile_nextpnr_opts": Param(str, _nextpnr_options,
                                "further nextpnr options for the tile and the tile array, e.g. '--tmg-ripup' "
-                               "(optional, default none)"),
+                               "(router2 rips up timing-critical nets again; it may not stop: on the reduced "
+                               "ULX3S tile it ran past 1,000 iterations) (optional, default none)"),
     "dsp_registers": Param(str, _one_of("fabric", "packed"),
                            "registers around the multiplier blocks: 'packed' moves plain ones into the ECP5 "
                            "MULT18X18D's own input/output registers after synthesis (boards/dsp_pack.py; ecp5 "
