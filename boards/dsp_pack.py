@@ -48,9 +48,6 @@ class PackReport:
     outputs_packed: int = 0       # blocks whose P register moved in
     registers_removed: int = 0
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def _is_const(bit) -> bool:
     return isinstance(bit, str)
@@ -75,7 +72,6 @@ def _control(cell: dict) -> tuple:
 
 class _Netlist:
     def __init__(self, module: dict):
-        self.module = module
         self.cells = module["cells"]
         self.drivers: dict[int, tuple[str, str]] = {}
         self.loads: dict[int, list[tuple[str, str]]] = collections.defaultdict(list)
@@ -179,15 +175,19 @@ class _Controls:
         self.clock = None
         self.resets: list = []
 
-    def group(self, control: tuple) -> int | None:
+    def group(self, control: tuple | None) -> int | None:
+        """The group for registers of ``control`` = (clock net, reset net or "0"; clock None: any clock), or
+        None when they cannot have one (no common control, a second clock, or four resets taken)."""
+        if control is None:
+            return None
         clock, reset = control
-        if self.clock not in (None, clock):
+        if clock is not None and self.clock not in (None, clock):
             return None  # one clock per block here (every design of this project has one)
         if reset not in self.resets:
             if len(self.resets) == 4:
                 return None
             self.resets.append(reset)
-        self.clock = clock
+        self.clock = clock if clock is not None else self.clock
         return self.resets.index(reset)
 
 
@@ -198,21 +198,19 @@ def _pack_block(net: _Netlist, name: str, cell: dict, report: PackReport) -> Non
     params = cell["parameters"]
     operands = {op: _operand_registers(net, cell, op) for op in "AB"}
     if all(regs is not None for regs in operands.values()) and any(operands.values()):
-        groups = {}
-        for op, regs in operands.items():
-            control = _common_control(net, regs.values()) if regs else (None, "0")
-            groups[op] = None if control is None else controls.group(control if regs else
-                                                                     (controls.clock, "0"))
-        if all(g is not None for g in groups.values()):
+        groups = {op: controls.group(_common_control(net, regs.values()) if regs else (None, "0"))
+                  for op, regs in operands.items()}
+        if None in groups.values():
+            controls = _Controls()  # neither operand moves: their groups are not taken
+        else:
             for op, regs in operands.items():
                 _move_operand(net, name, cell, op, regs, report)
                 params[f"REG_INPUT{op}_CLK"] = "CLK0"
                 params[f"REG_INPUT{op}_CE"] = "CE0"
                 params[f"REG_INPUT{op}_RST"] = f"RST{groups[op]}"
     product = _product_registers(net, cell)
-    control = product and _common_control(net, product.values())
-    group = control and controls.group(control)
-    if group is not None and control:
+    group = controls.group(_common_control(net, product.values())) if product else None
+    if group is not None:
         _move_product(net, name, cell, product, report)
         params.update(REG_OUTPUT_CLK="CLK0", REG_OUTPUT_CE="CE0", REG_OUTPUT_RST=f"RST{group}")
     if controls.clock is None:

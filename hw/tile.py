@@ -245,7 +245,10 @@ class Tile(wiring.Component):
             return Array(head_regs[h][HEAD_INDEX[name]] for h in range(p.heads))[h_index]
 
         cmd_head_ok = head < p.heads
-        selected = {n: reg(m, head_field(head, f"hccs_{n}"), f"selected_{n}") for n in ("B", "S", "dmax")}
+        # The header head's parameters, registered (the HCCS rule check reads three of them; the decode unit's
+        # parameters are loaded from them for its first head, below).
+        head_params = {hp.name: reg(m, head_field(head, hp.name), f"head_p_{hp.name}") for hp in HEAD_PARAMS}
+        selected = {n: head_params[f"hccs_{n}"] for n in ("B", "S", "dmax")}
         hccs_param_ok = hccs_rules_ok(*selected.values(), arg1[:16], "hccs_param_ok")  # 6 cycles after the header
         heads_configured = Signal()
         mask = Signal(p.heads)
@@ -391,9 +394,7 @@ class Tile(wiring.Component):
         # cur + 1 of the previous head for the others) and change at the earliest at the sampling edge. The
         # normaliser takes its parameters from the unit's sampled copies (n_B, ...), held for the whole step.
         cur_next = reg(m, cur + 1, "cur_next", cur.shape())
-        head_params, next_params = ({hp.name: reg(m, head_field(h_index, hp.name), f"{prefix}_{hp.name}")
-                                     for hp in HEAD_PARAMS} for h_index, prefix in ((head, "head_p"),
-                                                                                     (cur_next, "next_p")))
+        next_params = {hp.name: reg(m, head_field(cur_next, hp.name), f"next_p_{hp.name}") for hp in HEAD_PARAMS}
         cur_params = {hp.name: Signal(range(hp.hi + 1), name=f"cur_{hp.name}") for hp in HEAD_PARAMS}
         decoding = Signal()
         m.d.sync += [cur_params[n].eq(Mux(decoding, next_params[n], head_params[n])) for n in cur_params]
