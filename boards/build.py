@@ -234,6 +234,7 @@ class PnrResult:
     late_endpoints: dict | None = None  # timing.EndpointSummary.as_dict() of the routed design
     harness_ffs: int = 0
     lut_mapper: str = "abc9"
+    nextpnr_opts: str | None = None  # set when tile_nextpnr_opts' run used its budget and was run without
     bitstream: str | None = None
     log: str | None = None
     error: str | None = None
@@ -362,14 +363,19 @@ def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def toolchain_options(cfg: BoardConfig, top: str) -> dict[str, str]:
+def uses_tile_opts(cfg: BoardConfig, top: str) -> bool:
+    """Whether a build of ``top`` passes ``fpga.tile_nextpnr_opts`` (the tile and the array do)."""
+    return top != "hccs" and bool(cfg.fpga["tile_nextpnr_opts"])
+
+
+def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True) -> dict[str, str]:
     """The amaranth build options of an FPGA board for one ``top``: nextpnr's router from the board file
     (``fpga.router`` for the HCCS unit, ``fpga.tile_router`` and ``fpga.tile_nextpnr_opts`` for the tile and
     the array) and
     ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
-    extra = "" if top == "hccs" or not cfg.fpga["tile_nextpnr_opts"] else " " + cfg.fpga["tile_nextpnr_opts"]
-    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{extra}",
+    more = " " + cfg.fpga["tile_nextpnr_opts"] if extra and uses_tile_opts(cfg, top) else ""
+    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{more}",
                "script_after_read": f"{REPLICA_SCRIPT}\n{FSM_SCRIPT}"}
     if cfg.fpga["device"].startswith("iCE40UP"):
         options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
@@ -386,20 +392,41 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     pll = pll_for(family, cfg.fpga["osc_mhz"], cfg.clock_mhz)
     unit = make_unit(cfg, top)
     in_bits, out_bits = port_bits(unit)
-    platform = open_platform(cfg)
     options = toolchain_options(cfg, top)
     options["nextpnr_opts"] += f" --sdf {name}.sdf"  # the routed delays, for the late-endpoint summary
     started = time.monotonic()
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
                        harness_ffs=in_bits + out_bits, log=str(log_path))
-    plan = platform.prepare(ShiftHarness(unit, pll), name=name, **options)
-    returncode = _run_plan(plan, work, name, log_path, timeout_s)
-    if returncode not in (0, None) and family in CLASSIC_ABC and abc9_failed(_read(work / f"{name}.rpt")):
-        retry = {key: value.format(name=name) for key, value in CLASSIC_ABC[family].items()}
-        plan = open_platform(cfg).prepare(ShiftHarness(unit, pll), name=name, **{**options, **retry})
-        result.lut_mapper = "abc (abc9 hit a Yosys assertion)"
-        returncode = _run_plan(plan, work, name, log_path, max(timeout_s - (time.monotonic() - started), 1.0))
+
+    mapper: dict[str, str] = {}  # Yosys options of the classic-ABC retry, once ABC9 has failed on this unit
+
+    def attempt(opts: dict, budget_s: float) -> int | None:
+        """One run of the build with ``opts`` within ``budget_s`` seconds and what is left of ``timeout_s``
+        (and again with the classic ABC mapping if ABC9 hits its assertion): the script's exit code, or None."""
+        begun = time.monotonic()
+
+        def run() -> int | None:
+            left = min(budget_s - (time.monotonic() - begun), timeout_s - (time.monotonic() - started))
+            plan = open_platform(cfg).prepare(ShiftHarness(unit, pll), name=name, **{**opts, **mapper})
+            return _run_plan(plan, work, name, log_path, max(left, 1.0))
+
+        code = run()
+        if (code not in (0, None) and not mapper and family in CLASSIC_ABC
+                and abc9_failed(_read(work / f"{name}.rpt"))):
+            mapper.update({key: value.format(name=name) for key, value in CLASSIC_ABC[family].items()})
+            result.lut_mapper = "abc (abc9 hit a Yosys assertion)"
+            code = run()
+        return code
+
+    extra = uses_tile_opts(cfg, top)
+    returncode = attempt(options, cfg.fpga["tile_opts_budget_s"] if extra else timeout_s)
+    if returncode is None and extra and time.monotonic() - started < timeout_s:
+        # The extra options' run (router2's rip-up may not stop) used its budget: the same build without them.
+        result.nextpnr_opts = (f"{cfg.fpga['tile_nextpnr_opts']} stopped after "
+                               f"{cfg.fpga['tile_opts_budget_s']:.0f} s; routed without")
+        plain = toolchain_options(cfg, top, extra=False)["nextpnr_opts"] + f" --sdf {name}.sdf"
+        returncode = attempt({**options, "nextpnr_opts": plain}, timeout_s)
     result.seconds = round(time.monotonic() - started, 1)
     if (work / f"{name}.rpt").exists():
         result.resources = resource_counts(family, parse_yosys_cells((work / f"{name}.rpt").read_text()))
@@ -552,6 +579,8 @@ def markdown_table(records: list[dict]) -> str:
             status = pnr["status"] + (f": {pnr['error']}" if pnr.get("error") else "")
             if pnr.get("lut_mapper", "abc9") != "abc9":
                 status += f" (LUTs mapped by {pnr['lut_mapper']})"
+            if pnr.get("nextpnr_opts"):
+                status += f" ({pnr['nextpnr_opts']})"
             final = pnr["status"] in ("ok", "timing-missed")  # else the log holds pre-route estimates only
             cells = [_fmt(res.get("LUT")), _fmt(res.get("FF")), _fmt(res.get("DSP")), _fmt(res.get("BRAM")),
                      _fmt(pnr["fmax_mhz"] if final else None), _fmt(r["clock_mhz"]),

@@ -118,6 +118,9 @@ FPGA_SCHEMA: dict[str, Param] = {
                                "further nextpnr options for the tile and the tile array, e.g. '--tmg-ripup' "
                                "(router2 rips up timing-critical nets again; it may not stop: on the reduced "
                                "ULX3S tile it ran past 1,000 iterations) (optional, default none)"),
+    "tile_opts_budget_s": Param(float, _positive,
+                                "seconds a tile or array build with tile_nextpnr_opts may run before it is "
+                                "stopped and run again without them (optional, default 1200)"),
     "dsp_registers": Param(str, _one_of("fabric", "packed"),
                            "registers around the multiplier blocks: 'packed' moves plain ones into the ECP5 "
                            "MULT18X18D's own input/output registers after synthesis (boards/dsp_pack.py; ecp5 "
@@ -125,7 +128,8 @@ FPGA_SCHEMA: dict[str, Param] = {
 }
 # Keys of a section that a board file may leave out.
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
-                                                        "dsp_registers": "fabric", "tile_nextpnr_opts": ""}}
+                                                        "dsp_registers": "fabric", "tile_nextpnr_opts": "",
+                                                        "tile_opts_budget_s": 1200.0}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
 AIE_SCHEMA: dict[str, Param] = {
@@ -160,11 +164,11 @@ def _coerce(where: str, key: str, value: Any, param: Param) -> Any:
         param.type is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok_type:
         raise BoardError(f"{where}: key '{key}': got {value!r} ({type(value).__name__}), expected {expected}")
-    value = param.type(value)
-    problem = param.check(value) if param.check else None
-    if problem:
+    typed = param.type(value)
+    problem = param.check(typed) if param.check else None
+    if problem:  # the value as the file wrote it
         raise BoardError(f"{where}: key '{key}': got {value!r}, expected {problem}")
-    return value
+    return typed
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """`somatile build`: units elaborate for every board, PLL settings, generated files, one real place-and-route."""
 
+import dataclasses
 import json
 import os
 import re
@@ -202,6 +203,36 @@ def test_parameters_a_unit_refuses_are_reported_with_the_board(tmp_path, capsys)
                 "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "board sim" in err and "top 'hccs'" in err and "n_max: expected a positive multiple of lanes (8)" in err
+
+
+def test_a_tile_build_whose_extra_nextpnr_options_use_their_budget_is_run_again_without_them(tmp_path,
+                                                                                              monkeypatch):
+    """Router2's rip-up (``fpga.tile_nextpnr_opts``) may not stop: past ``fpga.tile_opts_budget_s`` the build
+    runs again with the board's plain options, within what is left of the timeout, and the report says so."""
+    board = tmp_path / "b.yaml"
+    board.write_text("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 7}\n")
+    cfg = boards.load(board).with_overrides({"lanes": 4, "heads": 1, "head_dim": 32, "n_max": 128, "ring": 16,
+                                             "sinks": 2, "local_memory_bytes": 8192}, "test")
+    runs = []
+
+    def fake_run(plan, work, name, log_path, timeout_s):
+        runs.append((plan.files[f"build_{name}.sh"], timeout_s))
+        return None if len(runs) == 1 else 1  # the first run used its budget, the second fails
+
+    monkeypatch.setattr(build, "_run_plan", fake_run)
+    result = build.place_and_route(cfg, "tile", tmp_path / "pnr", "somatile_tile", timeout_s=100)
+    assert len(runs) == 2
+    (first, first_s), (second, second_s) = runs
+    nextpnr = [next(line for line in script.splitlines() if "NEXTPNR" in line and "--json" in line)
+               for script in (first, second)]
+    assert "--tmg-ripup" in nextpnr[0] and "--tmg-ripup" not in nextpnr[1]
+    assert nextpnr[0].replace(" --tmg-ripup", "") == nextpnr[1]  # nothing else changed
+    assert first_s == pytest.approx(7, abs=0.5) and 90 < second_s <= 100
+    assert result.nextpnr_opts == "--tmg-ripup stopped after 7 s; routed without"
+    assert result.status == "failed"
+    row = build.markdown_table([{"board": "b", "top": "tile", "kind": "fpga", "clock_mhz": 100.0,
+                                 "pnr": dataclasses.asdict(result) | {"met": False}}]).splitlines()[2]
+    assert "(--tmg-ripup stopped after 7 s; routed without)" in row
 
 
 class _SleepPlan:

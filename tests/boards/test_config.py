@@ -69,7 +69,7 @@ def test_override_is_validated_and_recorded():
     ("lanes=eight", "key 'lanes': got 'eight' (str), expected an integer"),
     ("lanes=true", "expected an integer"),
     ("hccs_out=int8", "key 'hccs_out': got 'int8', expected one of uint8, int16"),
-    ("clock_mhz=-5", "key 'clock_mhz': got -5.0, expected a positive finite number"),
+    ("clock_mhz=-5", "key 'clock_mhz': got -5, expected a positive finite number"),
     ("bogus=1", "unknown or fixed parameter 'bogus'"),
     ("kind=fpga", "unknown or fixed parameter 'kind'"),
     ("lanes", "expected KEY=VALUE"),
@@ -117,6 +117,8 @@ def _write(tmp_path, name, text):
      "key 'fpga.dsp_registers': got 'inside', expected one of fabric, packed"),
     ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: '--seed 2; rm -r x'}\n",
      "key 'fpga.tile_nextpnr_opts': got '--seed 2; rm -r x', expected nextpnr options"),
+    ("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 0}\n",
+     "key 'fpga.tile_opts_budget_s': got 0, expected a positive finite number"),
 ])
 def test_bad_board_file_names_file_key_and_expectation(tmp_path, body, message):
     path = _write(tmp_path, "myboard", body)
@@ -146,7 +148,7 @@ def test_the_nextpnr_routers_default_to_router1_and_reach_the_build_script_of_th
         assert f"--router {router}" in options["nextpnr_opts"], top
         assert "--tmg-ripup" not in options["nextpnr_opts"]  # icebreaker sets no further options
     ulx3s = boards.load("ulx3s_85f")
-    assert ulx3s.fpga["tile_nextpnr_opts"] == "--tmg-ripup"
+    assert ulx3s.fpga["tile_nextpnr_opts"] == "--tmg-ripup" and ulx3s.fpga["tile_opts_budget_s"] == 1200.0
     assert [("--tmg-ripup" in build.toolchain_options(ulx3s, top)["nextpnr_opts"]) for top in
             ("hccs", "tile", "array")] == [False, True, True]
     unit = build.make_unit(cfg, "hccs")
