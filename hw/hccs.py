@@ -259,6 +259,7 @@ class HCCS(wiring.Component):
         d_head = per_bank(cfg.head_bits, "head")
         d_params = per_bank(params_layout, "params")
         d_inv = per_bank(bits_for(UINT8_NUMERATOR), "inv")
+        d_single = per_bank(1, "single")  # d_final == 0 (a one-beat row), written beside d_final
 
         # Ingest: beats of row r go to bank r mod 4 while the normaliser has released it. The beat is written
         # to the row memory when accepted; its maximum goes through a pipeline (masked lanes registered, then one
@@ -304,6 +305,7 @@ class HCCS(wiring.Component):
             with m.If(beat.last):
                 m.d.sync += [
                     d_final[wbank].eq(Mux(stored, iptr, iptr - 1)),
+                    d_single[wbank].eq(Mux(stored, iptr == 0, iptr == 1)),
                     d_head[wbank].eq(cur_head),
                     d_params[wbank].eq(cur_params), state[wbank].eq(FILLING),
                     wbank.eq(wbank + 1), iptr.eq(0), in_row.eq(0),
@@ -414,12 +416,14 @@ class HCCS(wiring.Component):
         # The row's mode and output type, latched at the start: decoded from the bank's parameters through
         # rbank every cycle they were in front of every divider register.
         r_clb, r_out16 = Signal(), Signal()
-        with m.If(r_start):
+        # The divider's registers load from bank rbank in every idle cycle (they are read only while
+        # r_active): their enable is the ~r_active flip-flop, not the bank state comparison through rbank.
+        with m.If(~r_active):
             numerators = {OUT_UINT8: UINT8_NUMERATOR, OUT_INT16: INT16_NUMERATOR}
             iters = {o: math.ceil(NUMERATOR_BITS[o] / cfg.div_bits) for o in numerators}
             # Left-align each numerator in the shift register so its first quotient step reads its top bits.
             aligned = {o: numerators[o] << (len(numerator_reg) - iters[o] * cfg.div_bits) for o in numerators}
-            m.d.sync += [r_active.eq(1), divisor.eq(d_total[rbank]), divisor_zero.eq(d_total[rbank] == 0),
+            m.d.sync += [r_active.eq(r_start), divisor.eq(d_total[rbank]), divisor_zero.eq(d_total[rbank] == 0),
                          r_clb.eq(r_params.mode == MODE_CLB), r_out16.eq(r_params.out == OUT_INT16),
                          remainder.eq(0), quotient.eq(0),
                          numerator_reg.eq(Mux(r_params.out == OUT_INT16, aligned[OUT_INT16], aligned[OUT_UINT8])),
@@ -465,28 +469,30 @@ class HCCS(wiring.Component):
         n_ptr = Signal(count_bits)
         row = data.StructLayout({"final": count_bits, "max": signed(INPUT_BITS), "head": cfg.head_bits,
                                  "params": params_layout, "inv": d_inv[0].shape()})
-        n_row = Signal(row)
         advance = ~self.o.valid | self.o.ready
+        # The row's fields load into n_row in every cycle the normaliser is idle and the output moves: in the
+        # cycle a row starts (which needs both) they are the starting bank's, and n_row holds them while the
+        # row is issued and until its last beat has left n1 (n_read takes them from n_row; a copy travelling
+        # through n1 put the four-bank multiplexer behind nbank in front of ~70 enabled registers, 11.9 ns on
+        # the ECP5 tile). The enable is then ~n_active and advance; only the start, the last-beat flag (a
+        # per-bank one-beat flag) and the bank's release still go through nbank.
+        n_row = Signal(row)
+        with m.If(~n_active & advance):
+            m.d.sync += [n_row.final.eq(d_final[nbank]), n_row.max.eq(d_max[nbank]), n_row.head.eq(d_head[nbank]),
+                         n_row.params.eq(d_params[nbank]), n_row.inv.eq(d_inv[nbank])]
         n_start = ~n_active & (state[nbank] == READY)
-        n_row_now = Signal(row)
-        m.d.comb += n_row_now.eq(n_row)
-        with m.If(~n_active):
-            m.d.comb += [n_row_now.final.eq(d_final[nbank]), n_row_now.max.eq(d_max[nbank]),
-                         n_row_now.head.eq(d_head[nbank]), n_row_now.params.eq(d_params[nbank]),
-                         n_row_now.inv.eq(d_inv[nbank])]
         n_ptr_now = Mux(n_active, n_ptr, 0)
         n_issue = advance & (n_active | n_start)
-        n_last = n_ptr_now == n_row_now.final
+        n_last = Mux(n_active, n_ptr == n_row.final, d_single[nbank])
         m.d.comb += [rd_norm.addr.eq(Cat(n_ptr_now[:ptr_bits], nbank)), rd_norm.en.eq(advance)]
         with m.If(n_issue):
-            m.d.sync += n_row.eq(n_row_now)
             with m.If(n_last):
                 m.d.sync += [n_active.eq(0), nbank.eq(nbank + 1), state[nbank].eq(FREE)]
             with m.Else():
                 m.d.sync += [n_active.eq(1), n_ptr.eq(n_ptr_now + 1)]
         # After the memory: read register, distance, S*d, score, two partial products, their sum, saturate; every
         # stage moves only when the output moves (advance), so a stalled o holds the whole pipeline.
-        n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row}))
+        n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1}))
         n_read = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row, "word": word}))
         framing = {"valid": 1, "first": 1, "last": 1, "head": cfg.head_bits, "mask": L, "out": 1}
         dist_layout = data.StructLayout({**framing, "B": params_layout["B"].shape, "S": params_layout["S"].shape,
@@ -518,10 +524,9 @@ class HCCS(wiring.Component):
         n4 = Signal(data.StructLayout({**framing, "product": data.ArrayLayout(PRODUCT_BITS, L)}))
         n4_out16 = Replicated(1, L, "n4_out16")
         with m.If(advance):
-            m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last),
-                         n1.row.eq(n_row_now)]
+            m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last)]
             m.d.sync += [n_read.valid.eq(n1.valid), n_read.first.eq(n1.first), n_read.last.eq(n1.last),
-                         n_read.row.eq(n1.row), n_read.word.eq(rd_norm.data)]
+                         n_read.row.eq(n_row), n_read.word.eq(rd_norm.data)]
             p = n_read.row.params
             m.d.sync += [n_dist.valid.eq(n_read.valid), n_dist.first.eq(n_read.first), n_dist.last.eq(n_read.last),
                          n_dist.head.eq(n_read.row.head), n_dist.mask.eq(n_read.word.mask), n_dist.out.eq(p.out),

@@ -78,6 +78,27 @@ class Replicated:
         return self._copies[i]
 
 
+class OffsetCounter:
+    """A counter kept as one register per reader: copy i holds the count minus ``offsets[i]`` (modulo its
+    width), so that a reader addressing a memory at count - offset has no subtractor in front of its address
+    (on the ECP5 tile the subtractor and the LUT RAM read behind it were 10.3 ns).
+
+    ``set(value)`` (a constant) and ``increment()`` assign every copy; ``at(i)`` reads copy i."""
+
+    def __init__(self, shape, offsets, name: str):
+        self._offsets = list(offsets)
+        self._copies = [Signal(shape, name=f"{name}_o{offset}") for offset in self._offsets]
+
+    def set(self, value: int):
+        return [copy.eq((value - offset) % (1 << len(copy))) for copy, offset in zip(self._copies, self._offsets)]
+
+    def increment(self):
+        return [copy.eq(copy + 1) for copy in self._copies]
+
+    def at(self, i: int):
+        return self._copies[i]
+
+
 def delay_line(m, value, cycles: int, name: str | None = None, *, reset_less: bool = True):
     """[value, value delayed 1, ..., value delayed ``cycles``]: one shift register, every stage tapped
     (registers as :func:`reg`)."""
