@@ -536,9 +536,13 @@ class SomaDecode(wiring.Component):
         # Logit of the completed dot product: x8 = sat8(rshift_round(dot * score_mult, score_shift) -
         # recency_int * distance), 0 for an empty slot.
         dot_slot = dot_tags[2:]
-        sink_fill = Mux(step < sinks, step, sinks)
+        # The counters' bounds in registers: step and fill change only in WRITE and LOAD, many cycles before
+        # a slot's dot product completes (through the comparisons of step and fill it was 11 ns on the ECP5).
+        # For a ring slot, dot_slot - sinks < fill is dot_slot < fill + sinks (fill <= ring: LOAD_STATE checks).
         if sinks:
-            slot_valid = Mux(dot_slot < sinks, dot_slot < sink_fill, (dot_slot - sinks) < fill)
+            sink_fill = reg(m, Mux(step < sinks, step, sinks), "sink_fill", range(sinks + 1))
+            ring_end = reg(m, fill + sinks, "ring_end", range(ring + sinks + 1))
+            slot_valid = Mux(dot_slot < sinks, dot_slot < sink_fill, dot_slot < ring_end)
         else:
             slot_valid = dot_slot < fill
         age = reg(m, write_pos.as_signed() - 1 - (dot_slot - sinks).as_signed(), "age", signed(34))
@@ -632,7 +636,9 @@ class SomaDecode(wiring.Component):
         # The HCCS probability of slot n in two registered steps (a group of 8 slots addressed a stage early,
         # then the slot): in one step, a 72:1 byte select behind the tag line's index was 12 ns on the ECP5.
         group_bits = 3
-        n_group = at(READ_LATENCY - 2, PHASE_WEIGHTED)[2] >> group_bits
+        # n_group: the n of at(READ_LATENCY - 2) in a register of its own (the tag line's reaches many loads).
+        assert READ_LATENCY - 2 == 1
+        n_group = reg(m, n_issue >> group_bits, "prob_group_index")
         padded = Cat(prob_bits, Const(0, -len(prob_bits) % (8 << group_bits)))
         prob_group = reg(m, padded.word_select(n_group, 8 << group_bits), "prob_group")
         prob_reg = reg(m, prob_group.word_select(n_prob_read[:group_bits], 8), "prob_bits_sel")
