@@ -36,7 +36,7 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import (OffsetCounter, Replicated, TagLine, block_ram, delay, floor_log2, lut_mul, lut_mul_pipelined, reg,
+from somatile.hw.pipe import (OffsetCounter, Replicated, TagLine, block_ram, delay, floor_log2, lut_mul_pipelined, reg,
                               round_shift, saturate, skid_buffer, split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
@@ -545,16 +545,24 @@ class SomaDecode(wiring.Component):
             slot_valid = Mux(dot_slot < sinks, dot_slot < sink_fill, dot_slot < ring_end)
         else:
             slot_valid = dot_slot < fill
-        age = reg(m, write_pos.as_signed() - 1 - (dot_slot - sinks).as_signed(), "age", signed(34))
+        # age = write_pos - 1 - (dot_slot - sinks) as (write_pos - 1 + sinks) - dot_slot, the first term in a
+        # register (write_pos changes only in WRITE and LOAD, like fill): a ring slot's age then is one
+        # subtraction from registers (10.4 ns through both on the ECP5 tile). In a legal state write_pos < ring
+        # (LOAD_STATE checks it), so its low bits hold it and a ring slot's age lies in [-ring, ring).
+        pos_bits = max(1, (ring - 1).bit_length())
+        age_base = reg(m, write_pos[:pos_bits] - 1 + sinks, "age_base", signed(pos_bits + 2 + sinks.bit_length()))
+        age = reg(m, age_base - dot_slot, "age", signed(len(age_base) + 1))
         in_sink = delay(m, dot_slot < sinks, 1)
         wrapped = Mux(age < 0, age + ring, age) + Mux(par["include_self"], 0, 1)
         # A legal state has write_pos < ring (LOAD_STATE checks it), so a ring slot's distance is at most ring:
         # the product fits one multiplier.
         distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", range(ring + 1))
-        recency = reg(m, lut_mul(operand("recency_int"), distance), "recency", unsigned(7 + len(distance)))
+        # In two registered steps (in one, its adder tree behind distance was 10.1 ns on the ECP5 tile), then
+        # delayed to meet scaled.
+        recency = lut_mul_pipelined(m, operand("recency_int"), distance, "recency", unsigned(7 + len(distance)))
         scaled = round_shift(m, split_mul(m, dot, operand("score_mult"), "score_product"), par["score_shift"],
                              soma.INT_SHIFT_MAX, "scaled")
-        recency = delay(m, recency, 2)
+        recency = delay(m, recency, 1)
         logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
         row_x = reg(m, Mux(delay(m, slot_valid, 6), saturate(logit, -128, 127), 0), "row_x", signed(8))
         row_tags = delay(m, Cat(dot_tags, slot_valid), 7, reset_less=False)
@@ -609,9 +617,11 @@ class SomaDecode(wiring.Component):
         # Query gate: z = q . G over the head_dim elements (issued as n = 0..D-1), in parallel with the
         # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
         # The element issued (n_issue in NORMALISE) in a copy per register file read.
-        gate_index = Replicated(range(D + 1), 2, "gate_index")
-        g_q, g_f = (reg(m, ram.reader(ram.word_of(gate_index.copy(i))).element(gate_index.copy(i)).as_signed(), name)
-                    for i, (ram, name) in enumerate(((q, "g_q"), (gate_fld, "g_f"))))
+        # Two copies per register file: one addresses its LUT RAM, one selects the element from the word read
+        # (one copy for both was 10.4 ns on the ECP5 tile).
+        gate_index = Replicated(range(D + 1), 4, "gate_index")
+        g_q, g_f = (reg(m, ram.reader(ram.word_of(gate_index.copy(i))).element(gate_index.copy(i + 2)).as_signed(),
+                        name) for i, (ram, name) in enumerate(((q, "g_q"), (gate_fld, "g_f"))))
         g_product = lut_mul_pipelined(m, g_f, g_q, "g_product", signed(24))
         z = Signal(signed(24 + (D - 1).bit_length() + 1))
         v_g_early, _, n_g_early, _ = at(2, PHASE_GATE)
@@ -675,7 +685,7 @@ class SomaDecode(wiring.Component):
         k_d = reg(m, k_elem, "k_d")
         near = round_shift(m, split_mul(m, acc_sel, operand("out_mult"), "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
-        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 2)
+        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
         far_f = reg(m, reg(m, f_old, "far_f_a") * operand("alpha_mult"), "far_f", signed(32))
         # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
         # a shifter or a multiplier would be two slow steps in one cycle.
@@ -683,7 +693,14 @@ class SomaDecode(wiring.Component):
         far = round_shift(m, split_mul(m, far_f, gate, "far_product"), alpha_shift,
                           soma.INT_SHIFT_MAX + 7, "far_scaled")
         far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
-        out_element = reg(m, saturate(near + far, -128, 127), "out_element", signed(8))
+        # sat8(near + far) with its bounds moved onto near a stage early: near + far > 127 is far > 127 - near
+        # (registered beside far), so the comparisons run beside the 8-bit sum rather than after an 18-bit one
+        # (10.1 ns on the ECP5 tile).
+        above, below = (reg(m, bound - near, f"out_{name}", signed(18))
+                        for bound, name in ((127, "above"), (-128, "below")))
+        near = reg(m, near, "near_final")
+        out_element = reg(m, Mux(far > above, 127, Mux(far < below, -128, (near + far)[:8])), "out_element",
+                          signed(8))
 
         def field_update(f, x, name):
             """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): operands (2), products (1), products
