@@ -136,16 +136,13 @@ class TagLine:
         return tuple(out)
 
 
-def split_mul(m, a, b, name: str, *, registered_operands: bool = True):
-    """``a * b`` exactly: the partial products of ``b`` with ``a``'s low MUL_SPLIT bits and its high bits are
-    registered (each one multiplier), then added. ``b`` should be at most 18 bits signed.
-
-    Latency 3 with ``registered_operands`` (the default): ``a`` and ``b`` first pass through registers of their
-    own, which the placer can put beside the DSP blocks (on the ECP5, where Yosys packs no register into a
-    DSP block, a product between two distant fabric registers spent 12-14 ns, 3.9 of them in the block).
-    Latency 2 without."""
-    if registered_operands:
-        a, b = reg(m, a, f"{name}_a"), reg(m, b, f"{name}_b")
+def split_mul(m, a, b, name: str):
+    """``a * b`` exactly, latency 3: ``a`` and ``b`` first pass through registers of their own, which the placer
+    can put beside the DSP blocks (on the ECP5, with the product between two distant fabric registers, it
+    spent 12-14 ns, 3.9 of them in the block; boards/dsp_pack.py moves these registers into the block); then
+    the partial products of ``b`` with ``a``'s low MUL_SPLIT bits and its high bits are registered (each one
+    multiplier) and added. ``b`` should be at most 18 bits signed."""
+    a, b = reg(m, a, f"{name}_a"), reg(m, b, f"{name}_b")
     a_shape, b_shape = Shape.cast(a.shape()), Shape.cast(b.shape())
     width = a_shape.width + b_shape.width + 1
     if a_shape.width <= MUL_SPLIT:

@@ -27,6 +27,7 @@ cycles later.
 
 from __future__ import annotations
 
+import operator
 from types import SimpleNamespace
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
@@ -36,8 +37,8 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
-from somatile.hw.pipe import (OffsetCounter, Replicated, TagLine, block_ram, delay, floor_log2, lut_mul_pipelined, reg,
-                              round_shift, saturate, skid_buffer, split_mul)
+from somatile.hw.pipe import (OffsetCounter, Replicated, TagLine, block_ram, delay, floor_log2, lut_mul_pipelined,
+                              reduce_levels, reg, round_shift, saturate, skid_buffer, split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp, soma
 
@@ -249,6 +250,7 @@ PHASE_SCORES, PHASE_GATE, PHASE_WEIGHTED, PHASE_FINAL = range(4)
 READ_LATENCY = 3
 """Cycles from an address chosen to its word at the unit: the address register, the memory's read, the
 registered word (``rd_word``)."""
+FEED_INDEX_COPIES = 4  # copies of the HCCS feed's beat index, each selecting a group of the beat's lanes
 FEED_LATENCY = 1
 """Cycles the decode row's beats spend in the register slice in front of the HCCS unit."""
 WEIGHTED_DEPTH = READ_LATENCY + 3
@@ -516,9 +518,8 @@ class SomaDecode(wiring.Component):
         terms = [lut_mul_pipelined(m, q_chunk.word_select(l, 8).as_signed(), k_chunk.word_select(l, 8).as_signed(),
                                    f"qk{l}", signed(16)) for l in range(L)]
         s += 2
-        while len(terms) > 1:
-            terms = [reg(m, terms[i] + terms[i + 1]) if i + 1 < len(terms) else reg(m, terms[i])
-                     for i in range(0, len(terms), 2)]
+        while len(terms) > 1:  # one registered adder level per stage
+            terms = [reg(m, t, f"dot_tree{s}_{i}") for i, t in enumerate(reduce_levels(terms, operator.add, 1))]
             s += 1
         partial = terms[0]
         acc = Signal(signed(32))
@@ -592,11 +593,19 @@ class SomaDecode(wiring.Component):
         # The beats reach the unit through a register slice (FEED_LATENCY): the beat multiplexer and the
         # counter's comparisons would otherwise sit in front of the unit's first stage and its bank enables.
         feeding = Signal()
+        # The beat's bytes are selected in groups of lanes, each by a copy of feed_beat of its own (one index
+        # steering every byte's multiplexer was 10.8 ns to the HCCS unit's row memory on the ECP5 tile).
+        groups = min(hl, FEED_INDEX_COPIES)
+        feed_index = Replicated(range(row_beats + 1), groups, "feed_index")
+        group_bits = 8 * hl // groups
+        beat_bits = [row_bits[8 * hl * b:8 * hl * (b + 1)] for b in range(row_beats)]
+        feed_bytes = Cat(*[Array(bits[g * group_bits:(g + 1) * group_bits] for bits in beat_bits)[feed_index.copy(g)]
+                           for g in range(groups)])
         feed_ready, feed_valid, fed = skid_buffer(
-            m, feeding, Cat(row_bits.word_select(feed_beat, 8 * hl), row_valid_bits.word_select(feed_beat, hl),
+            m, feeding, Cat(feed_bytes, row_valid_bits.word_select(feed_beat, hl),
                             feed_beat == 0, feed_beat == row_beats - 1), near_unit.i.ready, "feed")
         with m.If(feeding & feed_ready):
-            m.d.sync += feed_beat.eq(feed_beat + 1)
+            m.d.sync += [feed_beat.eq(feed_beat + 1), *feed_index.increment()]
             with m.If(feed_beat == row_beats - 1):
                 m.d.sync += feeding.eq(0)
         m.d.comb += [near_unit.i.valid.eq(feed_valid),
@@ -866,7 +875,7 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         m.d.sync += c_issue.eq(c_issue + 1)
                 with m.If(row_we & row_last):
-                    m.d.sync += [gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0), drain_sel.eq(1),
+                    m.d.sync += [gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0), *feed_index.eq(0), drain_sel.eq(1),
                                  feeding.eq(~use_exp), *gate_index.eq(0)]
                     begin_issue(PHASE_GATE)
                     m.d.comb += [self.n_start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]

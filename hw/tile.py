@@ -133,6 +133,9 @@ class Tile(wiring.Component):
         head_bits = max(1, (p.heads - 1).bit_length())
         header_head = Replicated(head_bits, PARAM_INDEX_COPIES, "header_head")
         settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
+        # One register, two roles that never overlap: from HEADER to the check, the frame ended with the
+        # header's last beat (tlast); in RESPOND_HEADER, the response presents its last header beat (set by
+        # start_response and the header beats).
         header_last = Signal()
 
         # Registers.
@@ -511,7 +514,6 @@ class Tile(wiring.Component):
         # (responding with memory words, fetching HCCS rows, the last beat of a word, the header's last beat):
         # decoded from the state and counters, the selection was in front of the block RAMs' address inputs.
         words_state, fetching, word_last, at_last_word = Signal(), Signal(), Signal(), Signal()
-        header_last = Signal()     # RESPOND_HEADER presents its last beat (valid)
         header_hold = Signal()     # one-beat header of a word response: its first cycle waits for the read
         resp_addr = Signal(range(mem_words + 2))
         resp_addr_next = Signal(range(mem_words + 3))
@@ -535,7 +537,7 @@ class Tile(wiring.Component):
             # A one-beat header of a word response is held a cycle: the first word is read in the first
             # cycle and loaded into resp_word_reg as the header's beat leaves.
             hold = Value.cast(words) != 0 if HB == 1 else Const(0)
-            m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0), info_beat.eq(0),
+            m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0),
                          resp_last_word.eq(words - 1), resp_addr.eq(base), resp_addr_next.eq(base + 1),
                          word_last.eq(beats_per_word == 1), at_last_word.eq(words == 1),
                          header_hold.eq(hold), header_last.eq(~hold if HB == 1 else 0)]
@@ -712,8 +714,10 @@ class Tile(wiring.Component):
                 m.next = "DECODE"
 
             with m.State("RESPOND_HEADER"):
+                # header_last (resp_beat == HB - 1 whenever a beat can leave: not while header_hold) in place of
+                # the comparison.
                 m.d.comb += [resp_valid.eq(~header_hold), resp_data.eq(response_header.word_select(resp_beat, SW)),
-                             resp_last_beat.eq((resp_beat == HB - 1) & ~resp_has_payload)]
+                             resp_last_beat.eq(header_last & ~resp_has_payload)]
                 with m.If(header_hold):
                     m.d.sync += [header_hold.eq(0), header_last.eq(1)]
                 with m.If(m_beat):
@@ -721,7 +725,7 @@ class Tile(wiring.Component):
                     if HB > 1:
                         with m.If(resp_beat == HB - 2):
                             m.d.sync += header_last.eq(1)
-                    with m.If(resp_beat == HB - 1):
+                    with m.If(header_last):
                         m.d.sync += header_last.eq(0)
                         with m.If(~resp_has_payload):
                             finish()
@@ -738,9 +742,12 @@ class Tile(wiring.Component):
             with m.State("RESPOND_INFO"):
                 m.d.comb += [resp_valid.eq(1), resp_data.eq(info_payload.word_select(info_beat, SW)),
                              resp_last_beat.eq(info_beat == info_beats - 1)]
+                # info_beat is 0 from reset and returns to 0 with the last beat, so that no other state's
+                # response start writes it (those writes were in front of its enable, 10.4 ns on the ECP5 tile).
                 with m.If(m_beat):
                     m.d.sync += info_beat.eq(info_beat + 1)
                     with m.If(info_beat == info_beats - 1):
+                        m.d.sync += info_beat.eq(0)
                         finish()
 
             with m.State("RESPOND_WORDS"):
