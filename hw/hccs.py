@@ -353,11 +353,14 @@ class HCCS(wiring.Component):
         s_dmax = Signal(bits_for(DMAX_MAX))
         s_start = ~s_active & (state[sbank] == FULL)
         s_ptr_now = Mux(s_active, s_ptr, 0)
-        s_final_now = Mux(s_active, s_final, d_final[sbank])
         s_max_now = Mux(s_active, s_max, d_max[sbank])
         s_dmax_now = Mux(s_active, s_dmax, d_params[sbank].dmax)
         s_issue = s_active | s_start
-        s_last = s_ptr_now == s_final_now
+        # s_ptr == s_final while active, in a register set as s_ptr steps; a row's first beat is its last when
+        # the bank's one-beat flag says so (the comparison through sbank was in front of the banks' state
+        # registers, 10.05 ns on the ECP5 tile).
+        s_at_end = Signal()
+        s_last = Mux(s_active, s_at_end, d_single[sbank])
         m.d.comb += [rd_sum.addr.eq(Cat(s_ptr_now[:ptr_bits], sbank)), rd_sum.en.eq(1)]
         with m.If(s_start):
             m.d.sync += [s_final.eq(d_final[sbank]), s_max.eq(d_max[sbank]), s_dmax.eq(d_params[sbank].dmax)]
@@ -365,7 +368,8 @@ class HCCS(wiring.Component):
             with m.If(s_last):
                 m.d.sync += [s_active.eq(0), sbank.eq(sbank + 1), state[sbank].eq(SUMMING)]
             with m.Else():
-                m.d.sync += [s_active.eq(1), s_ptr.eq(s_ptr_now + 1)]
+                m.d.sync += [s_active.eq(1), s_ptr.eq(s_ptr_now + 1),
+                             s_at_end.eq(Mux(s_active, s_ptr + 1 == s_final, d_double[sbank]))]
         s_ctl = data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
                                    "max": signed(INPUT_BITS), "dmax": bits_for(DMAX_MAX)})
         s1 = Signal(s_ctl)

@@ -693,8 +693,10 @@ class SomaDecode(wiring.Component):
             ram.reader(ram.word_of(d_issue.copy(i))).element(d_issue.copy(i + 4)).as_signed()
             for i, ram in enumerate((fld, gate_fld, k, v)))
         f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
-        src = reg(m, Mux(field_of_keys, k_elem, v_elem), "src")
-        k_d = reg(m, k_elem, "k_d")
+        k_d, v_d = reg(m, k_elem, "k_d"), reg(m, v_elem, "v_d")
+        # The field's source selected from the registered elements, a stage after f_old (the field update
+        # delays it one register less): behind the LUT RAM reads, the selection was 10.1 ns on the ECP5.
+        src = reg(m, Mux(field_of_keys, k_d, v_d), "src")
         near = round_shift(m, split_mul(m, acc_sel, operand("out_mult"), "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
         near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
@@ -714,19 +716,19 @@ class SomaDecode(wiring.Component):
         out_element = reg(m, Mux(far > above, 127, Mux(far < below, -128, (near + far)[:8])), "out_element",
                           signed(8))
 
-        def field_update(f, x, name):
+        def field_update(f, x, name, x_delay=2):
             """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): operands (2), products (1), products
-            again (1), sum and rounding (1)."""
+            again (1), sum and rounding (1). ``x`` may arrive ``2 - x_delay`` cycles after ``f``."""
             # 2^15 - gamma is a register of its own per update, beside its multiplier. Two registers on each
             # side of the DSP block: with one, nextpnr placed them 4 ns of routing from the block on either
             # side (11.7-12.3 ns on the ECP5 tile); the second lets the placer split each route.
             gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], f"{name}_gamma_rest")
-            f, x = (delay(m, v, 2, f"{name}_{v_name}") for v, v_name in ((f, "f"), (x, "x")))
+            f, x = (delay(m, v, n, f"{name}_{v_name}") for v, v_name, n in ((f, "f", 2), (x, "x", x_delay)))
             kept = delay(m, operand("gamma_q15") * f, 2, f"{name}_kept")
             added = delay(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), 2, f"{name}_added")
             return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
 
-        f_new = field_update(f_old, src, "field")
+        f_new = field_update(f_old, src, "field", x_delay=1)
         g_new = field_update(g_old, k_d, "gate_field")
 
         # WRITE / STORE word sources.
