@@ -10,7 +10,11 @@ accepts the next frame as soon as the target tile is ready, while earlier tiles 
 
 Ports: as :class:`somatile.hw.tile.Tile` (``s_axis_*``, ``m_axis_*``, ``error`` = any tile's error).
 Throughput: one beat per cycle in and out; responses wait for the tiles in arrival order (a FIFO of up to
-``n_tiles`` frames in flight).
+``n_tiles`` frames in flight). Latency: a tile's own, plus one cycle in (each tile is fed through its own
+register slice, hw/pipe.py ``skid_buffer``) and one cycle out (one register slice after the response
+multiplexer). Why: on the ULX3S two-tile array the input beat reached both tiles' header and write-data
+registers directly, spanning the die (12.1 ns); with a slice per tile, a copy of the beat sits beside each
+tile, and no ready travels combinationally between the ports and a tile.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 
 from somatile.hw.regmap import TileParams
+from somatile.hw.pipe import skid_buffer
 from somatile.hw.tile import Tile, stream_ports
 
 
@@ -54,15 +59,20 @@ class TileArray(wiring.Component):
         starting = ~in_frame & self.s_axis_tvalid
         accept = Signal()
 
+        blocked = starting & full
+        slice_ready = []
         for i, tile in enumerate(self.tiles):
-            chosen = selected == i
-            local_head = global_head - i * heads
-            m.d.comb += [tile.s_axis_tdata.eq(self.s_axis_tdata), tile.s_axis_tlast.eq(self.s_axis_tlast),
-                         tile.s_axis_tvalid.eq(self.s_axis_tvalid & chosen & ~(starting & full))]
+            beat = Signal.like(self.s_axis_tdata, name=f"in_beat{i}")
+            m.d.comb += beat.eq(self.s_axis_tdata)
             with m.If(~in_frame):
-                m.d.comb += tile.s_axis_tdata[16:24].eq(local_head)
-        ready = Array(t.s_axis_tready for t in self.tiles)[selected]
-        m.d.comb += [self.s_axis_tready.eq(ready & ~(starting & full)),
+                m.d.comb += beat[16:24].eq(global_head - i * heads)
+            ready_i, valid_i, payload_i = skid_buffer(
+                m, self.s_axis_tvalid & (selected == i) & ~blocked, Cat(beat, self.s_axis_tlast),
+                tile.s_axis_tready, f"in{i}")
+            slice_ready.append(ready_i)
+            m.d.comb += [tile.s_axis_tdata.eq(payload_i[:-1]), tile.s_axis_tlast.eq(payload_i[-1]),
+                         tile.s_axis_tvalid.eq(valid_i)]
+        m.d.comb += [self.s_axis_tready.eq(Array(slice_ready)[selected] & ~blocked),
                      accept.eq(self.s_axis_tvalid & self.s_axis_tready)]
         push = accept & ~in_frame
         with m.If(accept):
@@ -79,13 +89,17 @@ class TileArray(wiring.Component):
         tdata = Array(t.m_axis_tdata for t in self.tiles)[source]
         tvalid = Array(t.m_axis_tvalid for t in self.tiles)[source] & has_response
         tlast = Array(t.m_axis_tlast for t in self.tiles)[source]
-        m.d.comb += [self.m_axis_tdata.eq(tdata), self.m_axis_tvalid.eq(tvalid), self.m_axis_tlast.eq(tlast)]
+        head_fixed = Signal.like(tdata)
+        m.d.comb += head_fixed.eq(tdata)
         with m.If(out_first):
-            m.d.comb += self.m_axis_tdata[16:24].eq(tdata[16:24] + source * heads)
+            m.d.comb += head_fixed[16:24].eq(tdata[16:24] + source * heads)
+        out_ready, out_valid, out_payload = skid_buffer(m, tvalid, Cat(head_fixed, tlast), self.m_axis_tready, "out")
+        m.d.comb += [self.m_axis_tdata.eq(out_payload[:-1]), self.m_axis_tlast.eq(out_payload[-1]),
+                     self.m_axis_tvalid.eq(out_valid)]
         for i, tile in enumerate(self.tiles):
-            m.d.comb += tile.m_axis_tready.eq(self.m_axis_tready & has_response & (source == i))
+            m.d.comb += tile.m_axis_tready.eq(out_ready & has_response & (source == i))
         pop = Signal()
-        with m.If(tvalid & self.m_axis_tready):
+        with m.If(tvalid & out_ready):
             m.d.sync += out_first.eq(tlast)
             m.d.comb += pop.eq(tlast)
         with m.If(pop):
