@@ -38,13 +38,14 @@ the clock: no path has more than one carry chain or one multiplier (8 lanes: 108
 
 Contract
 - Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
-  ``max(nb, D, (3*nb + D + E + 7) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
+  ``max(nb, D, (3*nb + D + E + P + 1) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
   (:func:`reciprocal_cycles`: ``2 + ceil(23 / div_bits)`` for div uint8, ``2 + ceil(15 / div_bits)`` for
   div int16, 3 for clb) and ``E = 1 + log2(lanes)`` the ingest pipeline (:func:`ingest_pipeline`). Rows of
-  at least ``(D + E + 7) / 3`` and ``D`` beats therefore stream at one beat per cycle; shorter rows are
+  at least ``(D + E + P + 1) / 3`` and ``D`` beats therefore stream at one beat per cycle; shorter rows are
   bound by the reciprocal (div) or the four-bank ring.
-- Latency of a lone row: ``3*nb + D + E + 18`` cycles from its first input beat to its last output beat
-  (:data:`SUM_PIPELINE` + :data:`NORMALISE_PIPELINE` = 18).
+- Latency of a lone row: ``3*nb + D + E + P + 12`` cycles from its first input beat to its last output beat,
+  ``P`` the sum pipeline (:func:`sum_pipeline`: 6 up to 8 lanes, 7 at 16 and 32) and 12
+  :data:`NORMALISE_PIPELINE`.
 - Backpressure: ``o`` stalls only the normalise stage; the other stages run on until they need a bank it
   holds, then ``i.ready`` falls. No beat is lost or duplicated. ``i.ready`` is a register (it depends only
   on internal state) and rises one cycle after the normaliser releases a bank.
@@ -66,7 +67,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from somatile.hw.pipe import Replicated, lut_mul_pairs, reduce_levels, reduce_tree
+from somatile.hw.pipe import Replicated, lut_mul_pairs, reduce_levels, reduce_tree, reg
 from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
                                  MODE_CODES, OUT_CODES, OUT_INT16, OUT_UINT8, PRODUCT_BITS, S_MAX, UINT8_MAX,
                                  UINT8_NUMERATOR)
@@ -79,9 +80,10 @@ NORMALISE_PIPELINE = 12
 distance, operand copies, ``S*d``, product copy, score, operand copies, two partial products, product copies,
 their sum, saturate into the output register). The copies on each side of a multiplier are registers that
 only it uses, which the placer puts beside the DSP block; the long routes are then register to register."""
-SUM_PIPELINE = 6
-"""Cycles from the sum stage's read of a row's last beat to the row total being visible (read, read register,
-distance, adder tree, accumulate, the two products ``count*B`` and ``S*sum d``, their difference)."""
+SUM_TREE_LEVELS = 3
+"""Adder levels per register stage of the sum stage's tree: three levels of the short distance adders fit
+10 ns on the ECP5 85F at 8 lanes (110.5 MHz), the four of 16 lanes in one stage did not (96.9 MHz,
+7.1 ns of it routing across the wider tree)."""
 OUT_BITS = {"uint8": 8, "int16": 16}
 INV_SPLIT = 12
 """The normaliser multiplies ``score * inv`` as ``score * inv[:12] + (score * inv[12:] << 12)``."""
@@ -162,7 +164,7 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
     This evaluates the stage recurrence of the design exactly (each stage starts a row when the previous stage
     has finished it and the stage itself is free; bank ``r mod 4`` is reused once row r-4 is normalised):
     ingest takes ``nb`` cycles plus :func:`ingest_pipeline`, the sum stage ``nb`` cycles plus
-    :data:`SUM_PIPELINE`, the reciprocal ``D``, the normaliser ``nb`` plus :data:`NORMALISE_PIPELINE` to the
+    :func:`sum_pipeline`, the reciprocal ``D``, the normaliser ``nb`` plus :data:`NORMALISE_PIPELINE` to the
     output register. See the module docstring for the closed form.
     """
     if rows < 1 or not 1 <= n <= cfg.n_max:
@@ -177,13 +179,25 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
             # The bank is released as its last beat is normalised; the registered i.ready rises a cycle later.
             i_start = max(i_start, norm[r - BANKS] + nb + 1)
         s_start = max(i_start + nb + extra, summed[r - 1] + nb if r else 0)
-        d_start = max(s_start + nb + SUM_PIPELINE, recips[r - 1] + recip if r else 0)
+        d_start = max(s_start + nb + sum_pipeline(cfg), recips[r - 1] + recip if r else 0)
         n_start = max(d_start + recip, norm[r - 1] + nb if r else 0)
         ingest.append(i_start)
         summed.append(s_start)
         recips.append(d_start)
         norm.append(n_start)
     return norm[-1] + nb + NORMALISE_PIPELINE
+
+
+def sum_tree_stages(cfg: HCCSConfig) -> int:
+    """Register stages of the sum stage's adder tree over the lanes (:data:`SUM_TREE_LEVELS` levels each)."""
+    return max(1, -(-ceil_log2(cfg.lanes) // SUM_TREE_LEVELS))
+
+
+def sum_pipeline(cfg: HCCSConfig) -> int:
+    """Cycles from the sum stage's read of a row's last beat to the row total being visible: read, read
+    register, distance, the adder tree (:func:`sum_tree_stages`), accumulate, the two products ``count*B``
+    and ``S*sum d``, their difference. 6 up to 8 lanes, 7 at 16 and 32."""
+    return 5 + sum_tree_stages(cfg)
 
 
 def _capped_distances(row_max, dmax, word):
@@ -385,12 +399,24 @@ class HCCS(wiring.Component):
                      s_dist.last.eq(s_read.ctl.last), s_dist.bank.eq(s_read.ctl.bank), s_dist.mask.eq(s_read.word.mask)]
         m.d.sync += [s_dist.d[j].eq(d) for j, d in
                      enumerate(_capped_distances(s_read.ctl.max, s_read.ctl.dmax, s_read.word))]
+        # The adder tree over the lanes, SUM_TREE_LEVELS levels per register stage.
+        ctl = [s_dist.valid, s_dist.first, s_dist.last, s_dist.bank]
+        d_terms = [s_dist.d[j] for j in range(L)]
+        c_terms = [s_dist.mask[j] for j in range(L)]
+        tree_stages = sum_tree_stages(cfg)
+        per_stage = -(-ceil_log2(L) // tree_stages)
+        for t in range(tree_stages - 1):
+            d_terms = [reg(m, v, f"s_tree{t}_d{k}") for k, v in enumerate(reduce_levels(d_terms, operator.add,
+                                                                                          per_stage))]
+            c_terms = [reg(m, v, f"s_tree{t}_c{k}") for k, v in enumerate(reduce_levels(c_terms, operator.add,
+                                                                                          per_stage))]
+            ctl = [reg(m, c, f"s_tree{t}_{field}", reset_less=field != "valid")
+                   for c, field in zip(ctl, ("valid", "first", "last", "bank"))]
         s2 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
                                        "dsum": bits_for(L * DMAX_MAX), "count": bits_for(L)}))
-        m.d.sync += [s2.valid.eq(s_dist.valid), s2.first.eq(s_dist.first), s2.last.eq(s_dist.last),
-                     s2.bank.eq(s_dist.bank),
-                     s2.dsum.eq(reduce_tree([s_dist.d[j] for j in range(L)], operator.add)),
-                     s2.count.eq(reduce_tree([s_dist.mask[j] for j in range(L)], operator.add))]
+        m.d.sync += [s2.valid.eq(ctl[0]), s2.first.eq(ctl[1]), s2.last.eq(ctl[2]), s2.bank.eq(ctl[3]),
+                     s2.dsum.eq(reduce_tree(d_terms, operator.add)),
+                     s2.count.eq(reduce_tree(c_terms, operator.add))]
         acc_dsum = Signal(bits_for(cfg.n_max * DMAX_MAX))
         acc_count = Signal(bits_for(cfg.n_max))
         next_dsum = Mux(s2.first, 0, acc_dsum) + s2.dsum

@@ -9,7 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from somatile.hw.hccs import SUM_PIPELINE, HCCS, HCCSConfig, expected_cycles, ingest_pipeline, reciprocal_cycles
+from somatile.hw.hccs import (HCCS, HCCSConfig, expected_cycles, ingest_pipeline, reciprocal_cycles,
+                              sum_pipeline)
 from somatile.model import calibrate, quant, synth
 from somatile.model.hccs import DMAX_MAX, MAX_ROW_MASS, MIN_FLOOR_MASS, S_MAX, hccs_int
 from somatile.sim import runner
@@ -130,7 +131,7 @@ def test_expected_cycles_closed_form_period():
     for beats, mode in ((32, "div"), (5, "div"), (1, "clb"), (2, "clb")):
         d = reciprocal_cycles(config, mode)
         # A lap of the four banks: ingest, sum, reciprocal, normalise, and the registered i.ready's cycle.
-        period = max(beats, d, (3 * beats + d + SUM_PIPELINE + ingest_pipeline(config) + 1) / 4)
+        period = max(beats, d, (3 * beats + d + sum_pipeline(config) + ingest_pipeline(config) + 1) / 4)
         n = beats * config.lanes
         measured = expected_cycles(config, 2001, n, mode=mode) - expected_cycles(config, 1001, n, mode=mode)
         assert measured == pytest.approx(1000 * period, rel=0.01), (beats, mode)
@@ -144,6 +145,22 @@ def test_expected_cycles_closed_form_period():
 def test_bad_configuration_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         HCCSConfig(**kwargs)
+
+
+@pytest.mark.slow
+def test_sixteen_lanes_take_the_expected_cycles_with_the_two_stage_sum_tree():
+    """16 lanes: the sum stage's adder tree in two register stages (sum_pipeline 7, not 6); one-beat clb rows
+    are bound by the lap of the four banks, which counts every sum-pipeline cycle."""
+    unit = {"lanes": 16, "heads": 2, "n_max": 64, "out_type": "uint8"}
+    config = HCCSConfig(**unit)
+    assert sum_pipeline(config) == sum_pipeline(HCCSConfig(**BOARD)) + 1
+    rng = np.random.default_rng(41)
+    for rows, cols, mode in ((400, 16, "clb"), (300, 61, "div")):
+        x = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+        B, S, dmax = per_head_params(rng, 2, cols)
+        run = simulate(x, np.zeros(rows, int), B, S, dmax, modes=[mode, mode], outs=["uint8", "uint8"], unit=unit)
+        assert_bit_exact(run)
+        assert run.cycles == expected_cycles(config, rows, cols, mode=mode), (rows, cols, mode)
 
 
 @pytest.mark.slow
