@@ -34,7 +34,7 @@ row sum only after the maximum, so a row passes three reading passes over a row 
 Four banks let ingest of row r+3, sum of r+2, reciprocal of r+1 and normalise of r run at the same time,
 each stage taking the next row as soon as it is free (one ``amaranth.lib.memory`` with one write and two
 read ports; bank depth ``n_max / lanes`` rounded up to a power of two). The register stages are there for
-the clock: no path has more than one carry chain or one multiplier (8 lanes: 110.5 MHz on the ECP5 85F, docs/boards.md).
+the clock: no path has more than one carry chain or one multiplier (8 lanes: 108.9 MHz on the ECP5 85F).
 
 Contract
 - Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
