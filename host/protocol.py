@@ -13,7 +13,8 @@ Frame (all integers little-endian)::
 Every request gets exactly one answer: the response (opcode | 0x80) or an error frame (opcode 0xFF, payload
 ``code u8, request opcode u8, request seq u16, detail u32``). The device remembers the seq and the answer of
 the last request it executed: a repeat of that seq (a retry) gets the same answer again without executing
-twice, so a retried decode step never advances the Soma state twice. Any other seq than last + 1 is refused
+twice, so a retried decode step never advances the Soma state twice; a retry repeats opcode and payload
+too (the device compares a CRC-32 of the payload), anything else under that seq is a new request. Any other seq than last + 1 is refused
 with SEQUENCE (detail: the expected seq). HELLO is accepted with any seq and sets the expected sequence.
 
 The parser (`FrameParser`) is the reference for the C firmware's parser (firmware/src/frame.c): both consume
@@ -206,6 +207,7 @@ class DeviceEndpoint:
         self.parser = FrameParser(max_payload)
         self.last_seq: int | None = None
         self.last_opcode: int | None = None
+        self.last_crc = 0  # of the cached request's payload: a retry must repeat the payload too
         self.last_answer = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -222,9 +224,10 @@ class DeviceEndpoint:
                                 self.api_level)
         if event.opcode == Opcode.HELLO:
             self.last_seq = None
-        elif self.last_seq is not None and event.seq == self.last_seq and event.opcode == self.last_opcode:
-            # A retry repeats the whole request; the same seq with another opcode is a new request that reused
-            # a number, refused below with SEQUENCE rather than answered with another command's result.
+        elif (self.last_seq is not None and event.seq == self.last_seq and event.opcode == self.last_opcode
+              and zlib.crc32(event.payload) == self.last_crc):
+            # A retry repeats the whole request; the same seq with another opcode or payload is a new request
+            # that reused a number, refused below with SEQUENCE rather than answered with another's result.
             return self.last_answer
         elif self.last_seq is None or event.seq != (self.last_seq + 1) & 0xFFFF:
             expected = 0 if self.last_seq is None else (self.last_seq + 1) & 0xFFFF
@@ -237,6 +240,7 @@ class DeviceEndpoint:
         except CommandError as exc:
             answer = encode_error(self.api_level, exc.code, event.opcode, event.seq, exc.detail)
         self.last_seq, self.last_opcode, self.last_answer = event.seq, event.opcode, answer
+        self.last_crc = zlib.crc32(event.payload)
         return answer
 
 

@@ -71,16 +71,21 @@ struct fw_device {
     uint16_t last_seq;
     uint8_t last_opcode;  /* a retry repeats seq AND opcode of the cached request */
     uint32_t answer_len;  /* bytes of the cached answer */
+    uint32_t request_crc; /* CRC-32 of the cached request's payload: a retry must repeat it */
+    uint32_t frames;      /* complete frames (valid CRC) received since fw_init: the HAL's sign of a live host */
+    int link_failed;      /* a write to the link failed: the host is gone, the rest of its bytes are dropped */
 };
 
 /* Write header and CRC around the payload already at frame + WIRE_HEADER_SIZE; returns the frame's bytes. */
 uint32_t fw_frame_seal(uint8_t *frame, uint8_t opcode, uint16_t seq, uint32_t length);
 
 void fw_init(struct fw_device *dev);
-/* Consume link bytes; every complete request or dropped frame is answered through hal_link_write. */
+/* Consume link bytes; every complete request or dropped frame is answered through hal_link_write. Once a
+ * write has failed (dev->link_failed) the remaining bytes are ignored until fw_init: that host is gone. */
 void fw_feed(struct fw_device *dev, const uint8_t *data, size_t n);
 void fw_expire(struct fw_device *dev);
-/* The main loop: read the link (expiring partial frames when it is idle) until it closes; returns 0. */
+/* The main loop: read the link (expiring partial frames when it is idle) until it closes or a write to it
+ * fails; returns 0. */
 int fw_run(struct fw_device *dev);
 
 /* A refused request: a WIRE_ERR_* code (0 = none) and the detail word of the error frame. */

@@ -48,9 +48,17 @@ static uint32_t error_frame(uint8_t *frame, struct fw_error e, uint8_t opcode, u
     return fw_frame_seal(frame, WIRE_ERROR_OPCODE, seq, WIRE_ERROR_PAYLOAD_SIZE);
 }
 
-static void send_refusal(struct fw_error e, uint8_t opcode, uint16_t seq)
+/* A failed write means the host is gone (closed, reset, or not reading): the device stops answering it, so a
+ * vanished host can never stop the firmware from serving the next one. */
+static void send(struct fw_device *dev, const uint8_t *frame, uint32_t n)
 {
-    (void)hal_link_write(refusal_buffer, error_frame(refusal_buffer, e, opcode, seq));
+    if (!dev->link_failed && hal_link_write(frame, n) < 0)
+        dev->link_failed = 1;
+}
+
+static void send_refusal(struct fw_device *dev, struct fw_error e, uint8_t opcode, uint16_t seq)
+{
+    send(dev, refusal_buffer, error_frame(refusal_buffer, e, opcode, seq));
 }
 
 static struct fw_error hello(uint32_t length, uint8_t *out, uint32_t *out_len)
@@ -132,6 +140,11 @@ static struct fw_error reset(uint32_t length)
     return accepted;
 }
 
+static uint32_t payload_crc(const struct fw_parser *p)
+{
+    return fw_crc32(0, p->buf + WIRE_HEADER_SIZE, p->length);
+}
+
 static void execute(struct fw_device *dev)
 {
     const struct fw_parser *p = &dev->parser;
@@ -164,7 +177,8 @@ static void execute(struct fw_device *dev)
     dev->synced = 1;
     dev->last_seq = p->seq;
     dev->last_opcode = p->opcode;
-    (void)hal_link_write(answer_buffer, dev->answer_len);
+    dev->request_crc = payload_crc(p);
+    send(dev, answer_buffer, dev->answer_len);
 }
 
 static void on_frame(struct fw_device *dev)
@@ -172,17 +186,21 @@ static void on_frame(struct fw_device *dev)
     const struct fw_parser *p = &dev->parser;
     uint16_t expected = (uint16_t)(dev->last_seq + 1u);
 
+    dev->frames++;
     if (p->api_level != SOMATILE_API_LEVEL) {
-        send_refusal(refuse(WIRE_ERR_WRONG_API_LEVEL, SOMATILE_API_LEVEL), p->opcode, p->seq);
+        send_refusal(dev, refuse(WIRE_ERR_WRONG_API_LEVEL, SOMATILE_API_LEVEL), p->opcode, p->seq);
         return;
     }
     if (p->opcode == WIRE_OP_HELLO) {
         dev->synced = 0;
-    } else if (dev->synced && p->seq == dev->last_seq && p->opcode == dev->last_opcode) {
-        (void)hal_link_write(answer_buffer, dev->answer_len);
+    } else if (dev->synced && p->seq == dev->last_seq && p->opcode == dev->last_opcode &&
+               payload_crc(p) == dev->request_crc) {
+        /* A retry repeats the whole request; the same seq and opcode with another payload is a new request
+         * that reused a number, refused below rather than answered with the first one's result. */
+        send(dev, answer_buffer, dev->answer_len);
         return;
     } else if (!dev->synced || p->seq != expected) {
-        send_refusal(refuse(WIRE_ERR_SEQUENCE, dev->synced ? expected : 0), p->opcode, p->seq);
+        send_refusal(dev, refuse(WIRE_ERR_SEQUENCE, dev->synced ? expected : 0), p->opcode, p->seq);
         return;
     }
     execute(dev);
@@ -193,7 +211,8 @@ static void on_event(struct fw_device *dev, enum fw_event event)
     if (event == FW_EVENT_FRAME)
         on_frame(dev);
     else if (event == FW_EVENT_BAD)
-        send_refusal(refuse(dev->parser.bad_code, dev->parser.bad_detail), dev->parser.opcode, dev->parser.seq);
+        send_refusal(dev, refuse(dev->parser.bad_code, dev->parser.bad_detail), dev->parser.opcode,
+                     dev->parser.seq);
 }
 
 void fw_init(struct fw_device *dev)
@@ -203,18 +222,22 @@ void fw_init(struct fw_device *dev)
     dev->last_seq = 0;
     dev->last_opcode = 0;
     dev->answer_len = 0;
+    dev->request_crc = 0;
+    dev->frames = 0;
+    dev->link_failed = 0;
 }
 
 void fw_feed(struct fw_device *dev, const uint8_t *data, size_t n)
 {
     size_t i;
-    for (i = 0; i < n; i++)
+    for (i = 0; i < n && !dev->link_failed; i++)
         on_event(dev, fw_parser_push(&dev->parser, data[i]));
 }
 
 void fw_expire(struct fw_device *dev)
 {
-    on_event(dev, fw_parser_expire(&dev->parser));
+    if (!dev->link_failed)
+        on_event(dev, fw_parser_expire(&dev->parser));
 }
 
 int fw_run(struct fw_device *dev)
@@ -228,5 +251,7 @@ int fw_run(struct fw_device *dev)
             fw_expire(dev);
         else
             fw_feed(dev, chunk, (size_t)n);
+        if (dev->link_failed)
+            return 0;
     }
 }

@@ -105,6 +105,17 @@ def test_endpoint_refuses_a_reused_seq_with_another_opcode_instead_of_replaying(
     (answer,) = parse_all(ep.feed(frames((Opcode.TILE, 1, b"abc"))))
     assert answer.payload == b"cba" and counter.calls == 1
 
+
+def test_endpoint_refuses_a_reused_seq_and_opcode_with_another_payload_instead_of_replaying():
+    # Issue 24: the cached answer of "abc" came back for "xyz". A retry repeats the payload too.
+    counter, ep = endpoint()
+    ep.feed(frames((Opcode.HELLO, 0, b"")))
+    assert parse_all(ep.feed(frames((Opcode.TILE, 1, b"abc"))))[0].payload == b"cba"
+    (answer,) = parse_all(ep.feed(frames((Opcode.TILE, 1, b"xyz"))))
+    assert protocol.ERROR_PAYLOAD.unpack(answer.payload) == (LinkError.SEQUENCE, Opcode.TILE, 1, 2)
+    assert parse_all(ep.feed(frames((Opcode.TILE, 1, b"abc"))))[0].payload == b"cba"  # the true retry
+    assert counter.calls == 1
+
 def test_endpoint_refuses_wrong_seq_wrong_level_and_unknown_opcode():
     counter, ep = endpoint()
     (answer,) = parse_all(ep.feed(frames((Opcode.TILE, 3, b"x"))))  # before HELLO

@@ -3,7 +3,8 @@
  *   somatile-fw --tiles HOST:PORT (--listen HOST:PORT | --pty | --stdio)
  *
  * --tiles   the tile server (golden model or RTL simulation) behind the HAL's stream
- * --listen  serve the link on a TCP port (port 0 picks a free one); one host connection at a time
+ * --listen  serve the link on a TCP port (port 0 picks a free one); one host connection at a time, and a host
+ *           idle for HOST_IDLE_TAKEOVER_MS gives the device up to one that is waiting (docs/firmware.md)
  * --pty     serve the link on a new pseudo-terminal (the host opens it as serial:///dev/pts/N)
  * --stdio   serve the link on stdin/stdout
  * With --listen and --pty the first line on stdout says where the link is ("listening HOST:PORT" or
@@ -16,6 +17,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +28,17 @@
 #include <unistd.h>
 
 #include "fw.h"
+#include "hal.h"
 #include "hal_host.h"
+
+/* The tiles' parameters and Soma state are one resource, so one host owns the device at a time (two hosts
+ * interleaving decode steps would each get the other's state). An owner that has sent no complete frame for
+ * this long while another host is waiting to connect loses the device to it; with nobody waiting it keeps
+ * it. Under the 2 s answer timeout of a host's HELLO, so a waiting host is served within its first retry. */
+#define HOST_IDLE_TAKEOVER_MS 1000
+/* A host that takes no answer bytes for this long (its receive window full) is dropped like a closed one. */
+#define HOST_WRITE_TIMEOUT_MS 5000
+#define HOST_LISTEN_BACKLOG 16
 
 static int usage(const char *why)
 {
@@ -80,6 +93,61 @@ static int connect_tiles(const struct sockaddr_in *addr)
     return -1;
 }
 
+static long now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000L + t.tv_nsec / 1000000L;
+}
+
+/* Serve one connected host until it closes, a write to it fails, or it has been idle for
+ * HOST_IDLE_TAKEOVER_MS while another host is waiting on the listening socket. */
+static void serve_client(struct fw_device *dev, int server, int fd)
+{
+    static uint8_t chunk[4096];
+    struct timeval send_timeout = {HOST_WRITE_TIMEOUT_MS / 1000, (HOST_WRITE_TIMEOUT_MS % 1000) * 1000};
+    long last_frame = now_ms(), last_byte = last_frame;
+    uint32_t frames = 0;
+
+    no_delay(fd);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
+    hal_host_set_link(fd, fd, 0);
+    fw_init(dev);
+    for (;;) {
+        struct pollfd pfd[2];
+        long now;
+        int r;
+
+        pfd[0].fd = fd;
+        pfd[1].fd = server;
+        pfd[0].events = pfd[1].events = POLLIN;
+        pfd[0].revents = pfd[1].revents = 0;
+        r = poll(pfd, 2, WIRE_INTERBYTE_TIMEOUT_MS);
+        if (r < 0 && errno != EINTR)
+            return;
+        now = now_ms();
+        if (r > 0 && pfd[0].revents) {
+            int n = hal_link_read(chunk, sizeof chunk, 0);
+            if (n < 0)
+                return;
+            if (n > 0) {
+                fw_feed(dev, chunk, (size_t)n);
+                last_byte = now;
+            }
+        } else if (now - last_byte >= (long)WIRE_INTERBYTE_TIMEOUT_MS) {
+            fw_expire(dev);
+        }
+        if (dev->link_failed)
+            return;
+        if (dev->frames != frames) {
+            frames = dev->frames;
+            last_frame = now;
+        }
+        if (r > 0 && (pfd[1].revents & POLLIN) && now - last_frame >= HOST_IDLE_TAKEOVER_MS)
+            return;
+    }
+}
+
 static int serve_tcp(struct fw_device *dev, struct sockaddr_in *addr)
 {
     socklen_t len = sizeof *addr;
@@ -89,7 +157,7 @@ static int serve_tcp(struct fw_device *dev, struct sockaddr_in *addr)
     if (server < 0)
         return 1;
     setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(server, (struct sockaddr *)addr, sizeof *addr) < 0 || listen(server, 1) < 0 ||
+    if (bind(server, (struct sockaddr *)addr, sizeof *addr) < 0 || listen(server, HOST_LISTEN_BACKLOG) < 0 ||
         getsockname(server, (struct sockaddr *)addr, &len) < 0) {
         perror("somatile-fw: --listen");
         return 1;
@@ -99,15 +167,19 @@ static int serve_tcp(struct fw_device *dev, struct sockaddr_in *addr)
     for (;;) {
         int fd = accept(server, NULL, NULL);
         if (fd < 0) {
-            if (errno == EINTR)
-                continue;
-            perror("somatile-fw: accept");
-            return 1;
+            /* A host that reset its connection before it was accepted, or no descriptor free for the moment:
+             * the next host must still be served. */
+            if (errno == EBADF || errno == EINVAL || errno == ENOTSOCK) {
+                perror("somatile-fw: accept");
+                return 1;
+            }
+            if (errno != EINTR && errno != ECONNABORTED) {
+                struct timespec t = {0, 50000000L};
+                nanosleep(&t, NULL);
+            }
+            continue;
         }
-        no_delay(fd);
-        hal_host_set_link(fd, fd, 0);
-        fw_init(dev);
-        fw_run(dev);
+        serve_client(dev, server, fd);
         close(fd);
     }
 }
@@ -152,6 +224,9 @@ int main(int argc, char **argv)
         else
             return usage("unknown or incomplete argument");
     }
+    /* A host that closes its end before reading its answers must cost only that host's connection: a write to
+     * it fails with EPIPE (and drops it) instead of killing the firmware with SIGPIPE. */
+    signal(SIGPIPE, SIG_IGN);
     if (!tiles || !mode)
         return usage("--tiles and one of --listen, --pty, --stdio are required");
     if (parse_address(tiles, &tiles_addr) < 0)
