@@ -118,8 +118,9 @@ def check_params(B, S, dmax, cols: int, heads: int = 1, *, allow_zero_floor: boo
     return B, S, dmax
 
 
-def as_heads(x: np.ndarray, mask, name: str = "x", *, floating: bool = False):
-    """Check logits (int8, or float with ``floating``) and an optional bool mask of the same shape.
+def as_heads(x: np.ndarray, mask, name: str = "x", *, floating: bool = False, dtype=np.int8):
+    """Check logits (``dtype``, int8 by default, or float with ``floating``) and an optional bool mask of the
+    same shape.
 
     Returns (x3, valid3, squeeze): x3 and valid3 viewed as (H, R, N); valid3 is None without a mask; squeeze
     is True for (R, N) input. Float logits must be finite wherever the mask lets them take part (masked
@@ -129,8 +130,8 @@ def as_heads(x: np.ndarray, mask, name: str = "x", *, floating: bool = False):
         raise TypeError(f"{name}: expected a numpy array, got {type(x).__name__}")
     if floating and x.dtype.kind != "f":
         raise TypeError(f"{name}: expected float logits, got dtype {x.dtype}")
-    if not floating and x.dtype != np.int8:
-        raise TypeError(f"{name}: expected dtype int8, got {x.dtype}")
+    if not floating and x.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {x.dtype}")
     if x.ndim not in (2, 3):
         raise ValueError(f"{name}: expected shape (R, N) or (H, R, N), got {x.shape}")
     if x.shape[-1] == 0:

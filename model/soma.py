@@ -31,7 +31,13 @@ from typing import Sequence
 
 import numpy as np
 
-NORMALISERS = ("softmax", "hccs", "hccs_int", "exp_int")
+NORMALISERS = ("softmax", "hccs", "hccs_int", "exp_int", "pwl2_int")
+INT_NORMALISERS = ("hccs_int", "exp_int", "pwl2_int")
+PROFILES = ("paper", "wide")
+"""Integer profiles of the contract (docs/numerics.md): "paper" is the HCCS paper's AI Engine kernel ABI
+(int8 logits, uint8 probabilities, int8 output), "wide" keeps int16 base-2 logits, Q15 probabilities and an
+int16 output (model/wide.py)."""
+PROFILE_NORMALISERS = {"paper": ("hccs_int", "exp_int"), "wide": INT_NORMALISERS}
 FIELD_SOURCES = ("keys", "values")
 GATINGS = ("none", "query")
 HCCS_MODES = ("div", "clb")
@@ -67,8 +73,13 @@ class SomaConfig:
     entries.
 
     Near-field ``normaliser``: "softmax"; "hccs" (float HCCS of seed 003 with per-head clip ``hccs_c`` in
-    logit units); "hccs_int" / "exp_int" (the integer kernels; in the float path the logits are quantised
-    to int8 with per-head ``logit_scale`` and the uint8 probabilities read as p / 255).
+    logit units); "hccs_int" / "exp_int" / "pwl2_int" (the integer kernels of ``profile``; in the float
+    path the logits are quantised to the profile's normaliser input and the probabilities read back as
+    floats). ``profile``: "paper" (the HCCS paper's kernel ABI: int8 logits with per-head ``logit_scale``,
+    uint8 probabilities, int8 output; normalisers hccs_int, exp_int) or "wide" (int16 logits in 2^-8 bit
+    units, Q15 probabilities, int16 output; normalisers hccs_int, exp_int and the exp-free pwl2_int of
+    somatile.model.wide). In the wide profile hccs_B/hccs_S/hccs_dmax are the wide normaliser's B, S (Q8),
+    dmax (2^-8 bit units); pwl2_int uses S and dmax and ignores B; exp_mult is unused.
 
     Integer path (``integer=True``, int8 q/k/v): per-query-head ``score_mult``/``score_shift`` (int32 score
     -> normaliser int8 input), ``recency_int`` (int8 logit units per token of distance), ``hccs_B``,
@@ -95,6 +106,7 @@ class SomaConfig:
     include_self: bool = True
     recency: float = 0.0
     normaliser: str = "softmax"
+    profile: str = "paper"
     hccs_c: float | Sequence[float] = 4.0
     hccs_mode: str = "div"
     logit_scale: float | Sequence[float] = 0.125
@@ -143,14 +155,17 @@ class SomaConfig:
         if not (isinstance(self.recency, (int, float)) and math.isfinite(self.recency) and self.recency >= 0):
             bad("recency", "a finite number >= 0", self.recency)
         for name, allowed in (("field_source", FIELD_SOURCES), ("gating", GATINGS),
-                              ("normaliser", NORMALISERS), ("hccs_mode", HCCS_MODES)):
+                              ("normaliser", NORMALISERS), ("hccs_mode", HCCS_MODES), ("profile", PROFILES)):
             if getattr(self, name) not in allowed:
                 bad(name, f"one of {allowed}", getattr(self, name))
         if self.gating == "query" and self.field_source != "values":
             bad("field_source", "'values' when gating='query' (the gate reads a separate key field)",
                 self.field_source)
-        if self.integer and self.normaliser not in ("hccs_int", "exp_int"):
-            bad("normaliser", "'hccs_int' or 'exp_int' when integer=True", self.normaliser)
+        if self.integer and self.normaliser not in INT_NORMALISERS:
+            bad("normaliser", f"one of {INT_NORMALISERS} when integer=True", self.normaliser)
+        if self.normaliser in INT_NORMALISERS and self.normaliser not in PROFILE_NORMALISERS[self.profile]:
+            bad("normaliser", f"one of {PROFILE_NORMALISERS[self.profile]} in profile {self.profile!r}",
+                self.normaliser)
 
         for name in _PER_HEAD_FLOAT_FIELDS:
             values = self._per_head(name, float)
@@ -186,9 +201,15 @@ class SomaConfig:
         if any(given) and not all(given):
             bad("hccs_B/hccs_S/hccs_dmax", "all three or none (derived from hccs_c and logit_scale)",
                 (self.hccs_B, self.hccs_S, self.hccs_dmax))
-        if self.normaliser not in ("hccs_int", "exp_int"):
+        if self.normaliser not in INT_NORMALISERS:
             return
         from somatile.model import soma_int  # loads numba: only configs with an integer normaliser need it
+        if self.profile == "wide":
+            if not any(given):
+                for name, values in zip(("hccs_B", "hccs_S", "hccs_dmax"), soma_int.default_wide_params(self)):
+                    object.__setattr__(self, name, values)
+            soma_int.check_wide_params(self)
+            return
         if self.normaliser == "hccs_int":
             if not any(given):
                 for name, values in zip(("hccs_B", "hccs_S", "hccs_dmax"), soma_int.default_hccs_params(self)):
@@ -207,8 +228,13 @@ class SomaConfig:
         for name in ("score_shift", "out_shift", "alpha_shift", "gate_shift"):
             if not all(0 <= x <= INT_SHIFT_MAX for x in getattr(self, name)):
                 bad(name, f"integers in [0, {INT_SHIFT_MAX}]", getattr(self, name))
-        if not all(0 <= x <= 127 for x in self.recency_int):
-            bad("recency_int", "integers in [0, 127]", self.recency_int)
+        recency_max = 127 if self.profile == "paper" else (1 << 15) - 1
+        if not all(0 <= x <= recency_max for x in self.recency_int):
+            bad("recency_int", f"integers in [0, {recency_max}] (profile {self.profile!r})", self.recency_int)
+        if self.profile == "paper" and self.exp_mult is not None:
+            from somatile.model import intexp
+            if not all(intexp.EXP_MULT_MIN <= x <= intexp.EXP_MULT_MAX for x in self.exp_mult):
+                bad("exp_mult", f"integers in [{intexp.EXP_MULT_MIN}, {intexp.EXP_MULT_MAX}]", self.exp_mult)
 
     @property
     def group(self) -> int:
@@ -257,12 +283,15 @@ class SomaConfig:
         params = {**presets[name], **overrides}
         integer = params.pop("integer", False)
         if integer:
-            if params.get("normaliser", "softmax") not in ("hccs_int", "exp_int"):
+            if params.get("normaliser", "softmax") not in INT_NORMALISERS:
                 params["normaliser"] = "hccs_int"
             base = cls(**params)
             explicit = {k: v for k, v in overrides.items() if k in _PER_HEAD_INT_FIELDS or k == "gamma_q15"}
             from somatile.model.soma_int import integer_config
-            return integer_config(base, **DEFAULT_INT_SCALES).replace(**explicit)
+            scales = dict(DEFAULT_INT_SCALES)
+            if base.profile == "wide":  # the int16 output keeps 8 bits below the int8 step of v
+                scales["out_scale"] = scales["v_scale"] / 256
+            return integer_config(base, **scales).replace(**explicit)
         return cls(**params)
 
 
@@ -364,6 +393,11 @@ def state_dtypes(cfg: SomaConfig, float_dtype=np.float32) -> tuple[np.dtype, np.
     return np.dtype(float_dtype), np.dtype(float_dtype)
 
 
+def out_dtype(cfg: SomaConfig) -> np.dtype:
+    """dtype of the integer path's attention output: int8 (profile "paper") or int16 ("wide")."""
+    return np.dtype(np.int16 if cfg.profile == "wide" else np.int8)
+
+
 def check_inputs(cfg: SomaConfig, q, k, v, seq: bool):
     """q, k, v as arrays of the shapes ``cfg`` asks for (with a leading T axis when ``seq``), or ValueError
     naming the tensor and the expected shape. Every backend of prefill/decode_step calls this first."""
@@ -417,7 +451,7 @@ def prefill(cfg: SomaConfig, q, k, v, *, state: SomaState | None = None, impl: s
     """Run a sequence through Soma attention from a fresh state (or continue ``state``).
 
     q: (T, n_heads, head_dim), k and v: (T, n_kv_heads, head_dim); float, or int8 when ``cfg.integer``.
-    Returns (out (T, n_heads, head_dim) in q's float dtype or int8, state). The result equals T calls of
+    Returns (out (T, n_heads, head_dim) in q's float dtype, or :func:`out_dtype` (int8 / int16), state). The result equals T calls of
     :func:`decode_step`. The float path from a fresh state is evaluated in blocks of queries (vectorised);
     ``impl`` ("numba" default or "numpy") selects the integer implementation; both are bit-identical.
     """
@@ -478,6 +512,9 @@ def normalise(cfg: SomaConfig, logits: np.ndarray, valid: np.ndarray) -> np.ndar
     if cfg.normaliser == "hccs":
         with np.errstate(invalid="ignore"):  # rows with no valid entry (t = 0 without self) come back as zeros
             p = hccs.hccs_float(rows, cfg.hccs_c, mask)
+    elif cfg.profile == "wide":
+        from somatile.model import wide
+        p = soma_int.normalise_int(cfg, wide.logits_from_float(rows, mask), mask) / float(wide.PROB_ONE)
     else:
         p = soma_int.normalise_int(cfg, quant.quantize_logits(rows, cfg.logit_scale, mask), mask) / 255.0
     lead = logits.shape[:-2]

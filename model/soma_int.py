@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 
-from somatile.model import hccs, intexp
+from somatile.model import hccs, intexp, wide
 from somatile.model.soma import (FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_FRAC_BITS, GATE_ONE, INT_MULT_MAX,
-                                 INT_SHIFT_MAX, SomaConfig, SomaState, _write, ring_distances)
+                                 INT_SHIFT_MAX, SomaConfig, SomaState, _write, out_dtype, ring_distances)
 
 INT8_MIN, INT8_MAX = -128, 127
 INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
@@ -22,6 +22,17 @@ GATE_HALF = GATE_ONE // 2
 NORM_HCCS = 0
 NORM_EXP = 1
 NORM_CODES = {"hccs_int": NORM_HCCS, "exp_int": NORM_EXP}
+WIDE_NORM_CODES = {"exp_int": wide.NORM_EXP, "hccs_int": wide.NORM_HCCS, "pwl2_int": wide.NORM_PWL2}
+PROFILE_PAPER, PROFILE_WIDE = 0, 1
+PROFILE_CODES = {"paper": PROFILE_PAPER, "wide": PROFILE_WIDE}
+LIMITS = {"paper": dict(logit=(INT8_MIN, INT8_MAX), out=(INT8_MIN, INT8_MAX), prob_one=hccs.UINT8_MAX),
+          "wide": dict(logit=(wide.LOGIT_MIN, wide.LOGIT_MAX), out=(INT16_MIN, INT16_MAX), prob_one=wide.PROB_ONE)}
+"""Per profile: the normaliser input's saturation bounds, the output's, and the probability's 1.0."""
+
+
+def norm_code(cfg: SomaConfig) -> int:
+    """The numba kernels' code of the config's integer normaliser within its profile."""
+    return (WIDE_NORM_CODES if cfg.profile == "wide" else NORM_CODES)[cfg.normaliser]
 
 PARAM_ROWS = ("score_mult", "score_shift", "recency_int", "hccs_B", "hccs_S", "hccs_dmax", "exp_mult",
               "out_mult", "out_shift", "alpha_mult", "alpha_shift", "gate_mult", "gate_shift")
@@ -80,6 +91,30 @@ def default_hccs_params(cfg: SomaConfig):
                          f"or use normaliser='exp_int' or a smaller ring") from None
 
 
+def default_wide_params(cfg: SomaConfig):
+    """Per-head wide (B, S, dmax): "pwl2_int" the model's own slope without a clip (S = 256, dmax = 65535);
+    "hccs_int" the seed's single clip ``hccs_c`` (nats) as a line from 32768 at distance 0 to 0 at the clip;
+    "exp_int" takes no parameters (zeros)."""
+    H = cfg.n_heads
+    if cfg.normaliser == "pwl2_int":
+        return (0,) * H, (256,) * H, (wide.DMAX_MAX,) * H
+    if cfg.normaliser == "exp_int":
+        return (0,) * H, (0,) * H, (0,) * H
+    dmax = [min(max(int(round(c * math.log2(math.e) * (1 << wide.LOGIT_FRAC_BITS))), 1), wide.DMAX_MAX)
+            for c in cfg.hccs_c]
+    slope = [min((wide.PROB_ONE << wide.S_FRAC_BITS) // d, wide.S_MAX) for d in dmax]
+    return (wide.PROB_ONE,) * H, tuple(slope), tuple(dmax)
+
+
+def check_wide_params(cfg: SomaConfig):
+    if cfg.slots > wide.MAX_COLS:
+        raise ValueError(f"SomaConfig.ring: sinks + ring = {cfg.slots} exceeds the wide row limit {wide.MAX_COLS}")
+    try:
+        wide.check_params(cfg.normaliser.removesuffix("_int"), cfg.hccs_B, cfg.hccs_S, cfg.hccs_dmax, cfg.n_heads)
+    except ValueError as err:
+        raise ValueError(f"SomaConfig.hccs_B/hccs_S/hccs_dmax (profile 'wide', {cfg.normaliser}): {err}") from None
+
+
 def check_hccs_params(cfg: SomaConfig):
     try:
         hccs.check_params(cfg.hccs_B, cfg.hccs_S, cfg.hccs_dmax, cfg.slots, cfg.n_heads)
@@ -110,8 +145,9 @@ def _per(value, n: int, name: str) -> np.ndarray:
 def integer_config(cfg: SomaConfig, *, q_scale, k_scale, v_scale, out_scale, logit_scale=None) -> SomaConfig:
     """The integer twin of a float config: q = q_int * q_scale (per query head), k, v per KV head,
     output = out_int * out_scale (per query head); ``logit_scale`` (default cfg.logit_scale) is the step of
-    the normaliser's int8 input. Returns ``cfg`` with ``integer=True`` and every multiplier/shift derived
-    (:func:`fixed_point`); a float "softmax"/"hccs" normaliser becomes "hccs_int".
+    the normaliser's int8 input (profile "paper"; the wide profile's logit step is fixed at 2^-8 bit).
+    Returns ``cfg`` with ``integer=True`` and every multiplier/shift derived (:func:`fixed_point`); a float
+    "softmax"/"hccs" normaliser becomes "hccs_int".
     """
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     qs, ls, os_ = _per(q_scale, H, "q_scale"), _per(logit_scale or cfg.logit_scale, H, "logit_scale"), \
@@ -119,10 +155,13 @@ def integer_config(cfg: SomaConfig, *, q_scale, k_scale, v_scale, out_scale, log
     kv = np.arange(H) // cfg.group
     ks, vs = _per(k_scale, Hkv, "k_scale")[kv], _per(v_scale, Hkv, "v_scale")[kv]
     field_scale = ks if cfg.field_source == "keys" else vs
+    if cfg.profile == "wide":  # logits in 2^-8 bit units: the step is log(2) / 256 nats for every head
+        ls = np.full(H, math.log(2) / (1 << wide.LOGIT_FRAC_BITS))
+    prob_one = LIMITS[cfg.profile]["prob_one"]
     params = {n: [] for n in ("score", "out", "alpha", "gate")}
     for h in range(H):
         params["score"].append(fixed_point(qs[h] * ks[h] / (math.sqrt(D) * ls[h]), "score factor"))
-        params["out"].append(fixed_point(vs[h] / (hccs.UINT8_MAX * os_[h]), "output factor"))
+        params["out"].append(fixed_point(vs[h] / (prob_one * os_[h]), "output factor"))
         params["alpha"].append(fixed_point(abs(cfg.alpha) * field_scale[h] / (2 ** FIELD_FRAC_BITS * os_[h]),
                                            "alpha factor"))
         # gate (Q7) = 64 + 32 z with z = q.F_k / sqrt(D) and F_k carrying 7 fraction bits
@@ -130,9 +169,9 @@ def integer_config(cfg: SomaConfig, *, q_scale, k_scale, v_scale, out_scale, log
     if cfg.alpha < 0:
         raise ValueError("alpha: the integer path needs alpha >= 0 (the multiplier is unsigned)")
     recency = [int(round(cfg.recency / s)) for s in ls]
-    if max(recency) > 127:
+    if cfg.profile == "paper" and max(recency) > 127:
         raise ValueError(f"recency: {cfg.recency} / logit_scale exceeds 127 int8 steps per token")
-    normaliser = cfg.normaliser if cfg.normaliser in NORM_CODES else "hccs_int"
+    normaliser = cfg.normaliser if cfg.normaliser in WIDE_NORM_CODES else "hccs_int"
     fields = {}
     for n in ("score", "out", "alpha", "gate"):
         fields[f"{n}_mult"] = tuple(m for m, _ in params[n])
@@ -176,20 +215,24 @@ def integer_attention(cfg: SomaConfig, q, k, v, *, impl: str = "numba"):
 
 
 def normalise_int(cfg: SomaConfig, x3: np.ndarray, valid3: np.ndarray) -> np.ndarray:
-    """uint8-valued probabilities (int32) of int8 logits (n_heads, R, N) over bool ``valid3`` of the same
-    shape, through the numba row kernels (parameters were checked for rows of ``cfg.slots`` valid entries)."""
+    """Integer probabilities (int32; uint8-valued in profile "paper", Q15 in "wide") of the profile's
+    logits (int8 / int16, (n_heads, R, N)) over bool ``valid3`` of the same shape, through the numba row
+    kernels (parameters were checked for rows of ``cfg.slots`` valid entries)."""
     from somatile.model import soma_nb
     heads, rows, n = x3.shape
     out = np.empty((heads * rows, n), np.int32)
     soma_nb.normalise_rows(np.ascontiguousarray(x3.reshape(-1, n)), np.ascontiguousarray(valid3.reshape(-1, n)),
-                           np.repeat(np.arange(heads), rows), param_table(cfg), NORM_CODES[cfg.normaliser],
-                           hccs.MODE_CODES[cfg.hccs_mode], out)
+                           np.repeat(np.arange(heads), rows), param_table(cfg), PROFILE_CODES[cfg.profile],
+                           norm_code(cfg), hccs.MODE_CODES[cfg.hccs_mode], out)
     return out.reshape(x3.shape)
 
 
 def _normalise_spec(cfg: SomaConfig, x8: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """(H, N) int8 logits -> (H, N) uint8 through the normaliser's numpy spec."""
+    """(H, N) logits of the profile -> (H, N) probabilities through the normaliser's numpy spec."""
     mask = np.broadcast_to(valid, x8.shape)
+    if cfg.profile == "wide":
+        return wide.wide_softmax(x8[:, None], cfg.normaliser.removesuffix("_int"), cfg.hccs_B or 0,
+                                 cfg.hccs_S or 0, cfg.hccs_dmax or 0, mask=mask[:, None], impl="numpy")[:, 0]
     if cfg.normaliser == "hccs_int":
         return hccs.hccs_int(x8[:, None], cfg.hccs_B, cfg.hccs_S, cfg.hccs_dmax, mode=cfg.hccs_mode,
                              mask=mask[:, None], impl="numpy")[:, 0]
@@ -204,8 +247,9 @@ def field_update(f: np.ndarray, x: np.ndarray, gamma_q15: int) -> np.ndarray:
 
 def step_spec(cfg: SomaConfig, st: SomaState, p: np.ndarray, q, k, v) -> np.ndarray:
     """One integer decode step (numpy spec). q int8 (H, D), k, v int8 (Hkv, D), p = param_table(cfg).
-    Returns int8 (H, D); updates ``st`` in place."""
+    Returns (H, D) of ``out_dtype(cfg)`` (int8 "paper", int16 "wide"); updates ``st`` in place."""
     P = dict(zip(PARAM_ROWS, (row[:, None] for row in p)))
+    lim = LIMITS[cfg.profile]
     if cfg.include_self:
         _write(cfg, st, k, v)
     kv = np.arange(cfg.n_heads) // cfg.group
@@ -216,7 +260,7 @@ def step_spec(cfg: SomaConfig, st: SomaState, p: np.ndarray, q, k, v) -> np.ndar
 
     scores = np.einsum("hd,hnd->hn", q.astype(np.int64), keys)
     logits = rshift_round(scores * P["score_mult"], P["score_shift"]) - P["recency_int"] * dist
-    x8 = np.where(valid, saturate(logits, INT8_MIN, INT8_MAX), 0).astype(np.int8)
+    x8 = np.where(valid, saturate(logits, *lim["logit"]), 0).astype(np.int16 if cfg.profile == "wide" else np.int8)
     prob = _normalise_spec(cfg, x8, valid).astype(np.int64)
     acc = np.einsum("hn,hnd->hd", prob, vals)
     near = saturate(rshift_round(acc * P["out_mult"], P["out_shift"]), INT16_MIN, INT16_MAX)
@@ -229,7 +273,7 @@ def step_spec(cfg: SomaConfig, st: SomaState, p: np.ndarray, q, k, v) -> np.ndar
         gate = GATE_ONE
     far = saturate(rshift_round(field_ * P["alpha_mult"] * gate, P["alpha_shift"] + GATE_FRAC_BITS),
                    INT16_MIN, INT16_MAX)
-    out = saturate(near + far, INT8_MIN, INT8_MAX).astype(np.int8)
+    out = saturate(near + far, *lim["out"]).astype(out_dtype(cfg))
 
     if not cfg.include_self:
         _write(cfg, st, k, v)
@@ -241,14 +285,15 @@ def step_spec(cfg: SomaConfig, st: SomaState, p: np.ndarray, q, k, v) -> np.ndar
 
 def run_spec(cfg: SomaConfig, st: SomaState, q, k, v) -> np.ndarray:
     p = param_table(cfg)
-    out = np.empty(q.shape, np.int8)
+    out = np.empty(q.shape, out_dtype(cfg))
     for t in range(q.shape[0]):
         out[t] = step_spec(cfg, st, p, q[t], k[t], v[t])
     return out
 
 
 def run(cfg: SomaConfig, st: SomaState, q, k, v, *, impl: str = "numba") -> np.ndarray:
-    """T integer decode steps: q int8 (T, H, D), k, v int8 (T, Hkv, D) -> int8 (T, H, D); ``st`` in place."""
+    """T integer decode steps: q int8 (T, H, D), k, v int8 (T, Hkv, D) -> (T, H, D) of ``out_dtype(cfg)``;
+    ``st`` in place."""
     if impl == "numpy":
         return run_spec(cfg, st, q, k, v)
     if impl == "numba":

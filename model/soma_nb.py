@@ -13,11 +13,12 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from somatile.model import hccs, intexp
+from somatile.model import hccs, intexp, wide
 from somatile.model.soma import (COUNTER_MAX, FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_FRAC_BITS, GATE_ONE, SomaConfig,
                                  SomaState)
-from somatile.model.soma_int import (GATE_HALF, INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN,
-                                     NORM_CODES, NORM_HCCS, PARAM_ROWS, param_table)
+from somatile.model.soma import out_dtype
+from somatile.model.soma_int import (GATE_HALF, INT16_MAX, INT16_MIN, LIMITS, NORM_HCCS,
+                                     PARAM_ROWS, PROFILE_CODES, PROFILE_WIDE, norm_code, param_table)
 
 def _drop_stale_cache():
     """Delete this module's numba cache when a module it compiles in has changed.
@@ -28,7 +29,7 @@ def _drop_stale_cache():
     """
     here = Path(__file__).resolve().parent
     cache = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else here / "__pycache__"
-    sources = ("hccs.py", "intexp.py", "soma.py", "soma_int.py")
+    sources = ("hccs.py", "intexp.py", "wide.py", "soma.py", "soma_int.py")
     digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in sources)).hexdigest()
     stamp = cache / "soma_nb.deps"
     try:
@@ -59,18 +60,21 @@ def _clamp(x, lo, hi):
 
 
 @numba.njit(cache=True, nogil=True)
-def _normalise_row(x_row, valid_row, p, h, norm_code, hccs_mode, out_row):
-    if norm_code == NORM_HCCS:
+def _normalise_row(x_row, valid_row, p, h, profile, norm_code, hccs_mode, out_row):
+    if profile == PROFILE_WIDE:
+        wide.wide_row(x_row, valid_row, norm_code, p[_B, h], p[_S, h], p[_DMAX, h], out_row)
+    elif norm_code == NORM_HCCS:
         hccs.hccs_row(x_row, valid_row, p[_B, h], p[_S, h], p[_DMAX, h], hccs_mode, hccs.OUT_UINT8, out_row)
     else:
         intexp.intexp_row(x_row, valid_row, p[_EXP_MULT, h], hccs.OUT_UINT8, out_row)
 
 
 @numba.njit(cache=True, nogil=True)
-def normalise_rows(x2, valid2, head_of_row, p, norm_code, hccs_mode, out2):
-    """uint8-valued probabilities (int32 out2) of int8 rows x2 (R, N); row r uses head head_of_row[r]."""
+def normalise_rows(x2, valid2, head_of_row, p, profile, norm_code, hccs_mode, out2):
+    """Probabilities (int32 out2: uint8-valued "paper", Q15 "wide") of rows x2 (R, N) of the profile's
+    logits; row r uses head head_of_row[r]."""
     for r in range(x2.shape[0]):
-        _normalise_row(x2[r], valid2[r], p, head_of_row[r], norm_code, hccs_mode, out2[r])
+        _normalise_row(x2[r], valid2[r], p, head_of_row[r], profile, norm_code, hccs_mode, out2[r])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -98,7 +102,7 @@ def _field_update(f, x, gamma_q15):
 
 @numba.njit(cache=True, nogil=True)
 def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p, include_self, gated,
-         field_keys, norm_code, hccs_mode, gamma_q15, out):
+         field_keys, profile, norm_code, hccs_mode, gamma_q15, logit_lo, logit_hi, out_lo, out_hi, out):
     T, H, D = q.shape
     group = H // k.shape[1]
     sinks, ring = sink_k.shape[1], ring_k.shape[1]
@@ -130,8 +134,8 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
                     for d in range(D):
                         s += np.int64(q[t, h, d]) * np.int64(ring_k[c, j - sinks, d])
                 logit = _rshift_round(s * p[_SCORE_MULT, h], p[_SCORE_SHIFT, h]) - p[_RECENCY, h] * dist[j]
-                x_row[j] = _clamp(logit, INT8_MIN, INT8_MAX) if valid[j] else 0
-            _normalise_row(x_row, valid, p, h, norm_code, hccs_mode, prob)
+                x_row[j] = _clamp(logit, logit_lo, logit_hi) if valid[j] else 0
+            _normalise_row(x_row, valid, p, h, profile, norm_code, hccs_mode, prob)
             acc[:] = 0
             for j in range(n):
                 pj = np.int64(prob[j])
@@ -151,7 +155,7 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
                 near = _clamp(_rshift_round(acc[d] * p[_OUT_MULT, h], p[_OUT_SHIFT, h]), INT16_MIN, INT16_MAX)
                 far = _clamp(_rshift_round(np.int64(field[c, d]) * p[_ALPHA_MULT, h] * gate,
                                            p[_ALPHA_SHIFT, h] + GATE_FRAC_BITS), INT16_MIN, INT16_MAX)
-                out[t, h, d] = _clamp(near + far, INT8_MIN, INT8_MAX)
+                out[t, h, d] = _clamp(near + far, out_lo, out_hi)
         if not include_self:
             _write(ring_k, ring_v, sink_k, sink_v, counters, k[t], v[t])
         _field_update(field, k[t] if field_keys else v[t], gamma_q15)
@@ -161,11 +165,12 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
 
 def run(cfg: SomaConfig, st: SomaState, q, k, v) -> np.ndarray:
     """T integer decode steps (same contract as soma_int.run); ``st`` is updated in place."""
-    out = np.empty(q.shape, np.int8)
+    out = np.empty(q.shape, out_dtype(cfg))
     counters = np.array([st.write_pos, st.fill, st.step], np.int64)
+    lim = LIMITS[cfg.profile]
     _run(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), st.ring_k, st.ring_v,
          st.sink_k, st.sink_v, st.field, st.gate_field, counters, param_table(cfg), cfg.include_self, cfg.gated,
-         cfg.field_source == "keys", NORM_CODES[cfg.normaliser], hccs.MODE_CODES[cfg.hccs_mode],
-         cfg.gamma_q15, out)
+         cfg.field_source == "keys", PROFILE_CODES[cfg.profile], norm_code(cfg), hccs.MODE_CODES[cfg.hccs_mode],
+         cfg.gamma_q15, *lim["logit"], *lim["out"], out)
     st.write_pos, st.fill, st.step = (int(x) for x in counters)
     return out
