@@ -8,7 +8,8 @@ state layout are those of :mod:`somatile.hw.regmap` (read its docstring first).
 
 Behaviour that the RTL shares and the tests check:
 
-- One response frame per command frame. Header checks run in this order and the first failure wins:
+- One response frame per command frame. The count byte names the heads of DECODE and RESET_STATE
+  (``head .. head + count - 1``); every other command ignores it. Header checks run in this order and the first failure wins:
   magic (BAD_MAGIC), opcode (UNKNOWN_OPCODE), head range (BAD_HEAD), register address (BAD_REGISTER),
   HCCS rows and n (BAD_ARGUMENT), configured heads (NOT_CONFIGURED), the head's HCCS parameters for rows of
   n (BAD_ARGUMENT, the rules of ``hccs.check_params``), the header's length field against the length the
@@ -194,8 +195,10 @@ class TileModel:
         if opcode not in Opcode.__members__.values():
             raise CommandError(ErrorCode.UNKNOWN_OPCODE)
         opcode = Opcode(opcode)
+        # The heads a command touches: count of them for DECODE and RESET_STATE, the one head otherwise (the
+        # RTL ignores the count byte of every other command, HCCS included).
+        last = head + (count if opcode in _COUNTED_OPCODES else 1)
         if opcode in _HEAD_OPCODES:
-            last = head + (count if opcode in _COUNTED_OPCODES else 1)
             if head >= p.heads or last > p.heads or (opcode in _COUNTED_OPCODES and count == 0):
                 raise CommandError(ErrorCode.BAD_HEAD)
         if opcode == Opcode.REG_READ:
@@ -207,7 +210,7 @@ class TileModel:
             if not (1 <= arg1 <= p.n_max and arg0 >= 1 and arg0 * n_pad <= regmap.staging_bytes(p)):
                 raise CommandError(ErrorCode.BAD_ARGUMENT)
         if opcode in (Opcode.DECODE, Opcode.HCCS):
-            if not all(self.heads[h].configured for h in range(head, head + max(count, 1))):
+            if not all(self.heads[h].configured for h in range(head, last)):
                 raise CommandError(ErrorCode.NOT_CONFIGURED)
         if opcode == Opcode.HCCS:
             self.hccs_params(head, arg1)

@@ -109,6 +109,23 @@ def test_device_errors_name_the_command_and_code_and_the_device_keeps_working(rn
             assert np.array_equal(dev.decode(q, k, v), soma.prefill(config(), q, k, v)[0])
 
 
+def test_a_tile_command_with_any_count_byte_leaves_every_backend_in_step(rng, firmware_urls):
+    # Issue 24: HCCS with count 74 raised IndexError in the tile model: emu:// leaked it and lost its
+    # sequence, the firmware's tile server died. The count byte of HCCS is ignored, as by the RTL.
+    from somatile.hw.regmap import Opcode
+
+    q, k, v = tokens(rng, 2)
+    x = rng.integers(-128, 128, (1, 64)).astype(np.int8)
+    for url in ["emu://", firmware_urls[0]]:
+        with somatile.host.open(url) as dev:
+            dev.configure(config())
+            dev.reset()
+            answers = {count: dev._tile(0, Opcode.HCCS, 0, count, x.tobytes(), 1, 64).payload
+                       for count in (0, 74, 255)}
+            assert len(set(answers.values())) == 1
+            assert np.array_equal(dev.decode(q, k, v), soma.prefill(config(), q, k, v)[0])
+
+
 def test_bad_arguments_are_refused_with_the_tensor_named():
     with somatile.host.open("emu://") as dev:
         with pytest.raises(ValueError, match="tensor q: expected trailing shape"):

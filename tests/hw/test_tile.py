@@ -147,3 +147,40 @@ def test_array_routes_frames_by_head_and_tiles_overlap(rng):
     info = [np.frombuffer(r.payload, np.uint32) for r in responses[:2]]
     assert [i[regmap.INFO_FIELDS.index("tile_index")] for i in info] == [0, 1]
     assert responses[-2].error == regmap.ErrorCode.BAD_HEAD  # head 2 lies beyond the last tile
+
+
+def count_byte_frames(params, rng):
+    """Head 0 configured for HCCS, the others not: HCCS and the other one-head commands with count bytes
+    0, 1, 2 and 255 (the RTL ignores the count of every command but DECODE and RESET_STATE), then the two
+    counted commands with counts that leave the tile or name unconfigured heads."""
+    config = run_soma.random_config(rng, params, normaliser="hccs_int")
+    block = tile_model.head_values(config)
+    for name, value in (("hccs_B", 40), ("hccs_S", 1), ("hccs_dmax", 12)):
+        block[regmap.HEAD_INDEX[name]] = value
+    x = rng.integers(-128, 128, (2, 12), dtype=np.int8)
+    hccs = bytearray(tile_model.hccs_frame(0, x))
+    frames = [tile_model.configure_frame(0, block)]
+    for count in (0, 1, 2, 255):
+        hccs[3] = count
+        frames += [bytes(hccs), regmap.pack_command(Opcode.READ_STATE, 0, count),
+                   regmap.pack_command(Opcode.RESET_STATE, 0, count),
+                   regmap.pack_command(Opcode.DECODE, 0, count, bytes(3 * params.head_dim * min(count, 2)))]
+    return frames
+
+
+def test_the_tile_model_reads_the_count_byte_only_where_the_rtl_does(rng):
+    # Issue 24: an HCCS frame with count 74 raised IndexError in the model (it checked heads head..head+count
+    # for HCCS), and count 2 gave NOT_CONFIGURED where the RTL answers.
+    frames = count_byte_frames(SMALL, rng)
+    model = tile_model.TileModel(SMALL)
+    responses = [regmap.unpack_response(model.command(f)) for f in frames]
+    hccs = responses[1::4]
+    assert all(r.error == 0 for r in hccs) and len({r.payload for r in hccs}) == 1
+    assert all(r.error == 0 for r in responses[2::4])  # READ_STATE of head 0
+    bad, ok = regmap.ErrorCode.BAD_HEAD, regmap.ErrorCode.OK
+    assert [r.error for r in responses[3::4]] == [bad, ok, ok, bad]  # RESET_STATE
+    assert [r.error for r in responses[4::4]] == [bad, ok, regmap.ErrorCode.NOT_CONFIGURED, bad]  # DECODE
+
+
+def test_the_rtl_answers_count_bytes_0_1_2_and_255_like_the_model(rng):
+    run_frames(SMALL, count_byte_frames(SMALL, rng))
