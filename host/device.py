@@ -261,34 +261,70 @@ class TileDevice(Device):
     def configure(self, params: Any) -> None:
         """Set per-head parameters. ``params``: an integer `SomaConfig` with this device's geometry (every
         head), an `HccsParams` or the path of its YAML (HCCS integers; fallback heads get the integer exp),
-        or a mapping ``{register name: value or one value per head}``. Unnamed registers keep their values."""
-        from somatile.host import protocol
+        or a mapping ``{register name: value or one value per head}``. Unnamed registers keep their values.
 
+        All or nothing: every head's block is checked by the tile's own rules (``tile_model.head_config``)
+        before any is sent, and a value that is not an integer in its register's range, or a combination the
+        tile refuses, raises ValueError naming the head and the register; if the device still refuses a head,
+        the heads already sent get their previous blocks back before the DeviceError is raised."""
+        from somatile.model.params import HccsParams
+
+        if isinstance(params, (str, bytes, os.PathLike)):
+            params = HccsParams.from_yaml(params)
         updates = self._parameter_updates(params)
+        blocks = []
         for head in range(self.heads):
             values = list(self._values[head])
             for name, per_head in updates.items():
-                values[self._rm.HEAD_INDEX[name]] = int(per_head[head])
-            payload = struct.pack(f"<I{len(values)}I", head, *values)
+                values[self._rm.HEAD_INDEX[name]] = per_head[head]
+            self._check_head_block(head, values, params)
+            blocks.append(values)
+        for head, values in enumerate(blocks):
             try:
-                self.link.request(protocol.Opcode.CONFIGURE, payload)
-            except DeviceError as exc:
-                if exc.code_name == "TILE_REFUSED":
-                    code = self._rm.ErrorCode(exc.detail)
-                    raise DeviceError("CONFIGURE", exc.code, exc.code_name, exc.detail,
-                                      f"head {head} refused its parameters ({code.name}: "
-                                      f"{self._rm.ERROR_TEXT[code]}): "
-                                      f"{dict(zip(self._rm.HEAD_INDEX, values))}") from None
+                self._configure_head(head, values)
+            except DeviceError:
+                for earlier in range(head):
+                    self._configure_head(earlier, self._values[earlier])
                 raise
-            self._values[head] = values
-            self._configured[head] = True
+        self._values = blocks
+        self._configured = [True] * self.heads
+
+    def _configure_head(self, head: int, values: list[int]) -> None:
+        from somatile.host import protocol
+
+        try:
+            self.link.request(protocol.Opcode.CONFIGURE, struct.pack(f"<I{len(values)}I", head, *values))
+        except DeviceError as exc:
+            if exc.code_name == "TILE_REFUSED":
+                code = self._rm.ErrorCode(exc.detail)
+                raise DeviceError("CONFIGURE", exc.code, exc.code_name, exc.detail,
+                                  f"head {head} refused its parameters ({code.name}: "
+                                  f"{self._rm.ERROR_TEXT[code]}): "
+                                  f"{dict(zip(self._rm.HEAD_INDEX, values))}") from None
+            raise
+
+    def _check_head_block(self, head: int, values: list, params: Any) -> None:
+        """ValueError naming ``head`` unless ``values`` (HEAD_PARAMS order) is a block the tile accepts."""
+        from somatile.hw import tile_model
+
+        for p, value in zip(self._rm.HEAD_PARAMS, values):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"configure: head {head}: register {p.name} = {value!r}: expected an integer "
+                                 f"{p.lo}..{p.hi}" + (f" or one of {', '.join(p.choices)}" if p.choices else ""))
+        try:
+            tile_model.head_config(self._tile_params(), values)
+        except ValueError as exc:
+            rows = self._info["sinks"] + self._info["ring"]
+            why = ""
+            if getattr(params, "cols", rows) != rows:
+                why = (f" (the HCCS parameters were calibrated for rows of {params.cols}; this device's Soma "
+                       f"rows have sinks + ring = {rows})")
+            raise ValueError(f"configure: head {head}: the tile refuses this parameter block: {exc}{why}") from None
 
     def _parameter_updates(self, params: Any) -> dict[str, list[int]]:
         from somatile.model import soma
         from somatile.model.params import HccsParams
 
-        if isinstance(params, (str, bytes, os.PathLike)):
-            params = HccsParams.from_yaml(params)
         if isinstance(params, soma.SomaConfig):
             for field, want in (("n_heads", self.heads), ("head_dim", self.head_dim), ("ring", self._info["ring"]),
                                 ("sinks", self._info["sinks"])):
@@ -316,7 +352,9 @@ class TileDevice(Device):
                 per_head = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * self.heads
                 if len(per_head) != self.heads:
                     raise ValueError(f"configure: {name} has {len(per_head)} values, expected 1 or {self.heads}")
-                out[name] = [p.choices.index(v) if p.choices and isinstance(v, str) else int(v) for v in per_head]
+                if p.choices and any(isinstance(v, str) and v not in p.choices for v in per_head):
+                    raise ValueError(f"configure: {name} = {value!r}: expected one of {', '.join(p.choices)}")
+                out[name] = [p.choices.index(v) if p.choices and isinstance(v, str) else v for v in per_head]
             return out
         raise TypeError(f"configure: expected SomaConfig, HccsParams, a YAML path or a mapping, got {type(params)}")
 
@@ -386,18 +424,63 @@ class TileDevice(Device):
         return out
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Load a state in the layout of ``read_state()`` into every head."""
+        """Load a state in the layout of ``read_state()`` into every head.
+
+        All or nothing: every array is checked for every head first (names, integer dtype, shape with one
+        entry per head, values in the stored type's range, counters in the tile's ranges), ValueError naming
+        the array (and head) otherwise; if the device still refuses a head, the heads already loaded get
+        their previous state back before the DeviceError is raised."""
         from somatile.hw import tile_model
 
         params = self._tile_params()
-        for head in range(self.heads):
-            arrays = {}
-            for name, value in state.items():
-                value = np.asarray(value)
-                arrays[name] = value if value.ndim == 0 else value[head:head + 1]
-            data = bytes(tile_model.arrays_to_state(params, arrays))
+        blocks = [bytes(tile_model.arrays_to_state(params, arrays)) for arrays in self._state_arrays(params, state)]
+        previous = []
+        for head, data in enumerate(blocks):
             tile, local = divmod(head, self.tile_heads)
-            self._tile(tile, self._rm.Opcode.LOAD_STATE, local, 0, data)
+            try:
+                previous.append(self._tile(tile, self._rm.Opcode.READ_STATE, local).payload[:len(data)])
+                self._tile(tile, self._rm.Opcode.LOAD_STATE, local, 0, data)
+            except DeviceError:
+                for earlier, old in enumerate(previous[:head]):
+                    earlier_tile, earlier_local = divmod(earlier, self.tile_heads)
+                    self._tile(earlier_tile, self._rm.Opcode.LOAD_STATE, earlier_local, 0, old)
+                raise
+
+    def _state_arrays(self, params, state: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """``state`` (the layout of ``read_state()``) split into one checked mapping of arrays per head."""
+        from somatile.model import soma
+
+        layout = {name: (shape, np.dtype(dtype)) for name, _, shape, dtype in self._rm.state_layout(params)}
+        limits = {"write_pos": params.ring - 1, "fill": params.ring, "step": soma.COUNTER_MAX}
+        expected = [n for n in layout if n != "counters"] + list(limits)
+        missing = [n for n in expected if n not in state]
+        unknown = [n for n in state if n not in expected]
+        if missing or unknown:
+            raise ValueError(f"load_state: {'missing' if missing else 'unknown'} array "
+                             f"{(missing or unknown)[0]!r}; expected {', '.join(expected)}")
+        checked = {}
+        for name in expected:
+            value = np.asarray(state[name])
+            if value.dtype.kind not in "iu":
+                raise ValueError(f"load_state: array {name!r}: expected integers, got dtype {value.dtype}")
+            if name in limits:
+                if value.ndim or not 0 <= int(value) <= limits[name]:
+                    raise ValueError(f"load_state: {name!r}: expected one integer in 0..{limits[name]} for every "
+                                     f"head, got {value.tolist()!r}")
+                checked[name] = np.array(value, np.int32)
+                continue
+            shape, dtype = layout[name]
+            shapes = [(self.heads, *shape)] + ([(self.heads, 0)] if name == "gate_field" else [])
+            if value.shape not in shapes:
+                raise ValueError(f"load_state: array {name!r}: expected shape {' or '.join(map(str, shapes))} "
+                                 f"(one entry per head), got {value.shape}")
+            info = np.iinfo(dtype)
+            outside = np.flatnonzero(((value < info.min) | (value > info.max)).reshape(self.heads, -1).any(axis=1))
+            if outside.size:
+                raise ValueError(f"load_state: array {name!r}, head {outside[0]}: values outside {dtype} range "
+                                 f"[{info.min}, {info.max}]")
+            checked[name] = value.astype(dtype)
+        return [{n: a if a.ndim == 0 else a[h:h + 1] for n, a in checked.items()} for h in range(self.heads)]
 
     def reset(self) -> None:
         from somatile.host import protocol

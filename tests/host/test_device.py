@@ -100,10 +100,13 @@ def test_device_errors_name_the_command_and_code_and_the_device_keeps_working(rn
         with pytest.raises(DeviceError, match="DECODE: NOT_CONFIGURED") as info:
             dev.decode(q, k, v)
         assert info.value.command == "DECODE"
+    from somatile.hw import regmap
+
+    bad_block = [200 if p.name == "score_shift" else p.default for p in regmap.HEAD_PARAMS]  # takes 0..47
     for url in ["emu://", firmware_urls[0]]:
         with somatile.host.open(url) as dev:
             with pytest.raises(DeviceError, match="CONFIGURE.*TILE_REFUSED.*BAD_ARGUMENT"):
-                dev.configure({"score_shift": 200})  # the register takes 0..47
+                dev._configure_head(0, bad_block)  # past the host's own check: the device refuses it too
             dev.configure(config())
             dev.reset()
             assert np.array_equal(dev.decode(q, k, v), soma.prefill(config(), q, k, v)[0])
