@@ -381,3 +381,91 @@ def format_study(rows: list[dict]) -> str:
         lines.append(f"| {r['objective']} | " + " | ".join(
             str(r[k]) if isinstance(r[k], int) else f"{r[k]:.4f}" for k in keys) + " |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Wide profile: per-head (B, S, dmax) of the wide normalisers chosen on what the model sees.
+
+WIDE_OBJECTIVES = ("output", "tv")
+"""``output`` (default): relative squared error of the attention output, sum ||(P - Q) V||^2 / sum ||Q V||^2
+over the calibration rows (Q = float softmax over the same mask); ``tv``: mean total variation of the rows."""
+NATS_TO_WIDE = math.log2(math.e) * 256.0
+"""Wide-profile logit units (2^-8 bit) per nat."""
+
+
+def wide_candidates(normaliser: str) -> list[tuple[int, int, int]]:
+    """The (B, S, dmax) grid searched per head (wide units: S in Q8, dmax in 2^-8 bit).
+
+    pwl2: slopes 0.84..1.16 of the model's temperature times clips of 3..16 nats and none; hccs: B = 32768,
+    clips of 0.5..16 nats, floors 0..30 % of B (the line from B at distance 0 to the floor at the clip)."""
+    from somatile.model import wide
+    if normaliser == "pwl2":
+        clips = [int(round(c * NATS_TO_WIDE)) for c in (3, 4, 6, 8, 11, 16)] + [wide.DMAX_MAX]
+        return [(0, s, d) for s in (216, 232, 244, 256, 268, 280, 296) for d in clips]
+    if normaliser == "hccs":
+        out = []
+        for c in (0.5, 0.75, 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 11, 16):
+            d = min(int(round(c * NATS_TO_WIDE)), wide.DMAX_MAX)
+            for floor in (0.0, 0.01, 0.03, 0.1, 0.3):
+                out.append((wide.PROB_ONE, int((wide.PROB_ONE * (1 - floor) * 256) // d), d))
+        return out
+    if normaliser == "exp":
+        return [(0, 0, 0)]
+    raise ValueError(f"normaliser: expected one of ('exp', 'hccs', 'pwl2'), got {normaliser!r}")
+
+
+@dataclasses.dataclass
+class WideCalibration:
+    """Per-head wide parameters (int64 (H,)) and the objective of the chosen candidate per head, next to
+    the integer exp's (``exp_error``): the measured effect a hybrid's fallback decision reads."""
+
+    normaliser: str
+    objective: str
+    B: np.ndarray
+    S: np.ndarray
+    dmax: np.ndarray
+    error: np.ndarray
+    exp_error: np.ndarray
+
+
+def calibrate_wide(blocks, normaliser: str, *, objective: str = "output") -> WideCalibration:
+    """Grid search of the wide normaliser's parameters per head.
+
+    blocks: iterable of (logits (H, R, N) float nats, mask (H, R, N) or (R, N) bool, values (H, N, D)
+    float), e.g. one block per calibration sequence: every row of a block attends over the same N keys.
+    Each candidate of :func:`wide_candidates` runs through the integer kernel (numba) on the wide logits of
+    every block; per head the candidate with the smallest objective wins (ties: the first).
+    """
+    from somatile.model import wide
+    if objective not in WIDE_OBJECTIVES:
+        raise ValueError(f"objective: expected one of {WIDE_OBJECTIVES}, got {objective!r}")
+    cands = wide_candidates(normaliser)
+    prepared = []
+    for logits, mask, values in blocks:
+        mask = np.broadcast_to(mask, logits.shape)
+        ref = hccs.softmax(logits, mask)
+        values = np.asarray(values, np.float64)
+        ref_out = np.einsum("hrn,hnd->hrd", ref, values)
+        prepared.append((wide.logits_from_float(logits, mask), np.ascontiguousarray(mask), values, ref, ref_out))
+
+    def errors(norm, B, S, dmax):
+        num = 0.0
+        den = 0.0
+        for x, mask, values, ref, ref_out in prepared:
+            p = wide.wide_softmax(x, norm, B, S, dmax, mask=mask) / float(wide.PROB_ONE)
+            if objective == "output":
+                num = num + ((np.einsum("hrn,hnd->hrd", p, values) - ref_out) ** 2).sum(axis=(1, 2))
+                den = den + (ref_out ** 2).sum(axis=(1, 2))
+            else:
+                rows = mask.any(axis=-1)
+                num = num + np.where(rows, 0.5 * np.abs(p - ref).sum(axis=-1), 0).sum(axis=1)
+                den = den + rows.sum(axis=1)
+        return num / np.maximum(den, 1e-300)
+
+    heads = prepared[0][0].shape[0]
+    curve = np.array([errors(normaliser, b, s, d) for b, s, d in cands])   # (candidates, H)
+    best = curve.argmin(axis=0)
+    chosen = np.array([cands[i] for i in best], np.int64).reshape(heads, 3)
+    exp_error = errors("exp", 0, 0, 0)
+    return WideCalibration(normaliser, objective, chosen[:, 0], chosen[:, 1], chosen[:, 2],
+                           curve[best, np.arange(heads)], exp_error)

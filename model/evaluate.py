@@ -321,7 +321,9 @@ class LMVariant:
 
     ``soma``: name of the SomaConfig builder in :func:`soma_configs`; ``sfa``: add seed 001's enhancement
     to each layer's attention output; ``long``: also scored in long windows; ``in_grid``: part of the
-    default run (the others run when named with ``--only``)."""
+    default run (the others run when named with ``--only``); ``boundary``: the float <-> int8 boundary
+    (:class:`somatile.model.boundary.Boundary`, a key of ``LMCalibration.boundaries``) of an integer
+    variant, None for the per-head scales of ``LMCalibration``."""
 
     key: str
     name: str
@@ -330,6 +332,7 @@ class LMVariant:
     sfa: bool = False
     long: bool = False
     in_grid: bool = True
+    boundary: str | None = None
 
 
 def lm_variants(quick: bool, everything: bool = False) -> list[LMVariant]:
@@ -350,12 +353,25 @@ def lm_variants(quick: bool, everything: bool = False) -> list[LMVariant]:
         LMVariant("field_gated_0.3", "4 sinks + ring 60 + gated values field a=0.3", "field", "field_gated_0.3"),
         LMVariant("hccs", "4 sinks + ring 252, float HCCS (calibrated c)", "hccs", "hccs"),
         LMVariant("int_hccs", "4 sinks + ring 252, integer (int8 qkv, HCCS div)", "integer", "int_hccs"),
-        LMVariant("int_exp", "4 sinks + ring 252, integer (int8 qkv, integer exp)", "integer", "int_exp",
-                  in_grid=False),
+        LMVariant("int_exp", "4 sinks + ring 252, integer (int8 qkv, integer exp)", "integer", "int_exp"),
+        LMVariant("paper_exp_levers", "paper profile, integer exp, K smoothing + per-channel K/V scales",
+                  "paper+levers", "paper_exp_levers", boundary="paper_levers"),
+        LMVariant("wide_exp_per_head", "wide profile, integer exp, per-head scales (no smoothing)", "wide",
+                  "wide_exp", boundary="per_head"),
+        LMVariant("wide_exp_no_smooth", "wide profile, integer exp, per-channel K/V scales (no smoothing)",
+                  "wide", "wide_exp", boundary="no_smooth"),
+        LMVariant("wide_exp", "wide profile, integer exp (K smoothing, per-channel K/V, int16 out)", "wide",
+                  "wide_exp", boundary="levers"),
+        LMVariant("wide_pwl2_uncal", "wide profile, pwl2 (exp-free), model slope, no clip", "wide",
+                  "wide_pwl2_uncal", boundary="levers"),
+        LMVariant("wide_pwl2", "wide profile, pwl2 (exp-free), calibrated on the output", "wide", "wide_pwl2",
+                  boundary="levers"),
+        LMVariant("wide_hccs", "wide profile, HCCS, calibrated on the output", "wide", "wide_hccs",
+                  boundary="levers"),
         LMVariant("sfa", "full attention + SFA (seed 001 schedule)", "sfa", sfa=True),
     ]
     if quick:
-        keep = {"full", "seed", "ring64", "field_gated_0.1", "hccs", "int_hccs", "sfa"}
+        keep = {"full", "seed", "ring64", "field_gated_0.1", "hccs", "int_hccs", "wide_exp", "wide_pwl2", "sfa"}
         return [x for x in v if x.key in keep]
     return v if everything else [x for x in v if x.in_grid]
 
@@ -371,14 +387,39 @@ class LMCalibration:
     k_scale: list = field(default_factory=list)
     v_scale: list = field(default_factory=list)
     out_scale: list = field(default_factory=list)
+    boundaries: dict = field(default_factory=dict)
+    """boundary name -> per layer Boundary (see BOUNDARIES)"""
+    wide: dict = field(default_factory=dict)
+    """wide normaliser ("pwl2", "hccs") -> per layer WideCalibration (rows of the default Soma slots)"""
 
 
-def calibrate_smollm2(model, tokens: np.ndarray, cols: int) -> LMCalibration:
+BOUNDARIES = {"levers": ("wide", dict(smooth_k=True, per_channel=True)),
+              "no_smooth": ("wide", dict(smooth_k=False, per_channel=True)),
+              "per_head": ("wide", dict(smooth_k=False, per_channel=False)),
+              "paper_levers": ("paper", dict(smooth_k=True, per_channel=True))}
+"""Boundaries calibrated for the evaluation: name -> (profile, Boundary.calibrate levers)."""
+
+
+def soma_mask(T: int, sinks: int, ring: int) -> np.ndarray:
+    """(T, T) bool: key u is in query t's Soma row (include_self): a sink (u < sinks) or one of the last
+    ``ring`` tokens, u <= t."""
+    t, u = np.arange(T)[:, None], np.arange(T)[None, :]
+    return (u <= t) & ((u < sinks) | (t - u < ring))
+
+
+def calibrate_smollm2(model, tokens: np.ndarray, cols: int, geometry: dict | None = None,
+                      wide: bool = True) -> LMCalibration:
     """Run full attention over ``tokens`` and calibrate each layer per head on rows of ``cols`` keys: each
-    query's last ``cols`` visible keys (what a Soma row of ``cols`` slots holds), masked where fewer exist."""
+    query's last ``cols`` visible keys (what a Soma row of ``cols`` slots holds), masked where fewer exist.
+
+    With ``wide`` (needs ``geometry``): also the :data:`BOUNDARIES` of each layer from these tokens' q, k, v,
+    and the wide pwl2 / hccs parameters chosen on the attention output over rows of the default preset's
+    Soma slots (:func:`soma_mask`)."""
     from somatile.model import soma_int
-    from somatile.model.calibrate import calibrate_params
+    from somatile.model.boundary import Boundary
+    from somatile.model.calibrate import calibrate_params, calibrate_wide
     from somatile.model.smollm2 import CausalAttention
+    from somatile.model.soma import SomaConfig
 
     cal = LMCalibration(cols=cols, params=[])
     logits_by_layer = {}
@@ -404,6 +445,17 @@ def calibrate_smollm2(model, tokens: np.ndarray, cols: int) -> LMCalibration:
         cal.k_scale.append(soma_int.scales_for(k))
         cal.v_scale.append(soma_int.scales_for(v))
         cal.out_scale.append(soma_int.scales_for(out))
+        if not wide:
+            continue
+        default = SomaConfig.preset("default", **geometry)
+        for name, (profile, levers) in BOUNDARIES.items():
+            cal.boundaries.setdefault(name, []).append(
+                Boundary.calibrate(default.replace(profile=profile), q, k, v, **levers))
+        kv = np.arange(default.n_heads) // default.group
+        block = (logits.astype(np.float64), soma_mask(len(tokens), default.sinks, default.ring),
+                 np.asarray(v, np.float64).transpose(1, 0, 2)[kv])
+        for norm in ("pwl2", "hccs"):
+            cal.wide.setdefault(norm, []).append(calibrate_wide([block], norm))
     return cal
 
 
@@ -425,9 +477,11 @@ def soma_configs(cal: LMCalibration | None, n_layers: int, geometry: dict) -> di
     """Builder name -> (layer -> SomaConfig). Geometry: n_heads, n_kv_heads, head_dim."""
     from somatile.model.soma import SomaConfig, integer_config
 
-    def fixed(**kw):
-        cfg = SomaConfig(**geometry, **kw)
+    def fixed_cfg(cfg):
         return lambda layer: cfg
+
+    def fixed(**kw):
+        return fixed_cfg(SomaConfig(**geometry, **kw))
 
     sinks60 = dict(ring=60, sinks=4, include_self=True, gamma=0.98)
     builders = {
@@ -462,6 +516,16 @@ def soma_configs(cal: LMCalibration | None, n_layers: int, geometry: dict) -> di
         int_exp = [integer(l, "exp_int") for l in range(n_layers)]
         builders.update({"hccs": hccs_cfgs.__getitem__, "int_hccs": int_hccs.__getitem__,
                          "int_exp": int_exp.__getitem__})
+        # Boundary variants: the float config of the profile; SomaAttention makes it integer per boundary.
+        wide_cfg = default.replace(profile="wide")
+
+        def calibrated(norm):
+            return [wide_cfg.replace(normaliser=f"{norm}_int", hccs_B=tuple(w.B), hccs_S=tuple(w.S),
+                                     hccs_dmax=tuple(w.dmax)) for w in cal.wide.get(norm, [])]
+        builders.update({"paper_exp_levers": fixed_cfg(default.replace(normaliser="exp_int")),
+                         "wide_exp": fixed_cfg(wide_cfg.replace(normaliser="exp_int")),
+                         "wide_pwl2_uncal": fixed_cfg(wide_cfg.replace(normaliser="pwl2_int")),
+                         "wide_pwl2": calibrated("pwl2").__getitem__, "wide_hccs": calibrated("hccs").__getitem__})
     return builders
 
 
@@ -469,15 +533,23 @@ class SomaAttention:
     """Soma streaming attention in every layer (fresh state per call: one window = one stream).
 
     Integer configs quantise q/k/v with the config's calibrated per-head scales and read the int8 output
-    back as out * out_scale."""
+    back as out * out_scale. With ``boundaries`` (one :class:`Boundary` per layer) the layer's config is a
+    float config with an integer normaliser: it runs integer through that boundary (its quantiser, its
+    per-channel output scales)."""
 
-    def __init__(self, config_of_layer: Callable[[int], object], scales: LMCalibration | None = None):
+    def __init__(self, config_of_layer: Callable[[int], object], scales: LMCalibration | None = None,
+                 boundaries: list | None = None):
         self.config_of_layer = config_of_layer
         self.scales = scales
+        self.boundaries = boundaries
 
     def __call__(self, layer, q, k, v):
         from somatile.model import soma
         cfg = self.config_of_layer(layer)
+        if self.boundaries is not None:
+            b = self.boundaries[layer]
+            out, _ = soma.prefill(b.integer_config(cfg), *b.quantize(q, k, v))
+            return b.dequantize(out)
         if not cfg.integer:
             return soma.prefill(cfg, q, k, v)[0]
         s = self.scales
@@ -509,6 +581,17 @@ def window_schedule(n_tokens: int, window: int, long_window: int) -> list[tuple[
     return rounds + long
 
 
+def variant_fields(v: LMVariant, builders: dict) -> dict:
+    """The machine-readable fields of a variant's results row: profile (None for float attention),
+    normaliser, integer, ring and sinks (None for full attention)."""
+    if not v.soma:
+        return {"profile": None, "normaliser": "softmax", "integer": False, "ring": None, "sinks": None}
+    cfg = builders[v.soma](0)
+    integer = bool(cfg.integer or v.boundary)
+    return {"profile": cfg.profile if integer else None, "normaliser": cfg.normaliser, "integer": integer,
+            "ring": cfg.ring, "sinks": cfg.sinks}
+
+
 def evaluate_smollm2(args) -> dict:
     """Every variant on the same windows, round by round (all variants on window 1, then window 2, ...),
     writing results after each round; ``args.max_minutes`` stops after the round that crosses it."""
@@ -534,7 +617,8 @@ def evaluate_smollm2(args) -> dict:
     if args.only:
         variants = [v for v in lm_variants(False, everything=True) if v.key in args.only]
     default_slots = soma.SomaConfig.preset("default", **geometry).slots
-    cal = calibrate_smollm2(model, cal_tokens, default_slots)
+    cal = calibrate_smollm2(model, cal_tokens, default_slots, geometry,
+                            wide=any(v.boundary or v.soma == "wide_pwl2" for v in variants))
     builders = soma_configs(cal, c.n_layers, geometry)
     results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32 forward)", "machine": machine(),
                "quick": bool(args.quick), "text": str(args.text or textmod.DEFAULT_TEXT), "chars": chars,
@@ -542,12 +626,15 @@ def evaluate_smollm2(args) -> dict:
                "calibration_tokens": int(len(cal_tokens)), "command": command_line(args), "variants": []}
     rows = {}
     for v in variants:
-        row = {"key": v.key, "name": v.name, "group": v.group, "windows": [], "long_windows": []}
+        row = {"key": v.key, "name": v.name, "group": v.group, **variant_fields(v, builders),
+               "windows": [], "long_windows": []}
         if v.soma:
             cfg = builders[v.soma](0)
             row["config"] = {k: getattr(cfg, k) for k in ("ring", "sinks", "include_self", "alpha", "gamma",
-                                                          "field_source", "gating", "normaliser", "integer")}
-            row["state"] = [_state_row(soma.state_bytes(cfg, n, n_layers=c.n_layers)) for n in STATE_LENGTHS]
+                                                          "field_source", "gating", "normaliser", "profile")}
+            row["config"]["integer"] = row["integer"]
+            row["state"] = [_state_row(soma.state_bytes(cfg.replace(integer=row["integer"]) if v.boundary else cfg,
+                                                        n, n_layers=c.n_layers)) for n in STATE_LENGTHS]
         rows[v.key] = row
     results["variants"] = list(rows.values())
     results["full_kv"] = [_state_row(soma.state_bytes(soma.SomaConfig.preset("default", **geometry), n,
@@ -570,7 +657,8 @@ def evaluate_smollm2(args) -> dict:
                 continue
             kwargs = {}
             if v.soma:
-                kwargs["attention"] = SomaAttention(builders[v.soma], cal)
+                kwargs["attention"] = SomaAttention(builders[v.soma], cal,
+                                                    cal.boundaries[v.boundary] if v.boundary else None)
             if v.sfa:
                 kwargs["attn_out_hook"] = sfa_hook_factory(c.n_layers, c.hidden)
             t1 = time.time()
