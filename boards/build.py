@@ -201,6 +201,11 @@ def open_platform(cfg: BoardConfig):
     except (ImportError, AttributeError) as exc:
         raise BoardError(f"{cfg.source}: key 'fpga.platform': {cfg.fpga['platform']!r} cannot be imported "
                          f"({exc}); expected an amaranth-boards platform class") from exc
+    from amaranth.build import Platform
+
+    if not (isinstance(base, type) and issubclass(base, Platform)):
+        raise BoardError(f"{cfg.source}: key 'fpga.platform': {cfg.fpga['platform']!r} is not a platform class; "
+                         f"expected an amaranth-boards platform class")
 
     class BuildOnlyPlatform(base):
         @property

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -53,11 +54,24 @@ def _one_of(*choices) -> Callable[[Any], str | None]:
     return check
 
 
+def _pattern(regex: str, what: str) -> Callable[[Any], str | None]:
+    """A string that reaches a shell script or Tcl must match ``regex`` whole (an allow-list: what a part
+    name or an option is, rather than a list of the characters a shell or Tcl would act on)."""
+    compiled = re.compile(regex)
+
+    def check(v):
+        return None if compiled.fullmatch(v) else f"{what} (matching {regex})"
+    return check
+
+
+_NEXTPNR_WORD = re.compile(r"[A-Za-z0-9_.,:=/+-]+")
+
+
 def _nextpnr_options(v) -> str | None:
     # The options go into the build's shell script: words of options and values only.
     words = v.split()
-    if (words and not words[0].startswith("--")) or any(set(w) & set(";|&$`'\"<>()\\") for w in words):
-        return "nextpnr options ('--name [value] ...') without shell characters"
+    if (words and not words[0].startswith("--")) or not all(_NEXTPNR_WORD.fullmatch(w) for w in words):
+        return f"nextpnr options ('--name [value] ...', words matching {_NEXTPNR_WORD.pattern})"
     return None
 
 
@@ -65,15 +79,16 @@ def _positive(v) -> str | None:
     return None if v > 0 and math.isfinite(v) else "a positive finite number"
 
 
-def _non_empty(v) -> str | None:
-    return None if v.strip() else "a non-empty string"
+def _one_line(v) -> str | None:
+    return None if v.strip() and v.isprintable() else "a non-empty line of printable characters"
 
 
-def _platform_ref(v) -> str | None:
-    module, _, cls = v.partition(":")
-    if module and cls and " " not in v:
-        return None
-    return "'module:Class', e.g. 'amaranth_boards.ulx3s:ULX3S_85F_Platform'"
+_part_name = _pattern(r"[A-Za-z0-9-]+", "a part name: letters, digits and dashes")
+# Only a class of amaranth-boards: any other 'module:Class' would import (and run) whatever module it names.
+_platform_ref = _pattern(r"amaranth_boards(\.[a-z_][a-z0-9_]*)+:[A-Za-z_][A-Za-z0-9_]*",
+                         "an amaranth-boards platform class, e.g. 'amaranth_boards.ulx3s:ULX3S_85F_Platform'")
+# The board name (the file's stem) reaches Tcl and shell comments and build folder names.
+_board_name = _pattern(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", "a board file name of letters, digits, '_', '.' and '-'")
 
 
 @dataclass(frozen=True)
@@ -86,7 +101,7 @@ class Param:
 
 # Top-level parameters. Every board has all of them (base.yaml gives defaults).
 SCHEMA: dict[str, Param] = {
-    "description": Param(str, _non_empty, "one line about the board"),
+    "description": Param(str, _one_line, "one line about the board"),
     "kind": Param(str, _one_of(*KINDS), "sim: simulation only; fpga: open toolchain P&R; versal: Vivado project"),
     "clock_mhz": Param(float, _positive, "clock target of the tile logic (MHz)"),
     "lanes": Param(int, _power_of_two(1, 256), "int8 multiply-accumulates per cycle in the tile"),
@@ -106,8 +121,8 @@ SCHEMA: dict[str, Param] = {
 FPGA_SCHEMA: dict[str, Param] = {
     "platform": Param(str, _platform_ref, "amaranth-boards platform class as 'module:Class'"),
     "family": Param(str, _one_of("ecp5", "ice40"), "FPGA family (selects nextpnr-ecp5 or nextpnr-ice40)"),
-    "device": Param(str, _non_empty, "part name as the vendor writes it"),
-    "speed_grade": Param(str, _non_empty, "speed grade used by nextpnr"),
+    "device": Param(str, _part_name, "part name as the vendor writes it"),
+    "speed_grade": Param(str, _part_name, "speed grade used by nextpnr"),
     "osc_mhz": Param(float, _positive, "board oscillator feeding the PLL (MHz)"),
     "router": Param(str, _one_of("router1", "router2"),
                     "nextpnr router for the HCCS unit (optional, default router1)"),
@@ -133,7 +148,7 @@ SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "ti
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
 AIE_SCHEMA: dict[str, Param] = {
-    "part": Param(str, _non_empty, "Versal part number for the Vivado project"),
+    "part": Param(str, _part_name, "Versal part number for the Vivado project"),
     "generation": Param(str, _one_of("AIE", "AIE-ML"), "AI Engine generation"),
     "int8_macs_per_cycle": Param(int, _positive, "int8 MACs per AI Engine tile per cycle"),
     "data_memory_bytes": Param(int, _positive, "data memory per AI Engine tile (bytes)"),
@@ -236,6 +251,46 @@ class BoardConfig:
         return new
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with two YAML 1.1 traps closed: a key given twice in one mapping is an error (not
+    the last one silently winning), and only true/false are booleans; an unquoted yes/no/on/off, which YAML 1.1
+    reads as a boolean and YAML 1.2 as a string, is an error asking for true/false or quotes."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+    def construct_ambiguous_boolean(self, node):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{node.value!r} is a boolean in YAML 1.1 and a string in YAML 1.2: write true or false, "
+            f"or quote it for a string", node.start_mark)
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_AMBIGUOUS_TAG = "tag:somatile:ambiguous-boolean"
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regex) for tag, regex in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_StrictLoader.add_implicit_resolver(_AMBIGUOUS_TAG, re.compile(r"^(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)$"),
+                                    list("yYnNoO"))
+_StrictLoader.add_constructor(_AMBIGUOUS_TAG, _StrictLoader.construct_ambiguous_boolean)
+
+
+def load_yaml(text: str):
+    """``yaml.safe_load`` for files people write: a duplicate key or a YAML 1.1 boolean (yes/no/on/off)
+    raises ``yaml.YAMLError`` with its line, instead of being read silently one way or the other."""
+    return yaml.load(text, Loader=_StrictLoader)
+
+
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
     """``["lanes=16", "clock_mhz=48"]`` -> ``{"lanes": 16, "clock_mhz": 48}`` (values read as YAML scalars)."""
     out: dict[str, Any] = {}
@@ -244,7 +299,7 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
         if not sep or not key.strip():
             raise BoardError(f"--set {item!r}: expected KEY=VALUE, e.g. lanes=16")
         try:
-            out[key.strip()] = yaml.safe_load(text)
+            out[key.strip()] = load_yaml(text)
         except yaml.YAMLError as exc:
             raise BoardError(f"--set {item!r}: value is not a YAML scalar ({exc})") from exc
     return out
@@ -270,11 +325,13 @@ def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
 
 def _read(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise BoardError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise BoardError(f"{path}: expected a mapping of parameters at the top level, got {type(data).__name__}")
+    if not isinstance(data.get("abstract", False), bool):
+        raise BoardError(f"{path}: key 'abstract': got {data['abstract']!r}, expected true or false")
     return data
 
 
@@ -348,8 +405,11 @@ def load(name_or_path: str | Path = DEFAULT_BOARD, overrides: Mapping[str, Any] 
     Raises :class:`BoardError` naming the file, key, value and what was expected.
     """
     path = _resolve(name_or_path)
-    data, chain = _merged(path)
     where = str(path)
+    problem = _board_name(path.stem)
+    if problem:
+        raise BoardError(f"{where}: board name {path.stem!r} (the file name): expected {problem}")
+    data, chain = _merged(path)
     if data.get("abstract"):
         raise BoardError(f"{where}: is an abstract base (abstract: true), not a board; known boards: "
                          f"{', '.join(names())}")

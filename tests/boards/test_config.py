@@ -103,10 +103,10 @@ def _write(tmp_path, name, text):
     ("lanes: 8\n", "key 'description': missing"),
     ("- 1\n- 2\n", "expected a mapping of parameters at the top level"),
     ("lanes: [8\n", "not valid YAML"),
-    ("extends: base\nkind: fpga\nfpga: {platform: 'a:B', family: xilinx, device: d, speed_grade: '1', "
-     "osc_mhz: 10}\n", "key 'fpga.family': got 'xilinx', expected one of ecp5, ice40"),
-    ("extends: base\nkind: fpga\nfpga: {platform: 'a:B', family: ecp5, device: d, speed_grade: '1'}\n",
-     "key 'fpga.osc_mhz': missing"),
+    ("extends: base\nkind: fpga\nfpga: {platform: 'amaranth_boards.ulx3s:ULX3S_85F_Platform', family: xilinx, "
+     "device: d, speed_grade: '1', osc_mhz: 10}\n", "key 'fpga.family': got 'xilinx', expected one of ecp5, ice40"),
+    ("extends: base\nkind: fpga\nfpga: {platform: 'amaranth_boards.ulx3s:ULX3S_85F_Platform', family: ecp5, "
+     "device: d, speed_grade: '1'}\n", "key 'fpga.osc_mhz': missing"),
     ("extends: ulx3s_85f\nfpga: {router: router3}\n",
      "key 'fpga.router': got 'router3', expected one of router1, router2"),
     ("extends: ulx3s_85f\nfpga: {tile_router: 2}\n",
@@ -119,6 +119,20 @@ def _write(tmp_path, name, text):
      "key 'fpga.tile_nextpnr_opts': got '--seed 2; rm -r x', expected nextpnr options"),
     ("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 0}\n",
      "key 'fpga.tile_opts_budget_s': got 0, expected a positive finite number"),
+    # Issue 24: strings that reach Tcl or a shell script are allow-listed, not scanned for bad characters.
+    ("extends: vck190\naie: {part: 'xcvc1902 [exec touch pwned]'}\n",
+     "key 'aie.part': got 'xcvc1902 [exec touch pwned]', expected a part name"),
+    ("extends: ulx3s_85f\nfpga: {device: 'LFE5U-85F$(id)'}\n", "key 'fpga.device': got 'LFE5U-85F$(id)'"),
+    ("extends: ulx3s_85f\nfpga: {speed_grade: '6 --pre-pack x.py'}\n", "key 'fpga.speed_grade'"),
+    ("extends: ulx3s_85f\nfpga: {platform: 'os:system'}\n",
+     "key 'fpga.platform': got 'os:system', expected an amaranth-boards platform class"),
+    ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: '--seed 2 # and the rest'}\n",
+     "key 'fpga.tile_nextpnr_opts': got '--seed 2 # and the rest', expected nextpnr options"),
+    ("extends: base\ndescription: \"two\\nlines\"\n", "key 'description': got 'two\\nlines'"),
+    # and YAML that reads one way to the eye and another to the loader
+    ("extends: base\nlanes: 8\nlanes: 16\n", "key 'lanes' given twice in one mapping"),
+    ("extends: base\nabstract: yes\n", "'yes' is a boolean in YAML 1.1 and a string in YAML 1.2"),
+    ("extends: base\nabstract: 'false'\n", "key 'abstract': got 'false', expected true or false"),
 ])
 def test_bad_board_file_names_file_key_and_expectation(tmp_path, body, message):
     path = _write(tmp_path, "myboard", body)
@@ -126,6 +140,26 @@ def test_bad_board_file_names_file_key_and_expectation(tmp_path, body, message):
         boards.load(path)
     assert str(path) in str(exc.value) or "nowhere" in str(exc.value)
     assert message in str(exc.value)
+
+
+def test_a_board_file_name_that_tcl_or_a_shell_would_read_is_refused(tmp_path):
+    path = _write(tmp_path, "my board[exec id]", "extends: base\n")
+    with pytest.raises(BoardError, match=r"board name 'my board\[exec id\]' \(the file name\): expected"):
+        boards.load(path)
+
+
+def test_an_override_value_is_read_with_the_same_strict_yaml():
+    with pytest.raises(BoardError, match="'on' is a boolean in YAML 1.1"):
+        boards.parse_assignments(["lanes=on"])
+
+
+def test_the_platform_must_be_a_platform_class_when_it_is_opened():
+    from somatile.boards.build import open_platform
+
+    cfg = boards.load("ulx3s_85f")
+    cfg = dataclasses.replace(cfg, fpga={**cfg.fpga, "platform": "amaranth_boards.ulx3s:Resource"})
+    with pytest.raises(BoardError, match="'amaranth_boards.ulx3s:Resource' is not a platform class"):
+        open_platform(cfg)
 
 
 def test_user_board_file_extends_a_shipped_board(tmp_path):
