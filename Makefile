@@ -45,9 +45,12 @@ boards: $(STAMP)
 firmware:
 	$(MAKE) -C firmware
 
-# The long fuzz run of the firmware frame parser (the test suite runs a bounded one).
+# The long fuzz runs of the firmware frame parser and the Python one, and the long fault soak of the firmware
+# (valid sessions beside hostile clients, tests/firmware/test_soak.py); the test suite runs bounded ones.
+SOAK_SECONDS ?= 1800
 fuzz: $(STAMP)
 	$(MAKE) -C firmware fuzz-long
+	$(BIN)/python tests/firmware/test_soak.py --seconds $(SOAK_SECONDS)
 	mkdir -p build/fuzz/protocol
 	$(BIN)/python tests/host/test_fuzz_protocol.py -max_total_time=3600 -artifact_prefix=build/fuzz/ build/fuzz/protocol
 

@@ -34,8 +34,9 @@
 /* The tiles' parameters and Soma state are one resource, so one host owns the device at a time (two hosts
  * interleaving decode steps would each get the other's state). An owner that has sent no complete frame for
  * this long while another host is waiting to connect loses the device to it; with nobody waiting it keeps
- * it. Under the 2 s answer timeout of a host's HELLO, so a waiting host is served within its first retry. */
-#define HOST_IDLE_TAKEOVER_MS 1000
+ * it. Long enough that a host pausing between requests (a loaded machine, a garbage collection) keeps the
+ * device; short enough that a waiting host is served within the default 4 x 2 s of its HELLO's attempts. */
+#define HOST_IDLE_TAKEOVER_MS 3000
 /* A host that takes no answer bytes for this long (its receive window full) is dropped like a closed one. */
 #define HOST_WRITE_TIMEOUT_MS 5000
 #define HOST_LISTEN_BACKLOG 16
