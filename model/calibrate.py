@@ -444,17 +444,17 @@ def calibrate_wide(blocks, normaliser: str, *, objective: str = "output") -> Wid
     for logits, mask, values in blocks:
         mask = np.broadcast_to(mask, logits.shape)
         ref = hccs.softmax(logits, mask)
-        values = np.asarray(values, np.float64)
-        ref_out = np.einsum("hrn,hnd->hrd", ref, values)
+        values = np.asarray(values, np.float32)   # the output error needs ~1e-4, float32 products halve the time
+        ref_out = (ref @ values).astype(np.float64)
         prepared.append((wide.logits_from_float(logits, mask), np.ascontiguousarray(mask), values, ref, ref_out))
 
     def errors(norm, B, S, dmax):
         num = 0.0
         den = 0.0
         for x, mask, values, ref, ref_out in prepared:
-            p = wide.wide_softmax(x, norm, B, S, dmax, mask=mask) / float(wide.PROB_ONE)
+            p = wide.wide_softmax(x, norm, B, S, dmax, mask=mask) / np.float32(wide.PROB_ONE)
             if objective == "output":
-                num = num + ((np.einsum("hrn,hnd->hrd", p, values) - ref_out) ** 2).sum(axis=(1, 2))
+                num = num + ((p @ values - ref_out) ** 2).sum(axis=(1, 2))
                 den = den + (ref_out ** 2).sum(axis=(1, 2))
             else:
                 rows = mask.any(axis=-1)

@@ -128,22 +128,34 @@ def collect_minilm_logits(model, sentences: list[str], cols: int, progress: str 
 
 @dataclass
 class MiniLMCalibration:
-    """Per layer: float clip ranges c (H,), their calibration error, and the int8 HccsParams."""
+    """Per layer: float clip ranges c (H,), their calibration error, the int8 HccsParams, and the wide
+    profile's per-head parameters (normaliser -> per layer WideCalibration)."""
 
     c: list[np.ndarray]
     c_error: list[np.ndarray]
     params: list  # HccsParams per layer
+    wide: dict = field(default_factory=dict)
 
 
-def calibrate_minilm(layer_logits, progress: bool = False) -> MiniLMCalibration:
-    from somatile.model.calibrate import calibrate_float, calibrate_params
+def collect_minilm_blocks(model, sentences: list[str]):
+    """Per layer: one (logits (H, T, T), mask (T, T), values (H, T, D)) block per sentence (what the wide
+    calibration on the attention output reads)."""
+    blocks: list[list] = [[] for _ in range(model.n_layers)]
+    model.embed(sentences, logits_hook=lambda n, layer, logits, mask: blocks[layer].append([logits, mask]),
+                values_hook=lambda n, layer, v: blocks[layer][-1].append(v))
+    return blocks
+
+
+def calibrate_minilm(layer_logits, progress: bool = False, blocks=None) -> MiniLMCalibration:
+    from somatile.model.calibrate import calibrate_float, calibrate_params, calibrate_wide
     cs, errs, params = [], [], []
     for layer, (x, mask) in enumerate(layer_logits):
         fl = calibrate_float(x, mask)
         cs.append(fl.c)
         errs.append(fl.error)
         params.append(calibrate_params(x, mask, search="int", mode="div", progress=progress))
-    return MiniLMCalibration(cs, errs, params)
+    wide = {norm: [calibrate_wide(b, norm) for b in blocks] for norm in ("pwl2", "hccs")} if blocks else {}
+    return MiniLMCalibration(cs, errs, params, wide)
 
 
 WORST_HEAD_FRACTION = 0.1
@@ -158,7 +170,7 @@ def minilm_normalisers(cal: MiniLMCalibration, cols: int) -> dict[str, Callable]
     reach with ``--threshold`` in ``somatile calibrate``)."""
     import dataclasses
 
-    from somatile.model import hccs, intexp, quant
+    from somatile.model import hccs, intexp, quant, wide
 
     errors = np.concatenate([p.error for p in cal.params])
     cut = np.quantile(errors, 1 - WORST_HEAD_FRACTION)
@@ -177,7 +189,19 @@ def minilm_normalisers(cal: MiniLMCalibration, cols: int) -> dict[str, Callable]
     def hccs_mode(mode):
         return lambda p, xq, m: hccs.hccs_int(xq, p.B, p.S, p.dmax, mode=mode, mask=m)
 
-    return {
+    def wide_kernel(norm, calibrated=True):
+        def normaliser(layer, logits, mask):
+            w = cal.wide[norm][layer] if calibrated else None
+            params = (w.B, w.S, w.dmax) if w is not None else (0, 256, wide.DMAX_MAX)
+            return wide.wide_softmax(wide.logits_from_float(logits), norm, *params) / float(wide.PROB_ONE)
+        return normaliser
+
+    wide_variants = {"wide exp (int16 logits, Q15)": wide_kernel("exp", False),
+                     "wide pwl2, model slope, no clip": wide_kernel("pwl2", False)}
+    if cal.wide:
+        wide_variants.update({"wide pwl2, calibrated on the output": wide_kernel("pwl2"),
+                              "wide HCCS, calibrated on the output": wide_kernel("hccs")})
+    return {**wide_variants,
         "float HCCS": lambda layer, logits, mask: hccs.hccs_float(logits, cal.c[layer]),
         "int8 HCCS div": int_kernel(hccs_mode("div")),
         "int8 HCCS clb": int_kernel(hccs_mode("clb")),
@@ -186,6 +210,29 @@ def minilm_normalisers(cal: MiniLMCalibration, cols: int) -> dict[str, Callable]
             lambda p, xq, m: p.apply_int(xq, m), worst),
         "integer exp everywhere": int_kernel(lambda p, xq, m: intexp.intexp_softmax(xq, p.exp_mult, mask=m)),
     }
+
+
+def _minilm_fields(key, profile, normaliser, integer):
+    return {"key": key, "profile": profile, "normaliser": normaliser, "integer": integer, "ring": None,
+            "sinks": None}
+
+
+MINILM_FIELDS = {
+    "wide exp (int16 logits, Q15)": _minilm_fields("wide_exp", "wide", "exp_int", True),
+    "wide pwl2, model slope, no clip": _minilm_fields("wide_pwl2_uncal", "wide", "pwl2_int", True),
+    "wide pwl2, calibrated on the output": _minilm_fields("wide_pwl2", "wide", "pwl2_int", True),
+    "wide HCCS, calibrated on the output": _minilm_fields("wide_hccs", "wide", "hccs_int", True),
+    "float HCCS": _minilm_fields("hccs", None, "hccs", False),
+    "int8 HCCS div": _minilm_fields("int_hccs", "paper", "hccs_int", True),
+    "int8 HCCS clb": _minilm_fields("int_hccs_clb", "paper", "hccs_int", True),
+    "hybrid (int8 HCCS div + int-exp fallback)": _minilm_fields("hybrid", "paper", "hccs_int+exp_int", True),
+    f"hybrid, worst {WORST_HEAD_FRACTION:.0%} of heads on int-exp": _minilm_fields("hybrid_worst", "paper",
+                                                                                 "hccs_int+exp_int", True),
+    "integer exp everywhere": _minilm_fields("int_exp", "paper", "exp_int", True),
+}
+"""The machine-readable fields of each MiniLM variant (the name is the row label of the report). MiniLM's
+variants replace softmax on float logits (q, k, v stay float): ``integer`` says the normaliser is an
+integer kernel."""
 
 
 def embedding_agreement(ref: np.ndarray, emb: np.ndarray) -> dict:
@@ -230,7 +277,7 @@ def evaluate_minilm(args) -> dict:
                "cols": args.cols, "command": command_line(args)}
     if args.dump_logits:
         results["dump"] = dump_minilm_logits(Path(args.dump_logits), cal_logits, args.layer, args.dump_rows)
-    cal = calibrate_minilm(cal_logits)
+    cal = calibrate_minilm(cal_logits, blocks=collect_minilm_blocks(model, cal_sents))
     objective = cal.params[0].objective
     results["calibration"] = {
         "objective": objective, "threshold": DEFAULT_THRESHOLD,
@@ -249,8 +296,8 @@ def evaluate_minilm(args) -> dict:
     reference = model.embed(eval_sents, progress="MiniLM reference")
     variants = {}
     for name, normaliser in minilm_normalisers(cal, args.cols).items():
-        variants[name] = embedding_agreement(reference, model.embed(eval_sents, normaliser=normaliser,
-                                                                    progress=name))
+        variants[name] = {**MINILM_FIELDS[name], **embedding_agreement(
+            reference, model.embed(eval_sents, normaliser=normaliser, progress=name))}
     results["variants"] = variants
     results["seconds"] = round(time.time() - t0, 1)
     _minilm_plots(out, results)
@@ -368,6 +415,8 @@ def lm_variants(quick: bool, everything: bool = False) -> list[LMVariant]:
                   boundary="levers"),
         LMVariant("wide_hccs", "wide profile, HCCS, calibrated on the output", "wide", "wide_hccs",
                   boundary="levers"),
+        LMVariant("wide_hccs_hybrid", "wide profile, HCCS + integer exp on the worst 10% of heads", "wide",
+                  "wide_hccs_hybrid", boundary="levers"),
         LMVariant("sfa", "full attention + SFA (seed 001 schedule)", "sfa", sfa=True),
     ]
     if quick:
@@ -398,6 +447,17 @@ BOUNDARIES = {"levers": ("wide", dict(smooth_k=True, per_channel=True)),
               "per_head": ("wide", dict(smooth_k=False, per_channel=False)),
               "paper_levers": ("paper", dict(smooth_k=True, per_channel=True))}
 """Boundaries calibrated for the evaluation: name -> (profile, Boundary.calibrate levers)."""
+
+
+def wide_fallback(cals: list, fraction: float = 0.1) -> list[tuple[bool, ...]]:
+    """Per layer, the heads that keep the integer exp in a hybrid: the ``fraction`` of all the model's heads
+    where the calibrated normaliser's attention-output error exceeds the integer exp's the most (the measured
+    effect on what the next layer sees, from the calibration rows)."""
+    if not cals:
+        return []
+    excess = np.concatenate([w.error - w.exp_error for w in cals])
+    cut = np.quantile(excess, 1 - fraction)
+    return [tuple(bool(x) for x in (w.error - w.exp_error) >= cut) for w in cals]
 
 
 def soma_mask(T: int, sinks: int, ring: int) -> np.ndarray:
@@ -519,13 +579,15 @@ def soma_configs(cal: LMCalibration | None, n_layers: int, geometry: dict) -> di
         # Boundary variants: the float config of the profile; SomaAttention makes it integer per boundary.
         wide_cfg = default.replace(profile="wide")
 
-        def calibrated(norm):
+        def calibrated(norm, fallback=None):
             return [wide_cfg.replace(normaliser=f"{norm}_int", hccs_B=tuple(w.B), hccs_S=tuple(w.S),
-                                     hccs_dmax=tuple(w.dmax)) for w in cal.wide.get(norm, [])]
+                                     hccs_dmax=tuple(w.dmax), fallback=None if fallback is None else fallback[l])
+                    for l, w in enumerate(cal.wide.get(norm, []))]
         builders.update({"paper_exp_levers": fixed_cfg(default.replace(normaliser="exp_int")),
                          "wide_exp": fixed_cfg(wide_cfg.replace(normaliser="exp_int")),
                          "wide_pwl2_uncal": fixed_cfg(wide_cfg.replace(normaliser="pwl2_int")),
-                         "wide_pwl2": calibrated("pwl2").__getitem__, "wide_hccs": calibrated("hccs").__getitem__})
+                         "wide_pwl2": calibrated("pwl2").__getitem__, "wide_hccs": calibrated("hccs").__getitem__,
+                         "wide_hccs_hybrid": calibrated("hccs", wide_fallback(cal.wide.get("hccs", []))).__getitem__})
     return builders
 
 
@@ -618,7 +680,7 @@ def evaluate_smollm2(args) -> dict:
         variants = [v for v in lm_variants(False, everything=True) if v.key in args.only]
     default_slots = soma.SomaConfig.preset("default", **geometry).slots
     cal = calibrate_smollm2(model, cal_tokens, default_slots, geometry,
-                            wide=any(v.boundary or v.soma == "wide_pwl2" for v in variants))
+                            wide=any(v.boundary for v in variants))
     builders = soma_configs(cal, c.n_layers, geometry)
     results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32 forward)", "machine": machine(),
                "quick": bool(args.quick), "text": str(args.text or textmod.DEFAULT_TEXT), "chars": chars,
@@ -637,6 +699,13 @@ def evaluate_smollm2(args) -> dict:
                                                         n, n_layers=c.n_layers)) for n in STATE_LENGTHS]
         rows[v.key] = row
     results["variants"] = list(rows.values())
+    if cal.wide:
+        fallback = wide_fallback(cal.wide.get("hccs", []))
+        results["wide_calibration"] = [
+            {"normaliser": norm, "layer": l, "head": h, "B": int(w.B[h]), "S": int(w.S[h]), "dmax": int(w.dmax[h]),
+             "objective": w.objective, "error": float(w.error[h]), "exp_error": float(w.exp_error[h]),
+             **({"fallback": fallback[l][h]} if norm == "hccs" else {})}
+            for norm, ws in cal.wide.items() for l, w in enumerate(ws) for h in range(len(w.B))]
     results["full_kv"] = [_state_row(soma.state_bytes(soma.SomaConfig.preset("default", **geometry), n,
                                                       n_layers=c.n_layers)) for n in STATE_LENGTHS]
     out = Path(args.out)

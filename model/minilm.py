@@ -138,8 +138,11 @@ class MiniLM:
         return np.asarray(self.tokenizer.encode(sentence).ids, dtype=np.int64)
 
     def hidden_states(self, ids: np.ndarray, normaliser: Normaliser | None = None,
-                      logits_hook: LogitsHook | None = None) -> np.ndarray:
-        """Last-layer token states (T, 384) float64 of one unpadded sequence of token ids (T,)."""
+                      logits_hook: LogitsHook | None = None, values_hook=None) -> np.ndarray:
+        """Last-layer token states (T, 384) float64 of one unpadded sequence of token ids (T,).
+
+        ``values_hook(layer, v)`` sees each layer's values (H, T, D) (the calibration of a normaliser on the
+        attention output needs them)."""
         ids = np.asarray(ids)
         if ids.ndim != 1 or ids.size == 0 or ids.size > self.pos.shape[0]:
             raise ValueError(f"ids: expected a 1-D array of 1..{self.pos.shape[0]} token ids, got shape {ids.shape}")
@@ -155,6 +158,8 @@ class MiniLM:
             logits = (q @ k.transpose(0, 2, 1)) * scale
             if logits_hook is not None:
                 logits_hook(i, logits, mask)
+            if values_hook is not None:
+                values_hook(i, v)
             probs = np.asarray(normaliser(i, logits, mask), dtype=np.float64)
             if probs.shape != logits.shape:
                 raise ValueError(f"normaliser of layer {i}: expected shape {logits.shape}, got {probs.shape}")
@@ -166,10 +171,11 @@ class MiniLM:
 
     def embed(self, sentences: Iterable[str], normaliser: Normaliser | None = None,
               logits_hook: Callable[[int, int, np.ndarray, np.ndarray], None] | None = None,
-              progress: str | None = None) -> np.ndarray:
+              progress: str | None = None, values_hook=None) -> np.ndarray:
         """Sentence embeddings (N, 384) float64: mean pooling over tokens, then L2 normalisation.
 
-        ``logits_hook(sentence_index, layer, logits, mask)`` sees every layer's logits of every sentence.
+        ``logits_hook(sentence_index, layer, logits, mask)`` sees every layer's logits of every sentence,
+        ``values_hook(sentence_index, layer, v)`` its values (H, T, D).
         """
         sentences = list(sentences)
         iterator = enumerate(sentences)
@@ -179,6 +185,7 @@ class MiniLM:
         out = np.empty((len(sentences), self.hidden))
         for n, s in iterator:
             hook = None if logits_hook is None else functools.partial(logits_hook, n)
-            e = self.hidden_states(self.encode(s), normaliser, hook).mean(axis=0)
+            vhook = None if values_hook is None else functools.partial(values_hook, n)
+            e = self.hidden_states(self.encode(s), normaliser, hook, vhook).mean(axis=0)
             out[n] = e / max(np.linalg.norm(e), 1e-12)
         return out

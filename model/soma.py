@@ -79,7 +79,9 @@ class SomaConfig:
     uint8 probabilities, int8 output; normalisers hccs_int, exp_int) or "wide" (int16 logits in 2^-8 bit
     units, Q15 probabilities, int16 output; normalisers hccs_int, exp_int and the exp-free pwl2_int of
     somatile.model.wide). In the wide profile hccs_B/hccs_S/hccs_dmax are the wide normaliser's B, S (Q8),
-    dmax (2^-8 bit units); pwl2_int uses S and dmax and ignores B; exp_mult is unused.
+    dmax (2^-8 bit units); pwl2_int uses S and dmax and ignores B; exp_mult is unused. ``fallback`` (wide
+    profile): per head True = this head runs the integer exp instead of ``normaliser`` (a hybrid; None or
+    all False = none).
 
     Integer path (``integer=True``, int8 q/k/v): per-query-head ``score_mult``/``score_shift`` (int32 score
     -> normaliser int8 input), ``recency_int`` (int8 logit units per token of distance), ``hccs_B``,
@@ -107,6 +109,7 @@ class SomaConfig:
     recency: float = 0.0
     normaliser: str = "softmax"
     profile: str = "paper"
+    fallback: bool | Sequence[bool] | None = None
     hccs_c: float | Sequence[float] = 4.0
     hccs_mode: str = "div"
     logit_scale: float | Sequence[float] = 0.125
@@ -167,6 +170,16 @@ class SomaConfig:
             bad("normaliser", f"one of {PROFILE_NORMALISERS[self.profile]} in profile {self.profile!r}",
                 self.normaliser)
 
+        if self.fallback is not None:
+            values = (self.fallback,) * self.n_heads if isinstance(self.fallback, (bool, np.bool_)) \
+                else tuple(self.fallback)
+            if len(values) != self.n_heads or not all(isinstance(x, (bool, np.bool_)) for x in values):
+                bad("fallback", f"True/False or {self.n_heads} of them (one per query head)", self.fallback)
+            values = tuple(bool(x) for x in values)
+            if any(values) and (self.profile != "wide" or self.normaliser not in INT_NORMALISERS):
+                bad("fallback", "no fallback heads unless profile='wide' with an integer normaliser (the paper "
+                    "profile runs one normaliser per layer)", self.fallback)
+            object.__setattr__(self, "fallback", values if any(values) else None)
         for name in _PER_HEAD_FLOAT_FIELDS:
             values = self._per_head(name, float)
             if not all(math.isfinite(x) and x > 0 for x in values):

@@ -30,9 +30,11 @@ LIMITS = {"paper": dict(logit=(INT8_MIN, INT8_MAX), out=(INT8_MIN, INT8_MAX), pr
 """Per profile: the normaliser input's saturation bounds, the output's, and the probability's 1.0."""
 
 
-def norm_code(cfg: SomaConfig) -> int:
-    """The numba kernels' code of the config's integer normaliser within its profile."""
-    return (WIDE_NORM_CODES if cfg.profile == "wide" else NORM_CODES)[cfg.normaliser]
+def norm_codes(cfg: SomaConfig) -> np.ndarray:
+    """The numba kernels' code of each query head's integer normaliser within the profile (int64 (H,)):
+    the config's normaliser, the integer exp on ``fallback`` heads."""
+    code = (WIDE_NORM_CODES if cfg.profile == "wide" else NORM_CODES)[cfg.normaliser]
+    return np.where(np.array(cfg.fallback or (False,) * cfg.n_heads), wide.NORM_EXP, code).astype(np.int64)
 
 PARAM_ROWS = ("score_mult", "score_shift", "recency_int", "hccs_B", "hccs_S", "hccs_dmax", "exp_mult",
               "out_mult", "out_shift", "alpha_mult", "alpha_shift", "gate_mult", "gate_shift")
@@ -223,7 +225,7 @@ def normalise_int(cfg: SomaConfig, x3: np.ndarray, valid3: np.ndarray) -> np.nda
     out = np.empty((heads * rows, n), np.int32)
     soma_nb.normalise_rows(np.ascontiguousarray(x3.reshape(-1, n)), np.ascontiguousarray(valid3.reshape(-1, n)),
                            np.repeat(np.arange(heads), rows), param_table(cfg), PROFILE_CODES[cfg.profile],
-                           norm_code(cfg), hccs.MODE_CODES[cfg.hccs_mode], out)
+                           norm_codes(cfg), hccs.MODE_CODES[cfg.hccs_mode], out)
     return out.reshape(x3.shape)
 
 
@@ -231,8 +233,11 @@ def _normalise_spec(cfg: SomaConfig, x8: np.ndarray, valid: np.ndarray) -> np.nd
     """(H, N) logits of the profile -> (H, N) probabilities through the normaliser's numpy spec."""
     mask = np.broadcast_to(valid, x8.shape)
     if cfg.profile == "wide":
-        return wide.wide_softmax(x8[:, None], cfg.normaliser.removesuffix("_int"), cfg.hccs_B or 0,
-                                 cfg.hccs_S or 0, cfg.hccs_dmax or 0, mask=mask[:, None], impl="numpy")[:, 0]
+        zeros = (0,) * cfg.n_heads
+        B, S, dmax = cfg.hccs_B or zeros, cfg.hccs_S or zeros, cfg.hccs_dmax or zeros
+        names = {code: name for name, code in wide.NORM_CODES.items()}
+        return np.stack([wide.wide_softmax(x8[h, None], names[c], B[h], S[h], dmax[h], mask=mask[h, None],
+                                           impl="numpy")[0] for h, c in enumerate(norm_codes(cfg))])
     if cfg.normaliser == "hccs_int":
         return hccs.hccs_int(x8[:, None], cfg.hccs_B, cfg.hccs_S, cfg.hccs_dmax, mode=cfg.hccs_mode,
                              mask=mask[:, None], impl="numpy")[:, 0]

@@ -18,7 +18,7 @@ from somatile.model.soma import (COUNTER_MAX, FIELD_FRAC_BITS, GAMMA_Q15_ONE, GA
                                  SomaState)
 from somatile.model.soma import out_dtype
 from somatile.model.soma_int import (GATE_HALF, INT16_MAX, INT16_MIN, LIMITS, NORM_HCCS,
-                                     PARAM_ROWS, PROFILE_CODES, PROFILE_WIDE, norm_code, param_table)
+                                     PARAM_ROWS, PROFILE_CODES, PROFILE_WIDE, norm_codes, param_table)
 
 def _drop_stale_cache():
     """Delete this module's numba cache when a module it compiles in has changed.
@@ -70,11 +70,12 @@ def _normalise_row(x_row, valid_row, p, h, profile, norm_code, hccs_mode, out_ro
 
 
 @numba.njit(cache=True, nogil=True)
-def normalise_rows(x2, valid2, head_of_row, p, profile, norm_code, hccs_mode, out2):
+def normalise_rows(x2, valid2, head_of_row, p, profile, codes, hccs_mode, out2):
     """Probabilities (int32 out2: uint8-valued "paper", Q15 "wide") of rows x2 (R, N) of the profile's
-    logits; row r uses head head_of_row[r]."""
+    logits; row r uses head head_of_row[r] and its normaliser code codes[head]."""
     for r in range(x2.shape[0]):
-        _normalise_row(x2[r], valid2[r], p, head_of_row[r], profile, norm_code, hccs_mode, out2[r])
+        h = head_of_row[r]
+        _normalise_row(x2[r], valid2[r], p, h, profile, codes[h], hccs_mode, out2[r])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -102,7 +103,7 @@ def _field_update(f, x, gamma_q15):
 
 @numba.njit(cache=True, nogil=True)
 def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p, include_self, gated,
-         field_keys, profile, norm_code, hccs_mode, gamma_q15, logit_lo, logit_hi, out_lo, out_hi, out):
+         field_keys, profile, codes, hccs_mode, gamma_q15, logit_lo, logit_hi, out_lo, out_hi, out):
     T, H, D = q.shape
     group = H // k.shape[1]
     sinks, ring = sink_k.shape[1], ring_k.shape[1]
@@ -135,7 +136,7 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
                         s += np.int64(q[t, h, d]) * np.int64(ring_k[c, j - sinks, d])
                 logit = _rshift_round(s * p[_SCORE_MULT, h], p[_SCORE_SHIFT, h]) - p[_RECENCY, h] * dist[j]
                 x_row[j] = _clamp(logit, logit_lo, logit_hi) if valid[j] else 0
-            _normalise_row(x_row, valid, p, h, profile, norm_code, hccs_mode, prob)
+            _normalise_row(x_row, valid, p, h, profile, codes[h], hccs_mode, prob)
             acc[:] = 0
             for j in range(n):
                 pj = np.int64(prob[j])
@@ -170,7 +171,7 @@ def run(cfg: SomaConfig, st: SomaState, q, k, v) -> np.ndarray:
     lim = LIMITS[cfg.profile]
     _run(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), st.ring_k, st.ring_v,
          st.sink_k, st.sink_v, st.field, st.gate_field, counters, param_table(cfg), cfg.include_self, cfg.gated,
-         cfg.field_source == "keys", PROFILE_CODES[cfg.profile], norm_code(cfg), hccs.MODE_CODES[cfg.hccs_mode],
+         cfg.field_source == "keys", PROFILE_CODES[cfg.profile], norm_codes(cfg), hccs.MODE_CODES[cfg.hccs_mode],
          cfg.gamma_q15, *lim["logit"], *lim["out"], out)
     st.write_pos, st.fill, st.step = (int(x) for x in counters)
     return out

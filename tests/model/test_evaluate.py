@@ -22,18 +22,23 @@ def minilm_run(tmp_path_factory):
 def smollm2_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "smollm2"
     assert cli(["eval", "smollm2", "--quick", "--out", str(out), "--only", "full", "default", "hccs", "int_hccs",
-                "sfa"]) == 0
+                "wide_exp", "wide_pwl2", "sfa"]) == 0
     return out, json.loads((out / "results.json").read_text())
 
 
 def test_minilm_quick(minilm_run):
     out, r = minilm_run
     v = r["variants"]
-    assert set(v) == {"float HCCS", "int8 HCCS div", "int8 HCCS clb", "hybrid (int8 HCCS div + int-exp fallback)",
-                      "hybrid, worst 10% of heads on int-exp", "integer exp everywhere"}
+    assert set(v) == set(evaluate.MINILM_FIELDS)
     for name, m in v.items():
         assert len(m["cosines"]) == r["n_eval"] == 8
         assert -1 <= m["cos_min"] <= m["cos_mean"] <= 1 + 1e-12 and 0 <= m["nn_agreement"] <= 1, name
+        assert {k: m[k] for k in ("key", "profile", "normaliser", "integer", "ring", "sinks")} == \
+            evaluate.MINILM_FIELDS[name]
+    # The wide profile's integer exp and its exp-free pwl2 are within ~0.4 % of softmax per weight with Q15
+    # probabilities: embeddings stay within 1e-3 of the float model's even on these 8 sentences.
+    assert v["wide exp (int16 logits, Q15)"]["cos_mean"] > 0.999
+    assert v["wide pwl2, calibrated on the output"]["cos_mean"] > 0.999
     # The integer exp is a close softmax (max error ~1e-3 per probability): a broken quantisation or padding
     # of the int8 rows would pull this far down. HCCS is a different normaliser and must move the result.
     assert v["integer exp everywhere"]["cos_mean"] > 0.99
@@ -62,7 +67,17 @@ def test_minilm_logits_dump(minilm_run):
 def test_smollm2_quick(smollm2_run):
     out, r = smollm2_run
     rows = {v["key"]: v for v in r["variants"]}
-    assert list(rows) == ["full", "default", "hccs", "int_hccs", "sfa"]
+    assert list(rows) == ["full", "default", "hccs", "int_hccs", "wide_exp", "wide_pwl2", "sfa"]
+    fields = ("profile", "normaliser", "integer", "ring", "sinks")
+    assert [rows["full"][f] for f in fields] == [None, "softmax", False, None, None]
+    assert [rows["int_hccs"][f] for f in fields] == ["paper", "hccs_int", True, 252, 4]
+    assert [rows["wide_pwl2"][f] for f in fields] == ["wide", "pwl2_int", True, 252, 4]
+    # The wide profile keeps the float ring's perplexity within a few per cent even with scales calibrated on
+    # 96 other tokens (int8 q/k/v saturate where this window exceeds them); the paper profile does not.
+    for key in ("wide_exp", "wide_pwl2"):
+        assert rows[key]["ppl"] == pytest.approx(rows["default"]["ppl"], rel=0.05), key
+    assert {w["normaliser"] for w in r["wide_calibration"]} == {"pwl2", "hccs"}
+    assert len(r["wide_calibration"]) == 2 * 30 * 9
     assert r["n_tokens"] == 96 and rows["full"]["scored"] == 95
     # A ring of 252 (+4 sinks) holds all 96 tokens and the field is off: Soma equals full attention up to
     # float32 summation order.

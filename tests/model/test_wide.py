@@ -108,3 +108,26 @@ def test_profile_errors():
         SomaConfig.preset("default", integer=True, normaliser="exp_int", exp_mult=70000)
     with pytest.raises(ValueError, match="profile 'wide', hccs_int"):
         SomaConfig(profile="wide", normaliser="hccs_int", hccs_B=10, hccs_S=256, hccs_dmax=11)
+
+
+def test_soma_wide_fallback_heads():
+    """A hybrid: heads 1 and 3 run the integer exp, the others HCCS; numba == spec, and each head's output
+    equals the run of its own normaliser on every head."""
+    rng = np.random.default_rng(5)
+    base = SomaConfig.preset("default", n_heads=4, n_kv_heads=2, head_dim=16, ring=10, sinks=2, integer=True,
+                             profile="wide", normaliser="hccs_int")
+    hybrid = base.replace(fallback=(False, True, False, True))
+    T = 30
+    q = rng.integers(-128, 128, (T, 4, 16)).astype(np.int8)
+    k = rng.integers(-128, 128, (T, 2, 16)).astype(np.int8)
+    v = rng.integers(-128, 128, (T, 2, 16)).astype(np.int8)
+    a = prefill(hybrid, q, k, v, impl="numpy")[0]
+    assert np.array_equal(a, prefill(hybrid, q, k, v, impl="numba")[0])
+    hccs_out = prefill(base, q, k, v)[0]
+    exp_out = prefill(base.replace(normaliser="exp_int", hccs_B=None, hccs_S=None, hccs_dmax=None), q, k, v)[0]
+    assert np.array_equal(a[:, [0, 2]], hccs_out[:, [0, 2]]) and np.array_equal(a[:, [1, 3]], exp_out[:, [1, 3]])
+    assert not np.array_equal(hccs_out[:, 1], exp_out[:, 1])
+    with pytest.raises(ValueError, match="SomaConfig.fallback: expected no fallback heads unless profile='wide'"):
+        SomaConfig.preset("default", n_heads=2, integer=True, fallback=(True, False))
+    with pytest.raises(ValueError, match="SomaConfig.fallback: expected True/False or 4 of them"):
+        base.replace(fallback=(True, False))
