@@ -228,7 +228,8 @@ class TileDevice(Device):
                           extra={k: i[k] for k in ("stream_width", "n_tiles", "state_bytes", "staging_bytes")})
 
     def close(self) -> None:
-        self.link.transport.close()
+        """Close the link; every later call on this device raises ValueError (closing again does nothing)."""
+        self.link.close()
         while self.on_close:
             self.on_close.pop(0)()
 

@@ -7,16 +7,50 @@
 
 ``hccs`` reads int8 rows ``x`` from the npz (and compares with ``expected`` when the file has it); ``decode``
 streams N seeded random tokens and checks every output against the model's integer decode; ``agree`` runs
-the same tensors through several devices and reports whether all bytes agree. Exit code 1 on any mismatch.
+the same tensors through several devices and reports whether all bytes agree. Exit code 1 on any mismatch;
+2 with a one-line message on bad input or a device error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+import zipfile
 
 import numpy as np
+
+
+# Largest array an input .npz may declare (checked from its headers before anything is read): a header that
+# claims 10^12 elements, or a small file that inflates to gigabytes, is refused instead of loaded.
+MAX_NPZ_ARRAY_BYTES = 1 << 30
+
+
+def read_npz(path: str, what: str, max_bytes: int = MAX_NPZ_ARRAY_BYTES) -> dict[str, np.ndarray]:
+    """The arrays of the .npz at ``path`` (``what`` names the option in messages). ValueError naming the
+    file and the array when it cannot be read, holds pickled objects, or declares an array (or a member that
+    inflates to) more than ``max_bytes``."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                name = member.filename.removesuffix(".npy")
+                if member.file_size > max_bytes + 4096:  # the .npy header is at most a few KiB
+                    raise ValueError(f"{what} {path}: array {name!r} inflates to {member.file_size} bytes; "
+                                     f"the limit is {max_bytes}")
+                with archive.open(member) as f:
+                    version = np.lib.format.read_magic(f)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read_header(f)
+                size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if size > max_bytes:
+                    raise ValueError(f"{what} {path}: array {name!r} declares shape {shape} of {dtype} "
+                                     f"({size} bytes); the limit is {max_bytes}")
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise ValueError(f"{what} {path}: cannot read it as .npz ({exc})") from None
 
 
 # A small tile of the default board whose Verilator build takes seconds, shared with tests/hw/test_tile.py.
@@ -123,6 +157,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The action's exit code; bad input, a device error or an unreachable device print one line and give 2."""
+    from somatile.host.device import DeviceError, DeviceTimeout, ProtocolError
+
+    try:
+        return _run(args)
+    except (ValueError, TypeError, OSError, DeviceError, DeviceTimeout, ProtocolError) as exc:
+        print(f"somatile device {args.action}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     import somatile.host
 
     if args.action == "info":
@@ -130,13 +175,9 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(dev.info().as_dict(), indent=2))
         return 0
     if args.action == "hccs":
-        try:
-            data = np.load(args.vectors)
-        except OSError as exc:
-            raise SystemExit(f"somatile device hccs: cannot read --vectors {args.vectors}: {exc}") from None
+        data = read_npz(args.vectors, "--vectors")
         if "x" not in data:
-            raise SystemExit(f"somatile device hccs: {args.vectors} has no array 'x' (int8 rows); "
-                             f"it has {sorted(data.files)}")
+            raise ValueError(f"--vectors {args.vectors}: no array 'x' (int8 rows); it has {sorted(data)}")
         with somatile.host.open(args.url) as dev:
             if args.params:
                 dev.configure(args.params)

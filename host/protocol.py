@@ -250,10 +250,17 @@ class WireLink:
     ``request(opcode, payload) -> response payload``. A lost, truncated or corrupted frame in either
     direction is retried (same seq, so the device answers a repeat from its cache) up to ``retries`` times;
     then `DeviceTimeout`. An error frame for the request raises `DeviceError` naming the opcode and code.
+    ``timeout`` must be a positive finite number of seconds and ``retries`` a non-negative integer
+    (ValueError otherwise). After ``close()`` every request raises ValueError.
     """
 
     def __init__(self, transport: Transport, api_level: int, *, timeout: float = 2.0, retries: int = 3,
                  max_payload: int = DEFAULT_MAX_PAYLOAD):
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ValueError(f"timeout = {timeout!r}: expected a positive finite number of seconds")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries = {retries!r}: expected a non-negative integer")
+        self.closed = False
         self.transport = transport
         self.api_level = api_level
         self.timeout = timeout
@@ -270,7 +277,13 @@ class WireLink:
             raise ProtocolError(f"HELLO: expected {INFO_FORMAT.size} bytes of device info, got {len(payload)}")
         return unpack_info(payload)
 
+    def close(self) -> None:
+        self.closed = True
+        self.transport.close()
+
     def request(self, opcode: int, payload: bytes = b"", *, _first: bool = False) -> bytes:
+        if self.closed:
+            raise ValueError(f"{_name(opcode)}: the device is closed")
         if len(payload) > self.max_payload:
             raise ValueError(f"{_name(opcode)}: payload of {len(payload)} bytes exceeds the device's "
                              f"max_payload {self.max_payload}; chunk it")

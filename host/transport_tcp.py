@@ -56,10 +56,14 @@ def link_options(parts: urllib.parse.SplitResult, allowed: set[str], options: di
         raise ValueError(f"device URL {parts.geturl()!r}: unknown option(s) {sorted(unknown)}; expected "
                          f"{sorted(allowed | {'timeout', 'retries'})}")
     link = dict(options)
-    if "timeout" in query:
-        link["timeout"] = float(query.pop("timeout"))
-    if "retries" in query:
-        link["retries"] = int(query.pop("retries"))
+    for name, kind in (("timeout", float), ("retries", int)):
+        if name in query:
+            text = query.pop(name)
+            try:
+                link[name] = kind(text)
+            except ValueError:
+                raise ValueError(f"device URL {parts.geturl()!r}: option {name}={text!r}: expected "
+                                 f"{'seconds' if kind is float else 'an integer'}") from None
     return link, query
 
 

@@ -209,7 +209,11 @@ def test_fault_soak_valid_sessions_equal_emu_and_the_firmware_survives():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pathlib import Path
+
     from somatile.host.emu import board_params, start_tile_server
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: `tests` from the checkout
 
     cli = argparse.ArgumentParser(description="fault soak of the firmware's host build")
     cli.add_argument("--seconds", type=float, default=600.0)

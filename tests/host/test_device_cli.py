@@ -1,10 +1,12 @@
 """`somatile device ...` on emu://: exit codes, outputs, and errors that name the file or array."""
 
+import re
+
 import numpy as np
 import pytest
 
 from somatile.host.cli import main
-from somatile.host.device_cli import DEMO_QUERY
+from somatile.host.device_cli import DEMO_QUERY, read_npz
 from somatile.model import hccs
 
 URL = f"emu://?{DEMO_QUERY}"
@@ -35,17 +37,52 @@ def test_hccs_reads_vectors_writes_probs_and_counts_mismatches(tmp_path, capsys,
     assert main(args[:5] + [str(tmp_path / "w.npz")] + args[6:]) == 1
 
 
-def test_hccs_names_a_missing_file_or_array(tmp_path):
-    with pytest.raises(SystemExit, match="cannot read --vectors .*nope.npz"):
-        main(["device", "hccs", "--url", URL, "--vectors", str(tmp_path / "nope.npz")])
+def one_line_error(capsys, argv) -> str:
+    """Run ``somatile device ...``: it must exit 2 with one line on stderr (no traceback); returns the line."""
+    assert main(["device", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"somatile device {argv[0]}: "), err
+    return err
+
+
+def test_hccs_names_a_missing_file_or_array(tmp_path, capsys):
+    assert "cannot read it as .npz" in one_line_error(capsys, ["hccs", "--url", URL, "--vectors",
+                                                              str(tmp_path / "nope.npz")])
     np.savez(tmp_path / "v.npz", rows=np.zeros((2, 4), np.int8))
-    with pytest.raises(SystemExit, match=r"has no array 'x' .*\['rows'\]"):
-        main(["device", "hccs", "--url", URL, "--vectors", str(tmp_path / "v.npz")])
+    assert re.search(r"no array 'x' .*\['rows'\]",
+                     one_line_error(capsys, ["hccs", "--url", URL, "--vectors", str(tmp_path / "v.npz")]))
 
 
-def test_agree_refuses_devices_of_different_geometry():
-    with pytest.raises(ValueError, match="differ in \\(heads, head_dim, ring, sinks\\)"):
-        main(["device", "agree", "--url", URL, "--url", "emu://?board=sim", "--tokens", "2"])
+def test_an_npz_too_large_for_memory_is_refused_from_its_header(tmp_path, capsys):
+    # Issue 24: a header declaring 10^12 elements, and a small file that inflates to gigabytes, were loaded.
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|i1", "fortran_order": False, "shape": (10 ** 12,)})
+    with zipfile.ZipFile(tmp_path / "claims.npz", "w") as archive:
+        archive.writestr("x.npy", np.lib.format.MAGIC_PREFIX + b"\x01\x00" + header.getvalue()[8:])
+    line = one_line_error(capsys, ["hccs", "--url", URL, "--vectors", str(tmp_path / "claims.npz")])
+    assert "array 'x' declares shape (1000000000000,)" in line
+    # A small file that inflates past the limit (here 1 MiB, to keep the test small; the CLI's is 1 GiB).
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("x.npy", "w") as member:
+            np.lib.format.write_array_header_1_0(member, {"descr": "|i1", "fortran_order": False,
+                                                          "shape": (1,)})  # a header that lies
+            member.write(bytes(16 << 20))
+    assert (tmp_path / "bomb.npz").stat().st_size < 100 << 10
+    with pytest.raises(ValueError, match=r"bomb.npz: array 'x' inflates to \d+ bytes; the limit is 1048576"):
+        read_npz(str(tmp_path / "bomb.npz"), "--vectors", max_bytes=1 << 20)
+
+
+def test_device_errors_and_bad_urls_are_one_line_with_exit_code_2(capsys):
+    assert "unknown scheme 'usb'" in one_line_error(capsys, ["info", "--url", "usb://x"])
+    assert "cannot connect" in one_line_error(capsys, ["info", "--url", "tcp://127.0.0.1:1"])
+
+
+def test_agree_refuses_devices_of_different_geometry(capsys):
+    assert "differ in (heads, head_dim, ring, sinks)" in one_line_error(
+        capsys, ["agree", "--url", URL, "--url", "emu://?board=sim", "--tokens", "2"])
 
 
 def test_single_step_decode_keeps_the_step_shape(rng):

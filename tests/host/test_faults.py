@@ -98,3 +98,29 @@ def test_a_head_the_device_refuses_rolls_the_heads_before_it_back(rng):
         after = dev.read_state()
         assert all(np.array_equal(after[n], state[n]) for n in state)
         assert np.array_equal(dev.decode(q[3:], k[3:], v[3:]), soma.prefill(config(), q, k, v)[0][3:])
+
+
+@pytest.mark.parametrize("where", ["emu", "firmware"])
+def test_a_closed_device_refuses_every_call(rng, firmware_url, where):
+    # Issue 24: emu:// went on working after close().
+    q, k, v = tokens(rng, 1)
+    dev = somatile.host.open("emu://" if where == "emu" else firmware_url)
+    dev.configure(config())
+    dev.close()
+    for call in (lambda: dev.decode(q, k, v), dev.read_state, dev.reset, lambda: dev.configure(config()),
+                 lambda: dev.hccs(q[0])):
+        with pytest.raises(ValueError, match="the device is closed"):
+            call()
+    dev.close()  # closing twice is harmless
+
+
+@pytest.mark.parametrize("url, options, message", [
+    ("emu://", {"retries": -5}, "retries = -5: expected a non-negative integer"),
+    ("emu://", {"retries": 1.5}, "retries = 1.5: expected a non-negative integer"),
+    ("emu://?timeout=nan", {}, "timeout = nan: expected a positive finite number"),
+    ("emu://", {"timeout": 0}, "timeout = 0: expected a positive finite number"),
+    ("emu://?retries=many", {}, "option retries='many': expected an integer"),
+])
+def test_link_options_out_of_range_are_value_errors_not_timeouts(url, options, message):
+    with pytest.raises(ValueError, match=message):
+        somatile.host.open(url, **options)
