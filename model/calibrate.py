@@ -330,7 +330,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser)
     parser.add_argument("--search", choices=("int", "float"), default="int",
                         help="integer search on the int8 logits (default) or float search over c")
-    parser.add_argument("--objective", choices=sorted(OBJECTIVES), default=DEFAULT_OBJECTIVE)
+    add_profile_arguments(parser)
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help="heads whose best objective exceeds this keep the exponential (default 0.3)")
     parser.add_argument("--c-range", type=float, nargs=2, default=DEFAULT_C_RANGE, metavar=("LO", "HI"),
@@ -344,13 +344,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "measure on the other half, print a markdown table (docs/calibration.md)")
 
 
+PROFILE_DEFAULT = "wide"
+"""The profile `somatile calibrate` and `compare` use unless told (docs/results.md: the one that keeps a
+language model's accuracy)."""
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """--profile, --normaliser and --objective, shared by `somatile calibrate` and `somatile compare`."""
+    parser.add_argument("--profile", choices=("paper", "wide"), default=PROFILE_DEFAULT,
+                        help=f"integer profile (docs/numerics.md; default {PROFILE_DEFAULT}): paper = the HCCS "
+                             "paper's int8/uint8 kernel ABI, wide = int16 logits and Q15 probabilities")
+    parser.add_argument("--normaliser", choices=("hccs", "pwl2"), default=None,
+                        help="exp-free normaliser to calibrate (default: pwl2 in profile wide, hccs in paper; "
+                             "pwl2 exists only in profile wide)")
+    parser.add_argument("--objective", choices=sorted(OBJECTIVES) + ["output"], default=None,
+                        help=f"calibration objective (default: {DEFAULT_OBJECTIVE} in profile paper; in profile "
+                             "wide output (the attention output error, needs values) or tv)")
+
+
+def profile_choice(args) -> tuple[str, str, str]:
+    """(profile, normaliser, objective) from the shared options, or ValueError naming the option."""
+    normaliser = args.normaliser or ("pwl2" if args.profile == "wide" else "hccs")
+    if args.profile == "paper":
+        if normaliser != "hccs":
+            raise ValueError(f"--normaliser: expected 'hccs' in profile 'paper' (pwl2 needs --profile wide), "
+                             f"got {normaliser!r}")
+        objective = args.objective or DEFAULT_OBJECTIVE
+        if objective not in OBJECTIVES:
+            raise ValueError(f"--objective: expected one of {sorted(OBJECTIVES)} in profile 'paper', got "
+                             f"{objective!r}")
+        return args.profile, normaliser, objective
+    if args.objective not in (None,) + WIDE_OBJECTIVES:
+        raise ValueError(f"--objective: expected one of {WIDE_OBJECTIVES} in profile 'wide', got {args.objective!r}")
+    return args.profile, normaliser, args.objective
+
+
 def run(args: argparse.Namespace) -> int:
     from somatile.model.compare import load_input
     if not args.study and not args.output:
         print("somatile calibrate: -o/--output FILE.yaml is required (or --study)")
         return 2
     try:
+        profile, normaliser, objective = profile_choice(args)
         data = load_input(args)
+        if profile == "wide":
+            if args.study:
+                raise ValueError("--study: compares the paper profile's objectives; use --profile paper")
+            params = calibrate_wide_params(data.logits, data.mask, data.values, normaliser=normaliser,
+                                           objective=objective, threshold=args.threshold)
+            params.to_yaml(args.output)
+            print(f"calibrated {params.heads} heads on {data.source} (profile wide, {normaliser}, objective "
+                  f"{params.objective})")
+            print(f"{'head':>4} {'B':>6} {'S':>6} {'dmax':>6} {params.objective:>9} fallback")
+            for h in range(params.heads):
+                print(f"{h:>4} {params.B[h]:>6} {params.S[h]:>6} {params.dmax[h]:>6} {params.error[h]:>9.4g} "
+                      f"{'yes' if params.fallback[h] else 'no'}")
+            print(f"wrote {args.output}")
+            return 0
+        args.objective = objective
         if args.study:
             print(f"objective study on {data.source} ({args.search} search, threshold {args.threshold}); "
                   f"calibrated on the first half of the rows, measured on the second half")
@@ -469,3 +520,29 @@ def calibrate_wide(blocks, normaliser: str, *, objective: str = "output") -> Wid
     exp_error = errors("exp", 0, 0, 0)
     return WideCalibration(normaliser, objective, chosen[:, 0], chosen[:, 1], chosen[:, 2],
                            curve[best, np.arange(heads)], exp_error)
+
+
+def calibrate_wide_params(logits: np.ndarray, mask=None, values=None, *, normaliser: str = "pwl2",
+                          objective: str | None = None, threshold: float = DEFAULT_THRESHOLD) -> HccsParams:
+    """Wide-profile parameters of ``normaliser`` ("pwl2" or "hccs") for float logits (H, R, N) with an
+    optional mask and values (H, N, D) as an :class:`HccsParams` (profile "wide").
+
+    ``objective``: "output" (default when ``values`` are given) or "tv"; heads whose objective stays above
+    ``threshold`` keep the integer exp (``fallback``)."""
+    from somatile.model import wide
+    x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
+    if normaliser not in ("pwl2", "hccs"):
+        raise ValueError(f"normaliser: expected 'pwl2' or 'hccs' in profile 'wide', got {normaliser!r}")
+    objective = objective or ("output" if values is not None else "tv")
+    if objective not in WIDE_OBJECTIVES:
+        raise ValueError(f"objective: expected one of {WIDE_OBJECTIVES} in profile 'wide', got {objective!r}")
+    if objective == "output" and values is None:
+        raise ValueError("objective 'output': the input has no 'values' (H, N, D); add them to the .npz or use "
+                         "--objective tv")
+    if values is None:   # tv reads only the probabilities
+        values = np.zeros((x3.shape[0], x3.shape[2], 1))
+    valid = np.ones(x3.shape, bool) if valid3 is None else valid3
+    cal = calibrate_wide([(x3.astype(np.float64), valid, values)], normaliser, objective=objective)
+    return HccsParams(B=cal.B, S=cal.S, dmax=cal.dmax, fallback=cal.error > threshold, scale=None,
+                      cols=x3.shape[-1], error=cal.error, objective=objective, profile="wide",
+                      normaliser=normaliser)

@@ -13,6 +13,9 @@ Methods, each turned into probabilities (uint8 outputs / 255):
 - ``deployed_float``: its float reference (the float family the integers represent, exact softmax on
   fallback heads), which separates the approximation error from the integer rounding.
 
+With ``--profile wide`` (the default) the logits become int16 base-2 logits and the methods are
+:data:`WIDE_METHODS` (Q15 outputs / 32768), calibrated by :func:`calibrate.calibrate_wide_params`.
+
 Per head and method: TV, KL (eps-smoothed and the seed's clamped form), max |p - q|, top-1 agreement (softmax's
 top element among p's maxima; strict: p's unique maximum), row-sum
 mean/min/max (clb rows are not normalised), and with values the relative attention-output error
@@ -28,9 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from somatile.model import calibrate, hccs, intexp, quant, synth
+from somatile.model import calibrate, hccs, intexp, quant, synth, wide
 
 METHODS = ("hccs_float", "int8_div", "int8_clb", "intexp", "deployed", "deployed_float")
+WIDE_METHODS = ("wide_exp", "wide_hccs|wide_pwl2", "deployed", "deployed_float")
+"""Profile "wide" (int16 logits, Q15 probabilities): the integer exp, the calibrated exp-free normaliser,
+the deployed mix (fallback heads on the integer exp) and its float reference."""
 SYNTH_VALUE_DIM = 32
 
 
@@ -165,19 +171,42 @@ def head_metrics(q, p, valid, values=None) -> dict[str, float]:
     return metrics
 
 
+def wide_outputs(logits, mask, params, *, impl="numba") -> dict[str, np.ndarray]:
+    """Probabilities (H, R, N) float64 of :data:`WIDE_METHODS` for wide-profile parameters."""
+    xw = wide.logits_from_float(logits, mask)
+    one = float(wide.PROB_ONE)
+    return {
+        "wide_exp": wide.wide_softmax(xw, "exp", mask=mask, impl=impl) / one,
+        f"wide_{params.normaliser}": wide.wide_softmax(xw, params.normaliser, params.B, params.S, params.dmax,
+                                                       mask=mask, impl=impl) / one,
+        "deployed": params.apply_int(xw, mask, impl=impl) / one,
+        "deployed_float": params.apply_float(np.asarray(logits, np.float64), mask),
+    }
+
+
 def compare(logits, mask=None, values=None, *, scale=None, objective=calibrate.DEFAULT_OBJECTIVE,
-            threshold=calibrate.DEFAULT_THRESHOLD, mode="div", out="uint8", progress=False, impl="numba") -> dict:
+            threshold=calibrate.DEFAULT_THRESHOLD, mode="div", out="uint8", progress=False, impl="numba",
+            profile="paper", normaliser="hccs") -> dict:
     """Calibrate on ``logits`` (with the given int8 ``scale`` per head, or one chosen from the logits) and
     measure every method per head; returns the report (``params``, ``reference``, ``outputs`` are arrays
-    and objects; :func:`json_report` makes it JSON-ready)."""
+    and objects; :func:`json_report` makes it JSON-ready). ``profile`` "wide" calibrates ``normaliser``
+    ("pwl2" or "hccs") with ``objective`` ("output", "tv" or None: output when values are given)."""
     x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
     if values is not None and (values.ndim != 3 or values.shape[:2] != (x3.shape[0], x3.shape[2])):
         raise ValueError(f"values: expected (H, N, D) = ({x3.shape[0]}, {x3.shape[2]}, D), got {values.shape}")
-    params = calibrate.calibrate_params(x3, valid3, scale=scale, objective=objective, threshold=threshold,
-                                        mode=mode, out=out, progress=progress)
-    float_cal = calibrate.calibrate_float(x3, valid3, objective=objective, threshold=threshold, progress=progress)
     q = hccs.softmax(x3, valid3)
-    outputs = method_outputs(x3, valid3, params, float_cal.c, impl=impl)
+    if profile == "wide":
+        params = calibrate.calibrate_wide_params(x3, valid3, values, normaliser=normaliser, objective=objective,
+                                                 threshold=threshold)
+        objective = params.objective
+        outputs = wide_outputs(x3, valid3, params, impl=impl)
+        float_c = np.full(x3.shape[0], np.nan)
+    else:
+        params = calibrate.calibrate_params(x3, valid3, scale=scale, objective=objective, threshold=threshold,
+                                            mode=mode, out=out, progress=progress)
+        float_c = calibrate.calibrate_float(x3, valid3, objective=objective, threshold=threshold,
+                                            progress=progress).c
+        outputs = method_outputs(x3, valid3, params, float_c, impl=impl)
     valid = np.ones(x3.shape, bool) if valid3 is None else valid3
     heads = range(x3.shape[0])
     if progress:
@@ -187,7 +216,7 @@ def compare(logits, mask=None, values=None, *, scale=None, objective=calibrate.D
     for h in heads:
         v = None if values is None else values[h].astype(np.float64)
         per_head.append({
-            "head": h, "fallback": bool(params.fallback[h]), "c_float": float(float_cal.c[h]),
+            "head": h, "fallback": bool(params.fallback[h]), "c_float": float(float_c[h]),
             "B": int(params.B[h]), "S": int(params.S[h]), "dmax": int(params.dmax[h]), "scale": float(params.scale[h]),
             "calibration_error": float(params.error[h]),
             "methods": {name: head_metrics(q[h], p[h], valid[h], v) for name, p in outputs.items()},
@@ -195,19 +224,26 @@ def compare(logits, mask=None, values=None, *, scale=None, objective=calibrate.D
     summary = {name: {k: float(np.mean([ph["methods"][name][k] for ph in per_head]))
                       for k in per_head[0]["methods"][name]} for name in outputs}
     return {"shape": list(x3.shape), "objective": objective, "threshold": threshold, "mode": mode, "out": out,
-            "heads": per_head, "summary": summary, "params": params, "reference": q, "outputs": outputs}
+            "profile": profile, "normaliser": params.normaliser, "heads": per_head, "summary": summary, "params": params, "reference": q, "outputs": outputs}
+
+
+def _top_method(report: dict) -> str:
+    """The method whose top-1 agreement the table and plots single out: int8 div (paper), deployed (wide)."""
+    return "deployed" if report.get("profile") == "wide" else "int8_div"
 
 
 def format_table(report: dict) -> str:
     methods = list(report["summary"])
+    top = _top_method(report)
     lines = [f"per-head total variation (0..1) against float softmax; objective {report['objective']}, "
              f"threshold {report['threshold']}",
              f"{'head':>4} {'c':>6} {'B':>5} {'S':>4} {'dmax':>4} " + " ".join(f"{m:>14}" for m in methods)
-             + f" {'top1 div':>8} fallback"]
+             + f" {'top1 ' + top.split('_')[-1]:>8} fallback"]
     for ph in report["heads"]:
-        lines.append(f"{ph['head']:>4} {ph['c_float']:>6.2f} {ph['B']:>5} {ph['S']:>4} {ph['dmax']:>4} "
+        c = '-' if np.isnan(ph['c_float']) else f"{ph['c_float']:.2f}"
+        lines.append(f"{ph['head']:>4} {c:>6} {ph['B']:>5} {ph['S']:>4} {ph['dmax']:>4} "
                      + " ".join(f"{ph['methods'][m]['tv']:>14.4f}" for m in methods)
-                     + f" {ph['methods']['int8_div']['top1']:>8.3f} {'yes' if ph['fallback'] else 'no'}")
+                     + f" {ph['methods'][top]['top1']:>8.3f} {'yes' if ph['fallback'] else 'no'}")
     keys = list(report["summary"][methods[0]])
     lines += ["", "mean over heads", f"{'method':>14} " + " ".join(f"{k:>11}" for k in keys)]
     for m in methods:
@@ -234,14 +270,14 @@ def write_plots(report: dict, out_dir: Path) -> list[Path]:
     fig.tight_layout(), fig.savefig(paths[-1], dpi=110), plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for m in ("int8_div", "int8_clb", "intexp"):
+    for m in [m for m in methods if m not in ("hccs_float", "deployed", "deployed_float")]:
         ax.hist(report["outputs"][m].sum(axis=-1).ravel(), bins=80, alpha=0.6, label=m)
     ax.set_xlabel("row sum (1.0 = normalised)"), ax.set_ylabel("rows"), ax.legend()
     ax.set_title("row sums: clb rows are not normalised")
     paths.append(out_dir / "row_sums.png")
     fig.tight_layout(), fig.savefig(paths[-1], dpi=110), plt.close(fig)
 
-    tv = [ph["methods"]["int8_div"]["tv"] for ph in report["heads"]]
+    tv = [ph["methods"][_top_method(report)]["tv"] for ph in report["heads"]]
     picks = sorted({int(np.argmin(tv)), int(np.argmax(tv))})
     fig, axes = plt.subplots(1, len(picks), figsize=(6 * len(picks), 4), squeeze=False)
     for ax, h in zip(axes[0], picks):
@@ -262,7 +298,7 @@ def json_report(report: dict) -> dict:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser)
-    parser.add_argument("--objective", choices=sorted(calibrate.OBJECTIVES), default=calibrate.DEFAULT_OBJECTIVE)
+    calibrate.add_profile_arguments(parser)
     parser.add_argument("--threshold", type=float, default=calibrate.DEFAULT_THRESHOLD,
                         help="heads above this calibration error keep the exponential (default 0.3)")
     parser.add_argument("--out-type", choices=sorted(hccs.OUT_CODES), default="uint8")
@@ -274,9 +310,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        profile, normaliser, objective = calibrate.profile_choice(args)
         data = load_input(args)
-        report = compare(data.logits, data.mask, data.values, scale=data.scale, objective=args.objective,
-                         threshold=args.threshold, out=args.out_type, progress=True)
+        report = compare(data.logits, data.mask, data.values, scale=data.scale, objective=objective,
+                         threshold=args.threshold, out=args.out_type, progress=True, profile=profile,
+                         normaliser=normaliser)
     except (TypeError, ValueError) as exc:
         print(f"somatile compare: {exc}")
         return 2

@@ -16,6 +16,13 @@ YAML layout (one list entry per head, lists of equal length)::
     c: [4.0, 12.0]       # optional: the float clip range calibrated in logit units
     error: [0.02, 0.41]  # optional: the calibration objective's value per head
     objective: tv        # optional: which objective produced `error`
+    profile: paper       # optional (default paper): the integer profile of docs/numerics.md
+    normaliser: hccs     # optional (default hccs)
+
+Profile ``wide`` (docs/numerics.md, "Wide normalisers"): ``normaliser`` is hccs or pwl2, B/S/dmax follow
+the wide rules (S in Q8, dmax in 2^-8 bit of int16 base-2 logits), ``mode``, ``out`` and ``scale`` are not
+used (the logit unit is fixed, probabilities are Q15) and may be left out. A file is read for one profile:
+``from_yaml(path, profile=...)`` refuses the other with an error that names both.
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from somatile.model import hccs, intexp
+from somatile.model import hccs, intexp, wide
 
 FORMAT = "somatile-hccs-params"
 VERSION = 1
 _REQUIRED = ("format", "version", "cols", "mode", "out", "B", "S", "dmax", "fallback", "scale")
-_OPTIONAL = ("c", "error", "objective", "allow_zero_floor")
+_OPTIONAL = ("c", "error", "objective", "allow_zero_floor", "profile", "normaliser")
+_WIDE_OPTIONAL = ("mode", "out", "scale")
+PROFILE_NORMALISERS = {"paper": ("hccs",), "wide": ("hccs", "pwl2")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,22 +64,37 @@ class HccsParams:
     error: np.ndarray | None = None
     objective: str | None = None
     allow_zero_floor: bool = False
+    profile: str = "paper"
+    normaliser: str = "hccs"
 
     def __post_init__(self):
         heads = len(np.atleast_1d(self.B))
         if not isinstance(self.cols, (int, np.integer)) or self.cols < 1:
             raise ValueError(f"cols: expected a positive integer row length, got {self.cols!r}")
+        if self.profile not in PROFILE_NORMALISERS:
+            raise ValueError(f"profile: expected one of {sorted(PROFILE_NORMALISERS)}, got {self.profile!r}")
+        if self.normaliser not in PROFILE_NORMALISERS[self.profile]:
+            raise ValueError(f"normaliser: expected one of {PROFILE_NORMALISERS[self.profile]} in profile "
+                             f"{self.profile!r}, got {self.normaliser!r}")
         hccs.code_of(hccs.MODE_CODES, "mode", self.mode)
         hccs.code_of(hccs.OUT_CODES, "out", self.out)
-        B, S, dmax = hccs.check_params(self.B, self.S, self.dmax, int(self.cols), heads,
-                                       allow_zero_floor=self.allow_zero_floor)
+        if self.profile == "wide":
+            if int(self.cols) > wide.MAX_COLS:
+                raise ValueError(f"cols: {self.cols} exceeds the wide row limit {wide.MAX_COLS}")
+            B, S, dmax = wide.check_params(self.normaliser, self.B, self.S, self.dmax, heads)
+        else:
+            B, S, dmax = hccs.check_params(self.B, self.S, self.dmax, int(self.cols), heads,
+                                           allow_zero_floor=self.allow_zero_floor)
         fallback = np.atleast_1d(np.asarray(self.fallback))
         if fallback.dtype != np.bool_ or fallback.shape != (heads,):
             raise ValueError(f"fallback: expected {heads} booleans, got {self.fallback!r}")
-        scale = np.atleast_1d(np.asarray(self.scale, np.float64))
+        scale = np.atleast_1d(np.asarray(1.0 if self.scale is None else self.scale, np.float64))
+        if scale.size == 1:
+            scale = np.repeat(scale, heads)
         if scale.shape != (heads,):
             raise ValueError(f"scale: expected {heads} per-head scales, got {scale.size}")
-        intexp.exp_mult_from_scale(scale)
+        if self.profile == "paper":
+            intexp.exp_mult_from_scale(scale)
         for name in ("c", "error"):
             value = getattr(self, name)
             if value is not None:
@@ -92,13 +116,21 @@ class HccsParams:
         return intexp.exp_mult_from_scale(self.scale)
 
     def apply_int(self, x: np.ndarray, mask=None, *, impl: str = "numba") -> np.ndarray:
-        """Run the deployed integer normaliser on int8 logits (H, R, N): HCCS per head, integer-exp softmax
-        on fallback heads. Returns ``out`` dtype; rows of length != cols are rejected by the rules check."""
+        """Run the deployed integer normaliser on the profile's logits (H, R, N) (int8 "paper", int16
+        "wide"): the normaliser per head, integer-exp softmax on fallback heads. Returns ``out`` dtype
+        ("paper") or uint16 Q15 ("wide"); rows of length != cols are rejected."""
         if x.ndim != 3 or x.shape[0] != self.heads:
             raise ValueError(f"x: expected ({self.heads}, R, N) logits for {self.heads} heads, got {x.shape}")
         if x.shape[-1] != self.cols:
             raise ValueError(f"x: rows have {x.shape[-1]} elements, the parameters were checked for cols = "
                              f"{self.cols}")
+        if self.profile == "wide":
+            y = wide.wide_softmax(x, self.normaliser, self.B, self.S, self.dmax, mask=mask, impl=impl)
+            fb = np.flatnonzero(self.fallback)
+            if fb.size:
+                y[fb] = wide.wide_softmax(np.ascontiguousarray(x[fb]), "exp", mask=None if mask is None else
+                                          np.ascontiguousarray(mask[fb]), impl=impl)
+            return y
         y = hccs.hccs_int(x, self.B, self.S, self.dmax, mode=self.mode, out=self.out, mask=mask, impl=impl,
                           allow_zero_floor=self.allow_zero_floor)
         fb = np.flatnonzero(self.fallback)
@@ -114,16 +146,23 @@ class HccsParams:
         from somatile.model.quant import float_params_from_int
         if logits.ndim != 3 or logits.shape[0] != self.heads:
             raise ValueError(f"logits: expected ({self.heads}, R, N) for {self.heads} heads, got {logits.shape}")
-        y = hccs.hccs_float_bsd(logits, *float_params_from_int(self.B, self.S, self.dmax, self.scale), mask)
+        if self.profile == "wide":
+            y = wide.float_reference(logits, self.normaliser, self.B, self.S, self.dmax, mask)
+        else:
+            y = hccs.hccs_float_bsd(logits, *float_params_from_int(self.B, self.S, self.dmax, self.scale), mask)
         fb = np.flatnonzero(self.fallback)
         if fb.size:
             y[fb] = hccs.softmax(logits[fb], None if mask is None else mask[fb])
         return y
 
     def to_dict(self) -> dict:
-        d = {"format": FORMAT, "version": VERSION, "cols": self.cols, "mode": self.mode, "out": self.out,
-             "B": self.B.tolist(), "S": self.S.tolist(), "dmax": self.dmax.tolist(),
-             "fallback": self.fallback.tolist(), "scale": self.scale.tolist()}
+        d = {"format": FORMAT, "version": VERSION, "profile": self.profile, "normaliser": self.normaliser,
+             "cols": self.cols}
+        if self.profile == "paper":
+            d.update(mode=self.mode, out=self.out)
+        d.update(B=self.B.tolist(), S=self.S.tolist(), dmax=self.dmax.tolist(), fallback=self.fallback.tolist())
+        if self.profile == "paper":
+            d["scale"] = self.scale.tolist()
         if self.c is not None:
             d["c"] = self.c.tolist()
         if self.error is not None:
@@ -146,7 +185,8 @@ class HccsParams:
         unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
         if unknown:
             raise ValueError(f"{source}: unknown key {unknown[0]!r} (known: {list(_REQUIRED + _OPTIONAL)})")
-        missing = [k for k in _REQUIRED if k not in d]
+        profile = d.get("profile", "paper")
+        missing = [k for k in _REQUIRED if k not in d and not (profile == "wide" and k in _WIDE_OPTIONAL)]
         if missing:
             raise ValueError(f"{source}: missing key {missing[0]!r}")
         if d["format"] != FORMAT or d["version"] != VERSION:
@@ -172,17 +212,24 @@ class HccsParams:
         try:
             return cls(B=np.array(lists["B"], np.int64), S=np.array(lists["S"], np.int64),
                        dmax=np.array(lists["dmax"], np.int64), fallback=np.array(lists["fallback"], bool),
-                       scale=np.array(lists["scale"], np.float64), cols=d["cols"], mode=d["mode"], out=d["out"],
-                       c=lists.get("c"), error=lists.get("error"), objective=d.get("objective"),
-                       allow_zero_floor=bool(d.get("allow_zero_floor", False)))
+                       scale=np.array(lists.get("scale", 1.0), np.float64), cols=d["cols"],
+                       mode=d.get("mode", "div"), out=d.get("out", "uint8"), c=lists.get("c"),
+                       error=lists.get("error"), objective=d.get("objective"),
+                       allow_zero_floor=bool(d.get("allow_zero_floor", False)), profile=profile,
+                       normaliser=d.get("normaliser", "hccs"))
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from exc
 
     @classmethod
-    def from_yaml(cls, path) -> "HccsParams":
+    def from_yaml(cls, path, profile: str | None = None) -> "HccsParams":
+        """Read a parameter file; with ``profile`` a file of the other profile is an error naming both."""
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise ValueError(f"{path}: cannot read HCCS parameters: {exc}") from exc
-        return cls.from_dict(data, str(path))
+        params = cls.from_dict(data, str(path))
+        if profile is not None and params.profile != profile:
+            raise ValueError(f"{path}: key 'profile': the parameters are for profile {params.profile!r}, "
+                             f"expected {profile!r} (calibrate again with --profile {profile})")
+        return params

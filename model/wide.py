@@ -264,3 +264,24 @@ def logits_from_float(logits, mask=None) -> np.ndarray:
     q = np.rint(np.where(valid, x3.astype(np.float64), 0.0) * (np.log2(np.e) * (1 << LOGIT_FRAC_BITS)))
     q = np.where(valid, np.clip(q, LOGIT_MIN, LOGIT_MAX), LOGIT_MIN).astype(np.int16)
     return q[0] if squeeze else q
+
+
+def float_reference(logits, normaliser: str, B, S, dmax, mask=None) -> np.ndarray:
+    """The float family that the wide integers represent, on float logits (H, R, N) in nats (float64 out):
+    hccs: ``B - S' * min(d, dmax')`` normalised, with ``S' = S/256 * log2(e) * 256`` per nat and ``dmax' =
+    dmax / (log2(e) * 256)`` nats; pwl2: ``exp(-(S/256) * min(d, dmax'))`` normalised (the exponential its
+    segments interpolate); exp: softmax."""
+    from somatile.model.hccs import float_distances, hccs_float_bsd, softmax
+    if normaliser == "exp":
+        return softmax(logits, mask)
+    per_nat = np.log2(np.e) * (1 << LOGIT_FRAC_BITS)
+    heads = np.asarray(logits).shape[0]
+    B, S, dmax = (per_head(n, v, heads).astype(np.float64) for n, v in (("B", B), ("S", S), ("dmax", dmax)))
+    if normaliser == "hccs":
+        return hccs_float_bsd(logits, B, S / (1 << S_FRAC_BITS) * per_nat, dmax / per_nat, mask)
+    dist, valid, squeeze = float_distances(logits, mask)
+    d = np.minimum(np.where(valid, dist, 0.0), (dmax / per_nat)[:, None, None])
+    e = np.where(valid, np.exp(-(S / (1 << S_FRAC_BITS))[:, None, None] * d), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return p[0] if squeeze else p

@@ -120,11 +120,18 @@ def test_calibrate_cli_writes_loadable_yaml(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     calibrate.add_arguments(parser)
     out = tmp_path / "params.yaml"
-    args = parser.parse_args(["--heads", "3", "--rows", "60", "--cols", "32", "--peaked", "1", "-o", str(out)])
+    args = parser.parse_args(["--heads", "3", "--rows", "60", "--cols", "32", "--peaked", "1", "-o", str(out),
+                              "--profile", "paper"])
     assert calibrate.run(args) == 0
     params = HccsParams.from_yaml(out)
-    assert params.heads == 3 and params.cols == 32 and params.objective == "tv"
+    assert params.heads == 3 and params.cols == 32 and params.objective == "tv" and params.profile == "paper"
     assert "wrote" in capsys.readouterr().out
+    # The default profile is "wide" with the exp-free pwl2, calibrated on the attention output.
+    args = parser.parse_args(["--heads", "3", "--rows", "60", "--cols", "32", "--peaked", "1", "-o", str(out)])
+    assert calibrate.run(args) == 0
+    params = HccsParams.from_yaml(out, profile="wide")
+    assert params.normaliser == "pwl2" and params.objective == "output" and params.error.shape == (3,)
+    assert "profile: wide" in out.read_text() and "scale" not in out.read_text()
 
 
 def test_study_objectives_holds_rows_out(rng, capsys):

@@ -56,20 +56,43 @@ def run_cli(argv):
     return compare.run(parser.parse_args(argv))
 
 
-def test_cli_on_an_npz_writes_json_plots_and_params(tmp_path, capsys):
+@pytest.mark.parametrize("profile,method,normaliser", [("paper", "int8_div", "hccs"), ("wide", "wide_pwl2", "pwl2"),
+                                                      ("wide", "wide_hccs", "hccs")])
+def test_cli_on_an_npz_writes_json_plots_and_params(tmp_path, capsys, profile, method, normaliser):
     logits, mask, _ = synth.synthetic_logits(3, 80, 32, peaked=1, seed=4, padding=True)
     values = np.random.default_rng(0).normal(size=(3, 32, 4)).astype(np.float32)
     path = tmp_path / "in.npz"
     np.savez(path, logits=np.where(mask, logits, -np.inf).astype(np.float32), mask=mask, values=values)
     out = tmp_path / "out"
-    assert run_cli(["--logits", str(path), "--out", str(out), "--save-params", str(out / "p.yaml")]) == 0
+    extra = [] if profile == "wide" and normaliser == "pwl2" else ["--profile", profile, "--normaliser", normaliser]
+    assert run_cli(["--logits", str(path), "--out", str(out), "--save-params", str(out / "p.yaml")] + extra) == 0
     text = capsys.readouterr().out
-    assert "int8_div" in text and "mean over heads" in text
+    assert method in text and "mean over heads" in text
     report = json.loads((out / "compare.json").read_text())
-    assert len(report["heads"]) == 3 and "out_err" in report["summary"]["int8_div"]
+    assert len(report["heads"]) == 3 and "out_err" in report["summary"][method]
+    assert report["profile"] == profile and report["normaliser"] == normaliser
     for png in ("tv_per_head.png", "row_sums.png", "example_rows.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
-    assert HccsParams.from_yaml(out / "p.yaml").heads == 3
+    params = HccsParams.from_yaml(out / "p.yaml", profile=profile)
+    assert params.heads == 3 and params.profile == profile and params.normaliser == normaliser
+    other = "paper" if profile == "wide" else "wide"
+    with pytest.raises(ValueError, match=f"key 'profile': the parameters are for profile '{profile}', "
+                                         f"expected '{other}'"):
+        HccsParams.from_yaml(out / "p.yaml", profile=other)
+    if profile == "wide":
+        # The wide integers on int16 logits stay within Q15 rounding and pwl2's 0.4 % per weight of the float
+        # family they represent, so their distance from softmax is the family's; pwl2 is close to softmax.
+        summary = report["summary"]
+        assert abs(summary["deployed"]["tv"] - summary["deployed_float"]["tv"]) < 0.005
+        if normaliser == "pwl2":
+            assert summary["deployed"]["tv"] < 0.01
+
+
+def test_cli_profile_errors(capsys):
+    assert run_cli(["--rows", "20", "--profile", "paper", "--normaliser", "pwl2"]) == 2
+    assert "--normaliser: expected 'hccs' in profile 'paper'" in capsys.readouterr().out
+    assert run_cli(["--rows", "20", "--objective", "kl_seed"]) == 2
+    assert "--objective: expected one of ('output', 'tv') in profile 'wide'" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("arrays,message", [
