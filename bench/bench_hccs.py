@@ -3,7 +3,9 @@
 Rows of 4096 x 128 and 4096 x 512 int8 logits (and their float32 values for softmax); each figure is the best
 of 7 interleaved rounds after a warm-up call (numba compiled and cached). Target (issue 2): the numba integer HCCS
 at least 3x the numpy float32 softmax throughput. Also: numba against the numpy spec, and the integer-exp
-softmax (the fallback heads' kernel) against the same softmax.
+softmax (the fallback heads' kernel) against the same softmax. The wide profile's normalisers (int16 base-2
+logits, Q15 out: exp, pwl2, hccs) against their numpy spec (target: numba >= 8x the spec) and against the
+same softmax.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 import numba
 import numpy as np
 
-from somatile.model import hccs, intexp, quant
+from somatile.model import hccs, intexp, quant, wide
 
 ROWS = 4096
 SHAPES = (128, 512)
@@ -72,7 +74,26 @@ def run() -> list[dict]:
             {"name": f"intexp numba vs numpy float32 softmax, {shape}", "value": ROWS / iexp, "unit": "rows/s",
              "baseline": ROWS / soft, "ratio": soft / iexp},
         ]
+        rows += wide_rows(logits, soft, shape)
     return rows
+
+
+WIDE_PARAMS = {"exp": (0, 0, 0), "pwl2": (0, 256, wide.DMAX_MAX), "hccs": (wide.PROB_ONE, 2048, 4096)}
+"""pwl2 at the model's slope without a clip, HCCS with a 16-bit clip (4096 = 16 bits) and zero floor."""
+
+
+def wide_rows(logits: np.ndarray, soft: float, shape: str) -> list[dict]:
+    xw = wide.logits_from_float(logits[None])[0]
+    fast = best_seconds({n: (lambda n=n: wide.wide_softmax(xw, n, *p)) for n, p in WIDE_PARAMS.items()})
+    out = []
+    for n, p in WIDE_PARAMS.items():
+        spec = best_seconds({"spec": lambda: wide.wide_softmax(xw, n, *p, impl="numpy")}, repeats=3)["spec"]
+        ratio = spec / fast[n]
+        out += [{"name": f"wide {n} numba vs numpy spec, {shape}", "value": ROWS / fast[n], "unit": "rows/s",
+                 "baseline": ROWS / spec, "ratio": ratio, "target": ">= 8x", "met": ratio >= 8.0},
+                {"name": f"wide {n} numba vs numpy float32 softmax, {shape}", "value": ROWS / fast[n],
+                 "unit": "rows/s", "baseline": ROWS / soft, "ratio": soft / fast[n]}]
+    return out
 
 
 if __name__ == "__main__":
