@@ -39,7 +39,8 @@
 #define HOST_IDLE_TAKEOVER_MS 3000
 /* A host that takes no answer bytes for this long (its receive window full) is dropped like a closed one. */
 #define HOST_WRITE_TIMEOUT_MS 5000
-#define HOST_LISTEN_BACKLOG 16
+/* Connections the kernel completes while one host is served; a full queue makes new connects wait. */
+#define HOST_LISTEN_BACKLOG 64
 
 static int usage(const char *why)
 {
