@@ -4,6 +4,7 @@ The parameter set is the small tile of tests/hw/test_tile.py, so the Verilator b
 """
 
 import numpy as np
+import pytest
 
 import somatile.host
 from somatile.host.device import DeviceError
@@ -24,12 +25,18 @@ def test_sim_agrees_with_emu_and_moves_state_and_errors_through_the_firmware(rng
         dev.load_state(state)
         back = dev.read_state()
         assert np.array_equal(back["ring_k"], ring_k) and int(back["step"]) == 65536
-        try:
-            dev.load_state(dict(state, write_pos=np.int32(8)))  # outside 0..ring-1: refused, head cleared
-        except DeviceError as exc:
-            assert exc.command == "LOAD_STATE" and exc.code_name == "BAD_ARGUMENT"
-        else:
-            raise AssertionError("LOAD_STATE with write_pos = ring was accepted")
+        with pytest.raises(ValueError, match="'write_pos': expected one integer in 0..7"):
+            dev.load_state(dict(state, write_pos=np.int32(8)))  # the host refuses it before any head changes
+        assert np.array_equal(dev.read_state()["ring_k"], ring_k)
+        # Past the host's check the tile refuses it too (and clears that head, never half-loads it).
+        from somatile.hw import regmap, tile_model
+
+        params = dev._tile_params()
+        bad = tile_model.arrays_to_state(params, {**{n: a[:1] if a.ndim else a for n, a in state.items()},
+                                                  "write_pos": np.int32(8)})
+        with pytest.raises(DeviceError) as info:
+            dev._tile(0, regmap.Opcode.LOAD_STATE, 0, 0, bytes(bad))
+        assert info.value.command == "LOAD_STATE" and info.value.code_name == "BAD_ARGUMENT"
         dev.reset()
         assert not np.any(dev.read_state()["ring_k"])
         again = stream_device(dev, tokens=24, seed=5)  # the device still works after the fault
