@@ -42,7 +42,7 @@ def run() -> list[dict]:
                           f"{exact}"})
     rows.append({"name": "emulated HCCS elements/s (same run)", "value": x.size / seconds, "unit": "elements/s"})
 
-    cfg = soma.SomaConfig.preset("default", integer=True, n_heads=8, n_kv_heads=2, head_dim=64)
+    cfg = soma.SomaConfig.preset("default", integer=True, profile="paper", n_heads=8, n_kv_heads=2, head_dim=64)
     q = rng.integers(-128, 128, (16, 8, 64)).astype(np.int8)
     k = rng.integers(-128, 128, (16, 2, 64)).astype(np.int8)
     runner = metal_backend.make_runner("pyobjc", emulate=True)

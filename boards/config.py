@@ -99,6 +99,11 @@ class Param:
     doc: str
 
 
+def _tile_profiles() -> tuple[str, ...]:
+    from somatile.hw.regmap import TILE_PROFILES
+    return TILE_PROFILES
+
+
 # Top-level parameters. Every board has all of them (base.yaml gives defaults).
 SCHEMA: dict[str, Param] = {
     "description": Param(str, _one_line, "one line about the board"),
@@ -115,6 +120,10 @@ SCHEMA: dict[str, Param] = {
     "n_max": Param(int, _int_range(1, 65536), "longest HCCS row held on chip (elements)"),
     "ring": Param(int, _int_range(1, 4096), "ring KV buffer entries per head"),
     "sinks": Param(int, _int_range(0, 64), "attention-sink entries per head kept beside the ring"),
+    "profile": Param(str, lambda v: None if v in _tile_profiles() else
+                     f"one of {', '.join(_tile_profiles())} (the integer profiles the tile RTL implements; "
+                     f"docs/numerics.md)",
+                     "integer profile of docs/numerics.md that the tile RTL implements"),
 }
 
 # Section for boards of kind "fpga": how the open toolchain reaches the part.
@@ -210,6 +219,7 @@ class BoardConfig:
     n_max: int
     ring: int
     sinks: int
+    profile: str
     fpga: Mapping[str, Any] | None = None
     aie: Mapping[str, Any] | None = None
     overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))

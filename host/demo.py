@@ -52,8 +52,9 @@ def step_real_logits(out: Path) -> dict:
     print(f"MiniLM layer {DEMO_LAYER} attention logits of {len(sentences)} sentences from {text.DEFAULT_TEXT.name}: "
           f"{tuple(dump['shape'])} -> {logits_path}")
     params_path = out / "hccs_params.yaml"
+    # The RTL of step 2 implements the paper profile (int8 logits, uint8 out): calibrate for it.
     code = main(["compare", "--logits", str(logits_path), "--out", str(out / "compare"),
-                 "--save-params", str(params_path)])
+                 "--save-params", str(params_path), "--profile", "paper"])
     if code:
         raise RuntimeError(f"somatile compare exited with {code}")
     return {"logits": logits_path, "params": params_path}
@@ -65,7 +66,7 @@ def step_rtl_hccs(out: Path, logits_path: Path, params_path: Path) -> int:
     from somatile.model.params import HccsParams
     from somatile.sim.run_hccs import report, run_vectors
 
-    params = HccsParams.from_yaml(params_path)
+    params = HccsParams.from_yaml(params_path, profile="paper")
     with np.load(logits_path) as data:
         logits, mask = data["logits"][:, :RTL_ROWS_PER_HEAD], data["mask"][:, :RTL_ROWS_PER_HEAD]
     x = quant.quantize_logits(logits, params.scale, mask)

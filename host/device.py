@@ -272,6 +272,11 @@ class TileDevice(Device):
 
         if isinstance(params, (str, bytes, os.PathLike)):
             params = HccsParams.from_yaml(params)
+        profile = getattr(params, "profile", None)
+        if profile is not None and profile not in self._rm.TILE_PROFILES:
+            raise ValueError(f"configure: the parameters are for integer profile {profile!r}; this device implements "
+                             f"{' and '.join(repr(p) for p in self._rm.TILE_PROFILES)} (docs/numerics.md; calibrate "
+                             f"with --profile paper, or SomaConfig(profile='paper'))")
         updates = self._parameter_updates(params)
         blocks = []
         for head in range(self.heads):

@@ -236,6 +236,9 @@ def soma_run(runner, cfg, state, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
 
     if not cfg.integer:
         raise ValueError("SomaConfig.integer: the Metal Soma kernel runs the integer decode step; expected True")
+    if cfg.profile != "paper":
+        raise ValueError(f"SomaConfig.profile: the Metal Soma kernel implements profile 'paper' (the wide profile "
+                         f"follows in the backends issue), got {cfg.profile!r}")
     if cfg.slots > metal_kernels.SOMA_MAX_SLOTS:
         raise ValueError(f"SomaConfig.ring: sinks + ring = {cfg.slots} exceeds the {metal_kernels.SOMA_MAX_SLOTS} "
                          f"slots the Metal kernel keeps in threadgroup memory")

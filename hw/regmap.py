@@ -78,6 +78,10 @@ FRAME_GRANULE = 16
 REGISTER_BYTES = 4
 ID_VALUE = 0x534F4D54  # "SOMT"
 STREAM_WIDTHS = (32, 64, 128)
+TILE_PROFILES = ("paper",)
+"""The integer profiles of docs/numerics.md that the tile RTL (and with it the firmware, emu:// and Metal)
+implements: the paper profile; the wide profile follows in the backends issue. A board states its profile
+(boards/*.yaml ``profile``) and the device API refuses parameters of any other."""
 
 
 class Opcode(enum.IntEnum):

@@ -558,7 +558,7 @@ def soma_configs(cal: LMCalibration | None, n_layers: int, geometry: dict) -> di
         "field_gated_0.3": fixed(**sinks60, alpha=0.3, field_source="values", gating="query"),
     }
     if cal is not None:
-        default = SomaConfig.preset("default", **geometry)
+        default = SomaConfig.preset("default", profile="paper", **geometry)
         if default.slots != cal.cols:
             raise ValueError(f"calibration rows have {cal.cols} keys, the default preset {default.slots} slots")
         hccs_cfgs = [default.replace(normaliser="hccs", hccs_c=tuple(cal.params[l].c)) for l in range(n_layers)]

@@ -281,7 +281,9 @@ class SomaConfig:
         - ``gated_field``: ``default`` plus a query-gated value field, alpha 0.1.
 
         With ``integer=True`` the integer parameters come from :func:`integer_config` at unit-free default
-        scales unless given explicitly.
+        scales unless given explicitly. The presets use ``profile="wide"`` (the integer contract that keeps a
+        language model's accuracy, docs/results.md) unless ``profile`` is given; the hardware backends
+        implement ``profile="paper"``.
         """
         presets = {
             "seed": dict(ring=16, sinks=0, include_self=False, field_source="keys", gating="none",
@@ -293,7 +295,7 @@ class SomaConfig:
         }
         if name not in presets:
             raise ValueError(f"SomaConfig.preset: unknown preset {name!r}; expected one of {sorted(presets)}")
-        params = {**presets[name], **overrides}
+        params = {"profile": "wide", **presets[name], **overrides}
         integer = params.pop("integer", False)
         if integer:
             if params.get("normaliser", "softmax") not in INT_NORMALISERS:

@@ -173,3 +173,21 @@ def test_device_base_class_is_what_every_backend_implements():
     assert issubclass(TileDevice, Device)
     assert not getattr(Device, "__abstractmethods__", set()) - {"info", "configure", "hccs", "decode",
                                                                   "read_state", "load_state", "reset"}
+
+
+def test_configure_refuses_another_profile(tmp_path):
+    """The tile implements the paper profile: wide-profile parameters (a SomaConfig or a calibrated YAML) are
+    refused before anything is sent, and the device keeps working."""
+    from somatile.model.calibrate import calibrate_wide_params
+    dev = somatile.host.open("emu://?board=sim")
+    with pytest.raises(ValueError, match="configure: the parameters are for integer profile 'wide'; this device "
+                                         "implements 'paper'"):
+        dev.configure(config(profile="wide", normaliser="pwl2_int"))
+    rng = np.random.default_rng(0)
+    wide_params = calibrate_wide_params(rng.normal(0, 2, (HEADS, 40, RING + SINKS)), normaliser="pwl2")
+    wide_params.to_yaml(tmp_path / "wide.yaml")
+    with pytest.raises(ValueError, match="integer profile 'wide'"):
+        dev.configure(tmp_path / "wide.yaml")
+    dev.configure(config())
+    q, k, v = tokens(rng, 3)
+    assert np.array_equal(dev.decode(q, k, v), soma.prefill(config(), q, k, v)[0])

@@ -20,7 +20,7 @@ def devices(request):
 
 
 def soma_config(info, **extra):
-    return soma.SomaConfig.preset("gated_field", integer=True, n_heads=info.heads, head_dim=info.head_dim,
+    return soma.SomaConfig.preset("gated_field", integer=True, profile="paper", n_heads=info.heads, head_dim=info.head_dim,
                                   ring=info.ring, sinks=info.sinks, **extra)
 
 

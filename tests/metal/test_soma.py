@@ -20,7 +20,7 @@ CONFIGS = {
 
 def integer_config(name, **extra):
     kw = {**GEOMETRY, **CONFIGS[name], **extra}
-    return soma.SomaConfig.preset(kw.pop("preset"), integer=True, **kw)
+    return soma.SomaConfig.preset(kw.pop("preset"), integer=True, profile="paper", **kw)
 
 
 def tokens(rng, cfg, T, low=-128, high=128):
@@ -88,9 +88,13 @@ def test_soma_bad_input_names_the_field(runner, rng):
         metal_backend.soma_prefill(runner, cfg, q, k[:, :1], v)
     with pytest.raises(ValueError, match="SomaConfig.integer"):
         metal_backend.soma_prefill(runner, soma.SomaConfig.preset("seed", **GEOMETRY), q * 1.0, k * 1.0, v * 1.0)
-    big = soma.SomaConfig.preset("default", integer=True, n_heads=1, head_dim=8, ring=5000, normaliser="exp_int")
+    big = soma.SomaConfig.preset("default", integer=True, profile="paper", n_heads=1, head_dim=8, ring=5000,
+                                 normaliser="exp_int")
     with pytest.raises(ValueError, match="exceeds the 4096 slots"):
         metal_backend.soma_prefill(runner, big, *tokens(rng, big, 1))
+    wide = soma.SomaConfig.preset("default", integer=True, **GEOMETRY)     # the presets' default profile
+    with pytest.raises(ValueError, match="SomaConfig.profile: the Metal Soma kernel implements profile 'paper'"):
+        metal_backend.soma_prefill(runner, wide, *tokens(rng, wide, 1))
 
 
 def test_edge_shifts_and_gate_saturation(runner, rng):
@@ -108,7 +112,7 @@ def test_largest_row_the_kernel_holds(runner, rng):
     state: every slot valid, the threadgroup memory of the kernel used to its end."""
     from somatile.host import metal_kernels
 
-    cfg = soma.SomaConfig.preset("default", integer=True, n_heads=2, n_kv_heads=1, head_dim=256, sinks=96,
+    cfg = soma.SomaConfig.preset("default", integer=True, profile="paper", n_heads=2, n_kv_heads=1, head_dim=256, sinks=96,
                                  ring=metal_kernels.SOMA_MAX_SLOTS - 96, normaliser="exp_int")
     state = soma.SomaState.empty(cfg)
     for name in ("ring_k", "ring_v", "sink_k", "sink_v"):

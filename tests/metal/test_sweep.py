@@ -54,7 +54,7 @@ def test_soma_sweep(case):
     ring = int(rng.integers(1, 40))
     gated = rng.random() < 0.4
     cfg = soma.SomaConfig.preset(
-        "gated_field" if gated else "default", integer=True, n_heads=kv * int(rng.integers(1, 4)), n_kv_heads=kv,
+        "gated_field" if gated else "default", integer=True, profile="paper", n_heads=kv * int(rng.integers(1, 4)), n_kv_heads=kv,
         head_dim=int(rng.integers(1, 48)), ring=ring, sinks=int(rng.integers(0, ring + 1)),
         include_self=bool(rng.random() < 0.5), alpha=float(rng.random()),
         field_source="values" if gated or rng.random() < 0.5 else "keys",

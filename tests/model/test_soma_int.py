@@ -26,7 +26,7 @@ def run_both(cfg, q, k, v, state=None):
 
 
 def make(preset="default", **kw):
-    base = dict(n_heads=4, n_kv_heads=2, head_dim=8, ring=5, sinks=2, alpha=0.3, integer=True)
+    base = dict(n_heads=4, n_kv_heads=2, head_dim=8, ring=5, sinks=2, alpha=0.3, integer=True, profile="paper")
     return SomaConfig.preset(preset, **{**base, **kw})
 
 

@@ -105,7 +105,7 @@ def test_profile_errors():
     with pytest.raises(ValueError, match="normaliser: expected one of \\('hccs_int', 'exp_int'\\) in profile 'paper'"):
         SomaConfig(normaliser="pwl2_int", integer=True)
     with pytest.raises(ValueError, match="exp_mult: expected integers in \\[1, 65535\\]"):
-        SomaConfig.preset("default", integer=True, normaliser="exp_int", exp_mult=70000)
+        SomaConfig.preset("default", integer=True, profile="paper", normaliser="exp_int", exp_mult=70000)
     with pytest.raises(ValueError, match="profile 'wide', hccs_int"):
         SomaConfig(profile="wide", normaliser="hccs_int", hccs_B=10, hccs_S=256, hccs_dmax=11)
 
@@ -128,6 +128,6 @@ def test_soma_wide_fallback_heads():
     assert np.array_equal(a[:, [0, 2]], hccs_out[:, [0, 2]]) and np.array_equal(a[:, [1, 3]], exp_out[:, [1, 3]])
     assert not np.array_equal(hccs_out[:, 1], exp_out[:, 1])
     with pytest.raises(ValueError, match="SomaConfig.fallback: expected no fallback heads unless profile='wide'"):
-        SomaConfig.preset("default", n_heads=2, integer=True, fallback=(True, False))
+        SomaConfig.preset("default", n_heads=2, integer=True, profile="paper", fallback=(True, False))
     with pytest.raises(ValueError, match="SomaConfig.fallback: expected True/False or 4 of them"):
         base.replace(fallback=(True, False))
