@@ -25,6 +25,8 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from somatile.model.files import load_yaml  # noqa: F401  (the board loader and --set read YAML with it)
+
 BOARDS_DIR = Path(__file__).resolve().parent
 DEFAULT_BOARD = "sim"
 KINDS = ("sim", "fpga", "versal")
@@ -259,46 +261,6 @@ class BoardConfig:
         new = dataclasses.replace(self, **changes, overrides=MappingProxyType({**self.overrides, **changes}))
         _check_consistency(new, f"{origin} on board {self.name}")
         return new
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with two YAML 1.1 traps closed: a key given twice in one mapping is an error (not
-    the last one silently winning), and only true/false are booleans; an unquoted yes/no/on/off, which YAML 1.1
-    reads as a boolean and YAML 1.2 as a string, is an error asking for true/false or quotes."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice in one mapping",
-                                                        key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-    def construct_ambiguous_boolean(self, node):
-        raise yaml.constructor.ConstructorError(
-            None, None, f"{node.value!r} is a boolean in YAML 1.1 and a string in YAML 1.2: write true or false, "
-            f"or quote it for a string", node.start_mark)
-
-
-_BOOL_TAG = "tag:yaml.org,2002:bool"
-_AMBIGUOUS_TAG = "tag:somatile:ambiguous-boolean"
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regex) for tag, regex in resolvers if tag != _BOOL_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_StrictLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_StrictLoader.add_implicit_resolver(_AMBIGUOUS_TAG, re.compile(r"^(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)$"),
-                                    list("yYnNoO"))
-_StrictLoader.add_constructor(_AMBIGUOUS_TAG, _StrictLoader.construct_ambiguous_boolean)
-
-
-def load_yaml(text: str):
-    """``yaml.safe_load`` for files people write: a duplicate key or a YAML 1.1 boolean (yes/no/on/off)
-    raises ``yaml.YAMLError`` with its line, instead of being read silently one way or the other."""
-    return yaml.load(text, Loader=_StrictLoader)
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:

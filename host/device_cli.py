@@ -17,40 +17,11 @@ import argparse
 import json
 import sys
 import time
-import zipfile
 
 import numpy as np
 
 
-# Largest array an input .npz may declare (checked from its headers before anything is read): a header that
-# claims 10^12 elements, or a small file that inflates to gigabytes, is refused instead of loaded.
-MAX_NPZ_ARRAY_BYTES = 1 << 30
-
-
-def read_npz(path: str, what: str, max_bytes: int = MAX_NPZ_ARRAY_BYTES) -> dict[str, np.ndarray]:
-    """The arrays of the .npz at ``path`` (``what`` names the option in messages). ValueError naming the
-    file and the array when it cannot be read, holds pickled objects, or declares an array (or a member that
-    inflates to) more than ``max_bytes``."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for member in archive.infolist():
-                name = member.filename.removesuffix(".npy")
-                if member.file_size > max_bytes + 4096:  # the .npy header is at most a few KiB
-                    raise ValueError(f"{what} {path}: array {name!r} inflates to {member.file_size} bytes; "
-                                     f"the limit is {max_bytes}")
-                with archive.open(member) as f:
-                    version = np.lib.format.read_magic(f)
-                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                   else np.lib.format.read_array_header_2_0)
-                    shape, _, dtype = read_header(f)
-                size = int(np.prod(shape, dtype=object)) * dtype.itemsize
-                if size > max_bytes:
-                    raise ValueError(f"{what} {path}: array {name!r} declares shape {shape} of {dtype} "
-                                     f"({size} bytes); the limit is {max_bytes}")
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise ValueError(f"{what} {path}: cannot read it as .npz ({exc})") from None
+from somatile.model.files import MAX_NPZ_ARRAY_BYTES, read_npz  # noqa: F401  (re-exported for callers)
 
 
 # A small tile of the default board whose Verilator build takes seconds, shared with tests/hw/test_tile.py.

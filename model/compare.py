@@ -71,20 +71,19 @@ def load_npz(path) -> LogitsInput:
     """Read and check an input file. ``logits`` is float (H, R, N), or int8 (H, R, N) together with ``scale``
     (H,) float (logit = int8 * scale: quantised logits after QAT, calibrated with that scale). Optional
     ``mask`` (H, R, N) bool and ``values`` (H, N, D) float. Errors name the file and the array at fault."""
+    from somatile.model.files import read_npz
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file (expected an .npz with array 'logits' (H, R, N))")
     try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+        arrays = read_npz(str(path), "logits file")
+    except ValueError as exc:   # also a .npy inside that is not an array file
         raise ValueError(f"{path}: not a readable .npz file ({exc})") from exc
-    with data:
-        if "logits" not in data.files:
-            raise ValueError(f"{path}: missing array 'logits' (H, R, N); found {data.files}")
-        unknown = sorted(set(data.files) - {"logits", "mask", "values", "scale"})
-        if unknown:
-            raise ValueError(f"{path}: unknown array {unknown[0]!r} (expected logits, mask, values, scale)")
-        arrays = {k: data[k] for k in data.files}
+    if "logits" not in arrays:
+        raise ValueError(f"{path}: missing array 'logits' (H, R, N); found {sorted(arrays)}")
+    unknown = sorted(set(arrays) - {"logits", "mask", "values", "scale"})
+    if unknown:
+        raise ValueError(f"{path}: unknown array {unknown[0]!r} (expected logits, mask, values, scale)")
     logits, mask, values, scale = (arrays.get(k) for k in ("logits", "mask", "values", "scale"))
     if logits.ndim != 3 or (logits.dtype.kind != "f" and logits.dtype != np.int8):
         raise ValueError(f"{path}: 'logits' must be float or int8 (H, R, N), got {logits.dtype} {logits.shape}")
@@ -102,6 +101,10 @@ def load_npz(path) -> LogitsInput:
         hccs.as_heads(logits, mask, "logits", floating=True)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from exc
+    if H == 0:
+        raise ValueError(f"{path}: 'logits' has no heads (shape {logits.shape}); expected (H, R, N) with H >= 1")
+    if mask is not None and not mask.any():
+        raise ValueError(f"{path}: 'mask' is False everywhere: no row has an element to calibrate on")
     if mask is not None and not mask.any(axis=-1).all():
         empty = int((~mask.any(axis=-1)).sum())
         print(f"note: {path}: {empty} fully-masked rows (HCCS outputs zeros there; they are left out of the "

@@ -34,6 +34,7 @@ import numpy as np
 import yaml
 
 from somatile.model import hccs, intexp, wide
+from somatile.model.files import load_yaml
 
 FORMAT = "somatile-hccs-params"
 VERSION = 1
@@ -206,6 +207,12 @@ class HccsParams:
                 if not ok:
                     raise ValueError(f"{source}: key {key!r}: head {i}: expected {kind.__name__}, got {v!r}")
             lists[key] = value
+        for key in ("allow_zero_floor",):
+            if key in d and not isinstance(d[key], bool):
+                raise ValueError(f"{source}: key {key!r}: expected true or false, got {d[key]!r}")
+        for key in ("profile", "normaliser", "mode", "out", "objective"):
+            if key in d and not isinstance(d[key], str):
+                raise ValueError(f"{source}: key {key!r}: expected a string, got {d[key]!r}")
         lengths = {k: len(v) for k, v in lists.items()}
         if len(set(lengths.values())) != 1:
             raise ValueError(f"{source}: per-head lists differ in length: {lengths}")
@@ -225,7 +232,7 @@ class HccsParams:
         """Read a parameter file; with ``profile`` a file of the other profile is an error naming both."""
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
+            data = load_yaml(path.read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise ValueError(f"{path}: cannot read HCCS parameters: {exc}") from exc
         params = cls.from_dict(data, str(path))

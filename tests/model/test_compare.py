@@ -107,6 +107,9 @@ def test_cli_profile_errors(capsys):
     (dict(logits=np.zeros((2, 3, 4), np.float32), mask=np.ones((2, 3, 5), bool)), "mask: expected the shape"),
     (dict(logits=np.zeros((2, 3, 4), np.float32), values=np.zeros((2, 5, 8))), r"'values' must be float \(H, N, D\)"),
     (dict(logits=np.zeros((2, 3, 4), np.float32), extra=np.zeros(1)), "unknown array 'extra'"),
+    (dict(logits=np.zeros((0, 3, 4), np.float32)), "'logits' has no heads"),
+    (dict(logits=np.zeros((2, 3, 4), np.float32), mask=np.zeros((2, 3, 4), bool)), "'mask' is False everywhere"),
+    (dict(logits=np.array([[[object()]]], object)), "not a readable .npz file"),
 ])
 def test_cli_bad_input_names_file_and_array(tmp_path, capsys, arrays, message):
     path = tmp_path / "bad.npz"
@@ -136,3 +139,17 @@ def test_int8_logits_with_scale_calibrate_with_that_scale(tmp_path):
     assert np.array_equal(params.scale, scale)
     div = hccs.hccs_int(xq, params.B, params.S, params.dmax)
     assert np.array_equal(report["outputs"]["int8_div"], div / 255.0)
+
+
+def test_cli_refuses_an_npz_declaring_a_huge_array(tmp_path, capsys):
+    """The size is read from the .npy header before anything is loaded: a 1 KB file declaring 10^12 floats."""
+    import io
+    import zipfile
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (1000, 1000, 1000000)})
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("logits.npy", header.getvalue() + b"\0" * 64)
+    assert run_cli(["--logits", str(path), "--no-plots"]) == 2
+    assert "declares shape (1000, 1000, 1000000)" in capsys.readouterr().out

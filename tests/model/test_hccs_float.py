@@ -110,6 +110,9 @@ def test_params_yaml_round_trip(tmp_path):
     (lambda d: d.update(mode="fast"), "mode: expected one of"),
     (lambda d: d.update(scale=[0.1, 5.0]), "scale: head 1 scale 5 gives M"),
     (lambda d: d.update(version=2), "key 'format'/'version'"),
+    (lambda d: d.update(allow_zero_floor="false"), "key 'allow_zero_floor': expected true or false, got 'false'"),
+    (lambda d: d.update(profile="fast"), "profile: expected one of \\['paper', 'wide'\\]"),
+    (lambda d: d.update(normaliser="pwl2"), "normaliser: expected one of \\('hccs',\\) in profile 'paper'"),
 ])
 def test_params_yaml_errors_name_file_and_key(tmp_path, edit, message):
     d = make_params().to_dict()
@@ -152,3 +155,16 @@ def test_params_apply_float_falls_back_to_softmax(rng):
     assert np.allclose(y[0], hccs.hccs_float_bsd(logits[0], fb, fs, fd), rtol=1e-12)
     with pytest.raises(ValueError, match=r"logits: expected \(2, R, N\)"):
         p.apply_float(logits[:1])
+
+
+@pytest.mark.parametrize("text,message", [
+    ("cols: 128\ncols: 64\n", "key 'cols' given twice"),
+    ("allow_zero_floor: yes\n", "'yes' is a boolean in YAML 1.1"),
+])
+def test_params_yaml_is_read_strictly(tmp_path, text, message):
+    """A key given twice or a YAML 1.1 boolean is an error with its line, not read one way or the other."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(make_params().to_dict(), sort_keys=False) + text)
+    with pytest.raises(ValueError, match=message) as info:
+        HccsParams.from_yaml(path)
+    assert str(path) in str(info.value)
