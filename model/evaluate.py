@@ -795,7 +795,8 @@ def smollm2_markdown(r: dict) -> str:
     lines = [
         "## SmolLM2-135M: Soma attention, HCCS and SFA against full attention",
         "",
-        f"Text: first {r['chars']:,} characters ({r['n_tokens']:,} tokens). Perplexity over {n_win} of its "
+        f"Text: first {r['chars']:,} characters of {Path(r['text']).name} ({r['n_tokens']:,} tokens). "
+        f"Perplexity over {n_win} of its "
         f"non-overlapping {r['window']}-token windows ({scored:,} scored tokens; the same windows for every "
         f"variant, starts in results.json; each window runs from position 0 with a fresh state, its first token "
         f"unscored).{long_note}{budget} "
@@ -907,15 +908,18 @@ def findings(found: dict) -> list[str]:
         ranked = sorted(v.items(), key=lambda kv: -kv[1]["cos_mean"])
         lines.append("MiniLM, " + "; ".join(f"{n}: mean cosine {m['cos_mean']:.4f}, min {m['cos_min']:.4f}, "
                                             f"NN agreement {m['nn_agreement']:.1%}" for n, m in ranked) + ".")
-    if "smollm2" in found:
-        rows = {r["key"]: r for r in found["smollm2"]["variants"] if r.get("ppl")}
+    for name in ("smollm2", "smollm2_other"):
+        if name not in found:
+            continue
+        rows = {r["key"]: r for r in found[name]["variants"] if r.get("ppl")}
         full = rows.get("full")
+        where = "SmolLM2" if name == "smollm2" else f"SmolLM2 on {Path(found[name]['text']).name}"
 
         def vs(key, base, label):
             if key in rows and base in rows:
                 a, b = rows[key]["ppl"], rows[base]["ppl"]
-                lines.append(f"SmolLM2, {label}: perplexity {a:.3f} against {b:.3f} "
-                             f"({100 * (a / b - 1):+.2f} %; rows `{rows[key]['name']}` vs `{rows[base]['name']}`).")
+                lines.append(f"{where}, {label}: perplexity {a:.3f} against {b:.3f} ({a / b:.4f}x, "
+                             f"{100 * (a / b - 1):+.2f} %; rows `{rows[key]['name']}` vs `{rows[base]['name']}`).")
         vs("seed", "full", "the seed preset against full attention")
         vs("ring64", "full", "a plain ring of 64 against full attention")
         vs("sinks4_ring60", "ring64", "4 sinks added to a 64-slot row")
@@ -926,6 +930,23 @@ def findings(found: dict) -> list[str]:
         vs("hccs", "default", "float HCCS as near-field normaliser against softmax on the same ring")
         vs("int_hccs", "default", "the integer path (int8 q/k/v, integer HCCS) against the float ring")
         vs("int_exp", "default", "int8 q/k/v with the integer exp (quantisation alone) against the float ring")
+        vs("wide_exp", "default", "wide profile with the integer exp against the float ring (target <= 1.02x)")
+        best = min((k for k in ("wide_pwl2", "wide_pwl2_uncal", "wide_hccs", "wide_hccs_hybrid") if k in rows),
+                   key=lambda k: rows[k]["ppl"], default=None)
+        if best:
+            vs(best, "default", "the best exp-free normaliser of the wide profile against the float ring "
+                                "(target <= 1.10x)")
+        vs("wide_exp_per_head", "int_exp", "lever 1+2, int16 logits, Q15 probabilities and a 32-bit row sum "
+                                           "(per-head scales as before), against the paper profile's integer exp")
+        vs("wide_exp_no_smooth", "wide_exp_per_head", "lever 4, per-channel K/V scales, against per-head scales")
+        vs("wide_exp", "wide_exp_no_smooth", "lever 3, K smoothing, against the same without it")
+        vs("paper_exp_levers", "int_exp", "levers 3+4 inside the paper profile (int8 logits, uint8 "
+                                          "probabilities)")
+        vs("wide_pwl2", "wide_exp", "the exp-free pwl2 against the integer exp (both wide)")
+        vs("wide_pwl2", "wide_pwl2_uncal", "pwl2 calibrated per head on the attention output against its "
+                                           "uncalibrated form")
+        vs("wide_hccs", "int_hccs", "HCCS in the wide profile against HCCS in the paper profile")
+        vs("wide_hccs_hybrid", "wide_hccs", "the hybrid (integer exp on the 10% worst heads) against wide HCCS")
         if full and "sfa" in rows:
             vs("sfa", "full", "seed 001's SFA enhancement on full attention (the seed claims -5.79 %)")
     return lines
@@ -935,7 +956,7 @@ def write_results(path: Path, eval_dir: Path) -> str:
     """docs/results.md from ``eval_dir``/{minilm,smollm2}/results.json: machine, date, commands, numbers."""
     parts = []
     found = {}
-    for name in ("minilm", "smollm2"):
+    for name in ("minilm", "smollm2", "smollm2_other"):
         f = eval_dir / name / "results.json"
         if f.is_file():
             found[name] = json.loads(f.read_text())
@@ -961,6 +982,9 @@ def write_results(path: Path, eval_dir: Path) -> str:
         parts.append(minilm_markdown(found["minilm"]))
     if "smollm2" in found:
         parts.append(smollm2_markdown(found["smollm2"]))
+    if "smollm2_other" in found:
+        parts.append(smollm2_markdown(found["smollm2_other"]).replace(
+            "## SmolLM2-135M:", f"## SmolLM2-135M on other text ({Path(found['smollm2_other']['text']).name}):", 1))
     missing = [n for n in ("minilm", "smollm2") if n not in found]
     if missing:
         parts.append(f"Not measured in this run: {', '.join(missing)}.\n")
