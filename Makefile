@@ -41,6 +41,7 @@ eval: $(STAMP)
 	$(BIN)/somatile eval minilm --out build/eval/minilm
 	$(BIN)/somatile eval smollm2 --out build/eval/smollm2
 	$(BIN)/python scripts/make_other_text.py build/eval/devil.txt
+	$(BIN)/somatile eval minilm --text build/eval/devil.txt --out build/eval/minilm_other
 	$(BIN)/somatile eval smollm2 --text build/eval/devil.txt --out build/eval/smollm2_other --only $(OTHER_TEXT_VARIANTS)
 	$(BIN)/python -m somatile.model.evaluate --write-results docs/results.md build/eval
 

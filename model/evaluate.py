@@ -315,7 +315,8 @@ def minilm_markdown(r: dict) -> str:
     return "\n".join([
         f"## MiniLM (all-MiniLM-L6-v2): HCCS in place of softmax",
         "",
-        f"{r['n_eval']} evaluation sentences, {r['n_calibration']} calibration sentences (disjoint), rows padded "
+        f"{r['n_eval']} evaluation sentences of {Path(r['text']).name}, {r['n_calibration']} calibration "
+        f"sentences (disjoint), rows padded "
         f"to {r['cols']} keys; reference = exact float softmax (float64 forward). Command: `{r['command']}`.",
         "",
         markdown_table(["normaliser", "mean cosine", "min cosine", "NN agreement"], rows),
@@ -903,11 +904,15 @@ def reference_check(r: dict) -> list[str]:
 def findings(found: dict) -> list[str]:
     """Sentences computed from the results (never typed in): each names the rows it compares."""
     lines = []
-    if "minilm" in found:
-        v = found["minilm"]["variants"]
+    for name in ("minilm", "minilm_other"):
+        if name not in found:
+            continue
+        v = found[name]["variants"]
+        where = "MiniLM" if name == "minilm" else f"MiniLM on {Path(found[name]['text']).name}"
         ranked = sorted(v.items(), key=lambda kv: -kv[1]["cos_mean"])
-        lines.append("MiniLM, " + "; ".join(f"{n}: mean cosine {m['cos_mean']:.4f}, min {m['cos_min']:.4f}, "
-                                            f"NN agreement {m['nn_agreement']:.1%}" for n, m in ranked) + ".")
+        lines.append(f"{where}, " + "; ".join(f"{n}: mean cosine {m['cos_mean']:.6f}, min {m['cos_min']:.4f}, "
+                                              f"NN agreement {m['nn_agreement']:.1%}" for n, m in ranked)
+                     + " (targets: wide integer exp >= 0.999; best exp-free >= 0.995 and >= 95 %).")
     for name in ("smollm2", "smollm2_other"):
         if name not in found:
             continue
@@ -956,7 +961,7 @@ def write_results(path: Path, eval_dir: Path) -> str:
     """docs/results.md from ``eval_dir``/{minilm,smollm2}/results.json: machine, date, commands, numbers."""
     parts = []
     found = {}
-    for name in ("minilm", "smollm2", "smollm2_other"):
+    for name in ("minilm", "minilm_other", "smollm2", "smollm2_other"):
         f = eval_dir / name / "results.json"
         if f.is_file():
             found[name] = json.loads(f.read_text())
@@ -980,6 +985,9 @@ def write_results(path: Path, eval_dir: Path) -> str:
         parts += ["## What the numbers say", ""] + [f"- {line}" for line in summary] + [""]
     if "minilm" in found:
         parts.append(minilm_markdown(found["minilm"]))
+    if "minilm_other" in found:
+        parts.append(minilm_markdown(found["minilm_other"]).replace(
+            "## MiniLM (all-MiniLM-L6-v2):", f"## MiniLM on other text ({Path(found['minilm_other']['text']).name}):", 1))
     if "smollm2" in found:
         parts.append(smollm2_markdown(found["smollm2"]))
     if "smollm2_other" in found:
