@@ -1,9 +1,11 @@
 """HCCS throughput: numba integer HCCS against numpy float32 softmax on the same rows, single thread.
 
 Rows of 4096 x 128 and 4096 x 512 int8 logits (and their float32 values for softmax); each figure is the best
-of 7 interleaved rounds after a warm-up call (numba compiled and cached). Target (issue 2): the numba integer HCCS
-at least 3x the numpy float32 softmax throughput. Also: numba against the numpy spec, and the integer-exp
-softmax (the fallback heads' kernel) against the same softmax. The wide profile's normalisers (int16 base-2
+of 7 interleaved rounds after a warm-up call (numba compiled and cached), so that load from other processes
+hits every contender alike. Targets (issue 25): the numba integer HCCS at least 6x the numpy float32 softmax
+throughput and within 2x of the copy floor (numpy reading the same int8 input and writing the same uint8
+output, ``x.astype(np.uint8)``, allocation included as in the kernel); the integer-exp softmax (the fallback
+heads' kernel) at least 3x the softmax. Also: numba against the numpy spec. The wide profile's normalisers (int16 base-2
 logits, Q15 out: exp, pwl2, hccs) against their numpy spec (target: numba >= 8x the spec) and against the
 same softmax.
 """
@@ -53,26 +55,34 @@ def run() -> list[dict]:
         mult = int(intexp.exp_mult_from_scale(scale)[0])
         t = best_seconds({
             "softmax": lambda: softmax_f32(logits),
+            "copy": lambda: x.astype(np.uint8),
             "div": lambda: hccs.hccs_int(x, B, S, dmax),
             "clb": lambda: hccs.hccs_int(x, B, S, dmax, mode="clb"),
             "intexp": lambda: intexp.intexp_softmax(x, mult),
         })
         # The spec's large temporaries would evict the others' data between rounds: timed on its own.
         spec = best_seconds({"spec": lambda: hccs.hccs_int(x, B, S, dmax, impl="numpy")}, repeats=3)["spec"]
-        soft, fast, clb, iexp = t["softmax"], t["div"], t["clb"], t["intexp"]
+        soft, fast, clb, iexp, copy = t["softmax"], t["div"], t["clb"], t["intexp"], t["copy"]
         shape = f"{ROWS}x{cols}"
         note = f"B={B} S={S} dmax={dmax}; softmax numpy float32 {ROWS / soft:.3g} rows/s"
         rows += [
             {"name": f"hccs_int div numba vs numpy float32 softmax, {shape}", "value": ROWS / fast,
-             "unit": "rows/s", "baseline": ROWS / soft, "ratio": soft / fast, "target": ">= 3x",
-             "met": soft / fast >= 3.0, "notes": note},
+             "unit": "rows/s", "baseline": ROWS / soft, "ratio": soft / fast, "target": ">= 6x",
+             "met": soft / fast >= 6.0, "notes": note},
             {"name": f"hccs_int clb numba vs numpy float32 softmax, {shape}", "value": ROWS / clb,
-             "unit": "rows/s", "baseline": ROWS / soft, "ratio": soft / clb, "target": ">= 3x",
-             "met": soft / clb >= 3.0},
+             "unit": "rows/s", "baseline": ROWS / soft, "ratio": soft / clb, "target": ">= 6x",
+             "met": soft / clb >= 6.0},
+            {"name": f"hccs_int div numba time vs copy floor, {shape}", "value": fast * 1e6, "unit": "us",
+             "baseline": copy * 1e6, "ratio": fast / copy, "ratio_note": "kernel time / copy time",
+             "target": "<= 2x", "met": fast / copy <= 2.0, "lower_is_better": True,
+             "notes": f"copy floor: numpy int8 -> uint8 copy of the same {ROWS}x{cols} bytes, {copy * 1e6:.3g} us"},
             {"name": f"hccs_int div numba vs numpy spec, {shape}", "value": ROWS / fast, "unit": "rows/s",
              "baseline": ROWS / spec, "ratio": spec / fast},
             {"name": f"intexp numba vs numpy float32 softmax, {shape}", "value": ROWS / iexp, "unit": "rows/s",
-             "baseline": ROWS / soft, "ratio": soft / iexp},
+             "baseline": ROWS / soft, "ratio": soft / iexp, "target": ">= 3x", "met": soft / iexp >= 3.0},
+            {"name": f"intexp numba time vs copy floor, {shape}", "value": iexp * 1e6, "unit": "us",
+             "baseline": copy * 1e6, "ratio": iexp / copy, "ratio_note": "kernel time / copy time",
+             "lower_is_better": True},
         ]
         rows += wide_rows(logits, soft, shape)
     return rows

@@ -185,33 +185,28 @@ def _hccs_spec(x3, valid3, B, S, dmax, mode: int, out: int) -> np.ndarray:
     return np.minimum(product, INT16_MAX)
 
 
-@numba.njit(cache=True, nogil=True)
-def masked_row_max(x_row, valid_row):
-    """(max, count) of the valid elements as int32 (valid_row of length 0: all valid); (-128, 0) when none
-    is valid. Branch-free selects so that the loop vectorises."""
-    every = valid_row.shape[0] == 0
+@numba.njit(cache=True, nogil=True, inline="always")
+def masked_max_at(x, valid, x0, n, every):
+    """(max, count) of the valid elements of the row at unsigned offset x0 of the flat arrays x and valid
+    (every element when ``every``) as int32 and int64; (-128, 0) when none is valid. Shared by the row
+    kernels; inlined, at the price of reference counting its two array arguments once per row."""
     lowest = np.int32(-(1 << (INPUT_BITS - 1)))
     m = lowest
+    if every:
+        for i in range(n):
+            v = np.int32(x[x0 + np.uint64(i)])
+            m = v if v > m else m
+        return m, np.int64(n)
     count = 0
-    for i in range(x_row.shape[0]):
-        v = np.int32(x_row[i]) if every or valid_row[i] else lowest
+    for i in range(n):
+        valid_i = valid[x0 + np.uint64(i)]
+        v = np.int32(x[x0 + np.uint64(i)]) if valid_i else lowest
         m = v if v > m else m
-        count += 1 if every or valid_row[i] else 0
-    return m, count
+        count += 1 if valid_i else 0
+    return m, np.int64(count)
 
 
-@numba.njit(cache=True, nogil=True)
-def begin_row(x_row, valid_row, out_row):
-    """:func:`masked_row_max` of a row kernel's input, with ``out_row`` cleared when no element takes part
-    (a fully masked row outputs zeros); the shared start of the HCCS and integer-exp row kernels."""
-    m, count = masked_row_max(x_row, valid_row)
-    if count == 0:
-        for i in range(out_row.shape[0]):
-            out_row[i] = 0
-    return m, count
-
-
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def leading_bit(v):
     """floor(log2 v) for v >= 1: the position of the leading one."""
     k = 0
@@ -221,13 +216,14 @@ def leading_bit(v):
     return k
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _reciprocal(total, mode_code, out_code):
-    """Steps 6a-6e of docs/numerics.md for a positive row total."""
-    numerator = np.int64(UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR)
+    """Steps 6a-6e of docs/numerics.md for a positive row total (below 2^31). Unsigned 32-bit operands: the
+    signed floor division carries sign fix-ups that cost as much as a 128-element row."""
+    numerator = np.uint32(UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR)
     if mode_code == MODE_DIV:
-        return numerator // total
-    return numerator >> leading_bit(total)
+        return np.int64(numerator // np.uint32(total))
+    return np.int64(numerator >> leading_bit(total))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -238,41 +234,64 @@ def hccs_row(x_row, valid_row, B, S, dmax, mode_code, out_code, out_row):
     length N (True = element takes part) or of length 0 (every element takes part); B, S, dmax: integers that
     passed :func:`check_params` for this N; mode_code: MODE_DIV / MODE_CLB; out_code: OUT_UINT8 / OUT_INT16;
     out_row: integer array of length N (int32, or the dtype of out_code), receives 0 at masked positions and
-    the whole row 0 when no element takes part.
-
-    Speed: every intermediate fits int32 under the parameter rules (docs/numerics.md widths), so the loops
-    cast each step back to int32; numba would otherwise widen to int64 and halve the SIMD lanes.
+    the whole row 0 when no element takes part. Many rows of a head go faster through :func:`hccs_rows2`.
     """
     n = x_row.shape[0]
-    every = valid_row.shape[0] == 0
-    m, count = begin_row(x_row, valid_row, out_row)
-    if count == 0:
-        return np.int64(0)
-    b32, s32, d32 = np.int32(B), np.int32(S), np.int32(dmax)
-    dsum = np.int32(0)
-    for i in range(n):
-        d = np.int32(m - np.int32(x_row[i]))
-        d = d if d < d32 else d32
-        dsum = np.int32(dsum + (d if every or valid_row[i] else 0))
-    total = np.int64(b32) * count - np.int64(s32) * dsum
-    inv = np.int32(_reciprocal(total, mode_code, out_code))
-    shift = np.int32(INV_SHIFT if out_code == OUT_UINT8 else 0)
-    cap = np.int32(UINT8_MAX if out_code == OUT_UINT8 else INT16_MAX)
-    for i in range(n):
-        d = np.int32(m - np.int32(x_row[i]))
-        d = d if d < d32 else d32
-        p = np.int32(np.int32(np.int32(b32 - np.int32(s32 * d)) * inv) >> shift)
-        p = p if p < cap else cap
-        out_row[i] = p if every or valid_row[i] else 0
-    return total
+    valid2 = np.ascontiguousarray(valid_row).reshape(1, valid_row.shape[0])
+    return hccs_rows2(np.ascontiguousarray(x_row).reshape(1, n), valid2, B, S, dmax, mode_code, out_code,
+                      out_row.reshape(1, n))
 
 
 @numba.njit(cache=True, nogil=True)
-def _hccs_rows(x3, valid3, B, S, dmax, mode_code, out_code, out3):
-    for h in range(x3.shape[0]):
-        b, s, dm = B[h], S[h], dmax[h]
-        for r in range(x3.shape[1]):
-            hccs_row(x3[h, r], valid3[h, r], b, s, dm, mode_code, out_code, out3[h, r])
+def hccs_rows2(x2, valid2, B, S, dmax, mode_code, out_code, out2):
+    """:func:`hccs_row` of every row of x2 (R, N) into out2 (R, N), C-contiguous, with one head's B, S,
+    dmax; valid2 (R, N), or (R, 0) when every element takes part. Returns the sum of the row totals.
+    Single thread.
+
+    The same integers as the spec, rearranged so that each step is a short vectorised loop with no
+    allocation. With ``lo = m - dmax``, ``d_i = m - max(x_i, lo)``, so ``total = B*count - S*(count*m -
+    sum max(x_i, lo))`` and ``score_i * inv = (B - S*m)*inv + (S*inv) * max(x_i, lo)``: one multiply per
+    element, formed modulo 2^32 in int32 lanes and exact because its true value, ``score_i * inv``, is
+    below 2^24 (docs/numerics.md, step 7). Each step is cast back to int32, since numba would otherwise
+    widen to int64 and cut the SIMD lanes. The loops are written out here rather than in helpers taking
+    the arrays: numba reference-counts array arguments of every (even inlined) call with atomic operations,
+    which on a 128-element row cost more than the row; rows are addressed by unsigned offsets into the
+    flat arrays, so that numba's negative-index wrap-around does not turn the loads into gathers.
+    """
+    rows, n = x2.shape
+    x, out, valid = x2.reshape(-1), out2.reshape(-1), valid2.reshape(-1)
+    every = valid2.shape[1] == 0
+    shift = np.int32(INV_SHIFT if out_code == OUT_UINT8 else 0)
+    cap = np.int32(UINT8_MAX if out_code == OUT_UINT8 else INT16_MAX)
+    grand_total = np.int64(0)
+    for r in range(rows):
+        x0 = np.uint64(r * n)
+        m, count = masked_max_at(x, valid, x0, n, every)
+        lo = np.int32(m - dmax)
+        clipped = np.int32(0)
+        if every:
+            for i in range(n):
+                v = np.int32(x[x0 + np.uint64(i)])
+                clipped = np.int32(clipped + (v if v > lo else lo))
+        else:
+            for i in range(n):
+                v = np.int32(x[x0 + np.uint64(i)])
+                clipped = np.int32(clipped + ((v if v > lo else lo) if valid[x0 + np.uint64(i)] else np.int32(0)))
+        if count == 0:
+            for i in range(n):
+                out[x0 + np.uint64(i)] = 0
+            continue
+        total = np.int64(B) * count - np.int64(S) * (count * np.int64(m) - clipped)
+        grand_total += total
+        inv = _reciprocal(total, mode_code, out_code)
+        base = np.int32((np.int64(B) - np.int64(S) * m) * inv)
+        slope = np.int32(np.int64(S) * inv)
+        for i in range(n):
+            v = np.int32(x[x0 + np.uint64(i)])
+            p = np.int32(np.int32(base + np.int32(slope * (v if v > lo else lo))) >> shift)
+            p = p if p < cap else cap
+            out[x0 + np.uint64(i)] = p if every or valid[x0 + np.uint64(i)] else 0
+    return grand_total
 
 
 def code_of(table: dict, name: str, value: str) -> int:
@@ -302,8 +321,10 @@ def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8"
         result = _hccs_spec(x3, valid3, B, S, dmax, mode_code, out_code).astype(OUT_DTYPES[out])
     elif impl == "numba":
         result = np.empty(x3.shape, OUT_DTYPES[out])
+        x3 = np.ascontiguousarray(x3)
         valid = np.empty(x3.shape[:2] + (0,), np.bool_) if valid3 is None else np.ascontiguousarray(valid3)
-        _hccs_rows(np.ascontiguousarray(x3), valid, B, S, dmax, mode_code, out_code, result)
+        for h in range(x3.shape[0]):
+            hccs_rows2(x3[h], valid[h], B[h], S[h], dmax[h], mode_code, out_code, result[h])
     else:
         raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")
     return result[0] if squeeze else result

@@ -21,8 +21,8 @@ import math
 import numba
 import numpy as np
 
-from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, begin_row,
-                                 code_of, floor_log2, leading_bit, per_head)
+from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, code_of,
+                                 floor_log2, leading_bit, masked_max_at, per_head)
 
 EXP_FRAC_BITS = 15
 """Fraction bits of the log2 distance u and of the exponential e (Q15: 32768 = 1.0)."""
@@ -100,7 +100,7 @@ def _intexp_spec(x3, valid3, mult, out: int) -> np.ndarray:
     return ((big_e >> pre_shift) * inv) >> 15
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _exp_term(m, x, mult):
     """E of steps 2-7 (docs/numerics.md) for the valid element x of a row with max m, in int32: every
     intermediate fits (u < 2**24, w*w < 2**30), and int32 casts keep numba from widening the SIMD lanes."""
@@ -120,35 +120,59 @@ def intexp_row(x_row, valid_row, mult, out_code, out_row):
     x_row: int8 array of length N (or any integer array holding int8 values); valid_row: bool (N,) with
     True = takes part, or length 0 (every element takes part); mult: the head's integer input scale M
     (1..65535); out_code: OUT_UINT8 or OUT_INT16; out_row: integer array (N,) receiving the output (0 at
-    masked positions and in a fully-masked row). E is computed twice rather than stored, so that a narrow
-    out_row never holds an intermediate.
+    masked positions and in a fully-masked row). E is computed twice rather than stored, so that nothing is
+    allocated; many rows of a head go faster through :func:`intexp_rows2` with a scratch row.
     """
     n = x_row.shape[0]
-    every = valid_row.shape[0] == 0
-    m, count = begin_row(x_row, valid_row, out_row)
-    if count == 0:
-        return np.int64(0)
-    m32 = np.int32(m)
-    mult32 = np.int32(mult)
-    total = np.int64(0)
-    for i in range(n):
-        big_e = _exp_term(m32, x_row[i], mult32)
-        total += big_e if every or valid_row[i] else 0
-    pre_shift = np.int32(max(leading_bit(total) - (SUM_NORM_BITS - 1), 0))
-    numerator = UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR
-    inv = np.int32(np.int64(numerator) // (total >> pre_shift))
-    for i in range(n):
-        big_e = _exp_term(m32, x_row[i], mult32)
-        p = np.int32(np.int32(np.int32(big_e >> pre_shift) * inv) >> 15)
-        out_row[i] = p if every or valid_row[i] else 0
-    return total
+    valid2 = np.ascontiguousarray(valid_row).reshape(1, valid_row.shape[0])
+    return intexp_rows2(np.ascontiguousarray(x_row).reshape(1, n), valid2, mult, out_code, out_row.reshape(1, n),
+                        np.empty(0, np.int32))
 
 
 @numba.njit(cache=True, nogil=True)
-def _intexp_rows(x3, valid3, mult, out_code, out3):
-    for h in range(x3.shape[0]):
-        for r in range(x3.shape[1]):
-            intexp_row(x3[h, r], valid3[h, r], mult[h], out_code, out3[h, r])
+def intexp_rows2(x2, valid2, mult, out_code, out2, terms):
+    """:func:`intexp_row` of every row of x2 (R, N) into out2 (R, N), C-contiguous, with one head's integer
+    input scale; valid2 (R, N), or (R, 0) when every element takes part; terms: int32 scratch of length >= N
+    that receives each row's E once (the exponential costs more than the rest of the row), or of length 0:
+    E is then computed twice per element, so that nothing is allocated. Returns the sum of the row sums of
+    E. Single thread.
+
+    The loops are written out here, with rows addressed by unsigned offsets into the flat arrays, for the
+    reasons of :func:`hccs.hccs_rows2` (reference counting of array arguments, negative-index wrap-around).
+    """
+    rows, n = x2.shape
+    x, out, valid = x2.reshape(-1), out2.reshape(-1), valid2.reshape(-1)
+    every = valid2.shape[1] == 0
+    stored = terms.shape[0] >= n
+    mult32 = np.int32(mult)
+    numerator = np.uint32(UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR)
+    grand_total = np.int64(0)
+    for r in range(rows):
+        x0 = np.uint64(r * n)
+        m, count = masked_max_at(x, valid, x0, n, every)
+        if count == 0:
+            for i in range(n):
+                out[x0 + np.uint64(i)] = 0
+            continue
+        total = np.int32(0)
+        for i in range(n):
+            big_e = _exp_term(m, x[x0 + np.uint64(i)], mult32)
+            big_e = big_e if every or valid[x0 + np.uint64(i)] else np.int32(0)
+            if stored:
+                terms[i] = big_e
+            total = np.int32(total + big_e)
+        grand_total += total
+        pre_shift = np.int32(max(leading_bit(total) - (SUM_NORM_BITS - 1), 0))
+        inv = np.int32(numerator // np.uint32(total >> pre_shift))
+        if stored:
+            for i in range(n):
+                out[x0 + np.uint64(i)] = np.int32(np.int32(np.int32(terms[i] >> pre_shift) * inv) >> 15)
+            continue
+        for i in range(n):
+            big_e = _exp_term(m, x[x0 + np.uint64(i)], mult32)
+            p = np.int32(np.int32(np.int32(big_e >> pre_shift) * inv) >> 15)
+            out[x0 + np.uint64(i)] = p if every or valid[x0 + np.uint64(i)] else 0
+    return grand_total
 
 
 def intexp_softmax(x: np.ndarray, mult, *, out: str = "uint8", mask=None, impl: str = "numba") -> np.ndarray:
@@ -172,8 +196,11 @@ def intexp_softmax(x: np.ndarray, mult, *, out: str = "uint8", mask=None, impl: 
         result = _intexp_spec(x3, valid3, mult, out_code).astype(OUT_DTYPES[out])
     elif impl == "numba":
         result = np.empty(x3.shape, OUT_DTYPES[out])
+        x3 = np.ascontiguousarray(x3)
         valid = np.empty(x3.shape[:2] + (0,), np.bool_) if valid3 is None else np.ascontiguousarray(valid3)
-        _intexp_rows(np.ascontiguousarray(x3), valid, mult, out_code, result)
+        terms = np.empty(x3.shape[-1], np.int32)
+        for h in range(x3.shape[0]):
+            intexp_rows2(x3[h], valid[h], mult[h], out_code, result[h], terms)
     else:
         raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")
     return result[0] if squeeze else result

@@ -116,6 +116,23 @@ def test_row_kernel_callable_from_njit(rng):
     assert np.array_equal(out, intexp_softmax(x, 7000))
 
 
+@pytest.mark.parametrize("out", ["uint8", "int16"])
+def test_row_kernel_with_masks_matches_spec(rng, out):
+    """Both ways of intexp_rows2: E recomputed (intexp_row, no scratch) and E stored once (a scratch row,
+    as intexp_softmax runs it), against the numpy spec with masks and a fully masked row."""
+    x = rng.integers(-128, 128, size=(7, 45)).astype(np.int8)
+    mask = rng.random(x.shape) < 0.6
+    mask[2] = False
+    want = intexp_softmax(x, 5000, out=out, mask=mask, impl="numpy")
+    code = intexp.OUT_CODES[out]
+    recomputed = np.full(x.shape, -1, np.int64)
+    for r in range(x.shape[0]):
+        intexp.intexp_row(x[r], mask[r], 5000, code, recomputed[r])
+    stored = np.full(x.shape, -1, np.int64)
+    intexp.intexp_rows2(x, mask, 5000, code, stored, np.empty(x.shape[1], np.int32))
+    assert np.array_equal(recomputed, want) and np.array_equal(stored, want)
+
+
 def test_scale_conversion_and_errors():
     mult = exp_mult_from_scale([0.1, 1.0])
     assert np.allclose(scale_from_exp_mult(mult), [0.1, 1.0], rtol=1e-4)  # one part in M of rounding
