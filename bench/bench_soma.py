@@ -70,6 +70,31 @@ def integer_rows(rng, profile: str = "paper", normaliser: str = "hccs_int") -> l
     ]
 
 
+def integer_vs_float_row(rng) -> dict:
+    """The integer decode step (paper profile, HCCS) against the numpy float32 Soma step of the same shape
+    at position 65,536, the two stepped in turn token by token (target, issue 25: >= 6x)."""
+    from somatile.model.soma import decode_step
+    int_cfg = SomaConfig.preset("default", integer=True, profile="paper", normaliser="hccs_int", **SHAPE)
+    float_cfg = SomaConfig.preset("default", **SHAPE)
+    int_state, float_state = _state_at(int_cfg, rng, 65536), _state_at(float_cfg, rng, 65536)
+    int_tokens = _int_tokens(rng, int_cfg, 200)
+    float_tokens = [tuple(a.astype(np.float32) / 64 for a in tok) for tok in int_tokens]
+    for tok_i, tok_f in zip(int_tokens[:5], float_tokens[:5]):  # compile outside the timing
+        decode_step(int_cfg, int_state, *tok_i)
+        decode_step(float_cfg, float_state, *tok_f)
+    times = {"int": [], "float": []}
+    for tok_i, tok_f in zip(int_tokens, float_tokens):
+        for name, cfg, state, tok in (("int", int_cfg, int_state, tok_i), ("float", float_cfg, float_state, tok_f)):
+            t0 = time.perf_counter()
+            decode_step(cfg, state, *tok)
+            times[name].append(time.perf_counter() - t0)
+    t_int, t_float = (statistics.median(times[n]) * 1e6 for n in ("int", "float"))
+    return dict(name="integer decode step (numba) vs numpy float32 Soma step, position 65,536", value=t_int,
+                unit="us", baseline=t_float, ratio=t_float / t_int, ratio_note="speed-up: float time / integer time",
+                target=">= 6x", met=t_float / t_int >= 6.0, lower_is_better=True,
+                notes="paper profile, HCCS div; the two steps alternate token by token")
+
+
 def full_attention_step(q, k_cache, v_cache):
     """One query (H, D) over a full float32 KV cache (Hkv, n, D): standard causal attention's last row,
     one BLAS matrix product per KV head (the fastest of matmul/einsum variants measured here)."""
@@ -127,8 +152,8 @@ def run() -> list[dict]:
     rng = np.random.default_rng(2026)
     previous = _openblas_threads(1)
     try:
-        return (integer_rows(rng) + integer_rows(rng, "wide", "exp_int") + integer_rows(rng, "wide", "pwl2_int")
-                + float_rows(rng))
+        return (integer_rows(rng) + [integer_vs_float_row(rng)] + integer_rows(rng, "wide", "exp_int")
+                + integer_rows(rng, "wide", "pwl2_int") + float_rows(rng))
     finally:
         if previous is not None:
             _openblas_threads(previous)

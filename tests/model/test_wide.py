@@ -34,6 +34,25 @@ def test_numba_equals_spec(normaliser, kw):
     assert np.all(np.abs(sums - wide.PROB_ONE) <= 96 // 2 + 2)
 
 
+@pytest.mark.parametrize("normaliser,kw", CASES)
+def test_unmasked_rows_and_row_kernel_match_spec(normaliser, kw):
+    """The unmasked path of wide_rows2 (E stored once) and wide_row (one row, E recomputed, int32 out) against
+    the numpy spec."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(-32768, 32768, (4, 30, 77)).astype(np.int16) >> rng.integers(0, 12, (4, 30, 1)).astype(np.int16)
+    spec = wide.wide_softmax(x, normaliser, impl="numpy", **kw)
+    assert np.array_equal(wide.wide_softmax(x, normaliser, impl="numba", **kw), spec)
+    B, S, dmax = wide.check_params(normaliser, kw.get("B", 0), kw.get("S", 256), kw.get("dmax", wide.DMAX_MAX), 4)
+    mask = rng.random(x.shape) > 0.4
+    masked = wide.wide_softmax(x, normaliser, mask=mask, impl="numpy", **kw)
+    for h in range(4):
+        for r in range(x.shape[1]):
+            for valid, want in ((np.empty(0, bool), spec), (mask[h, r], masked)):
+                got = np.full(x.shape[-1], -1, np.int32)
+                wide.wide_row(x[h, r], valid, wide.NORM_CODES[normaliser], B[h], S[h], dmax[h], got)
+                assert np.array_equal(got, want[h, r])
+
+
 def test_hand_worked_exp_row():
     # t = 0, 256 (one bit), 512, 16*256 (shifted out): E = 32768, 16384, 8192, 0; total 57344
     x = np.array([[1000, 1000 - 256, 1000 - 512, 1000 - 4096]], np.int16)
