@@ -22,8 +22,11 @@ import math
 import numba
 import numpy as np
 
-from somatile.model import hccs, quant
+from somatile.model import hccs, nbcache, quant
 from somatile.model.params import HccsParams
+
+# Its kernels inline @njit code of these files: a change there must reach this module's numba cache.
+nbcache.drop_stale(__file__, ("calibrate.py", "hccs.py"))
 
 OBJECTIVES = {"kl_seed": 0, "kl_eps": 1, "tv": 2}
 DEFAULT_OBJECTIVE = "tv"

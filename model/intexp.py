@@ -21,8 +21,12 @@ import math
 import numba
 import numpy as np
 
+from somatile.model import nbcache
 from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, code_of,
                                  floor_log2, leading_bit, masked_max_at, per_head)
+
+# Its kernels inline @njit code of these files: a change there must reach this module's numba cache.
+nbcache.drop_stale(__file__, ("intexp.py", "hccs.py"))
 
 EXP_FRAC_BITS = 15
 """Fraction bits of the log2 distance u and of the exponential e (Q15: 32768 = 1.0)."""

@@ -9,43 +9,20 @@ that LLVM vectorises int8 x int8 -> int32; the rest is int64 (wide enough for ev
 from __future__ import annotations
 
 import functools
-import hashlib
-from pathlib import Path
 
 import numba
 import numpy as np
 
-from somatile.model import hccs, intexp, wide
+from somatile.model import hccs, intexp, nbcache, wide
 from somatile.model.soma import (COUNTER_MAX, FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_FRAC_BITS, GATE_ONE, SomaConfig,
                                  SomaState)
 from somatile.model.soma import out_dtype
 from somatile.model.soma_int import (GATE_HALF, INT16_MAX, INT16_MIN, LIMITS, NORM_HCCS,
                                      PARAM_ROWS, PROFILE_CODES, PROFILE_WIDE, norm_codes, param_table)
 
-def _drop_stale_cache():
-    """Delete this module's numba cache when a module it compiles in has changed.
-
-    Numba invalidates a cached function only when its own source file changes; the kernels here inline the
-    row kernels of hccs.py / intexp.py and constants of soma.py / soma_int.py, so a stamp of those sources
-    is kept beside the cache. Best effort: an unwritable cache directory leaves numba's own behaviour.
-    """
-    here = Path(__file__).resolve().parent
-    cache = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else here / "__pycache__"
-    sources = ("hccs.py", "intexp.py", "wide.py", "soma.py", "soma_int.py")
-    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in sources)).hexdigest()
-    stamp = cache / "soma_nb.deps"
-    try:
-        if stamp.exists() and stamp.read_text() == digest:
-            return
-        for stale in cache.rglob("soma_nb.*.nb[ic]"):
-            stale.unlink()
-        cache.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(digest)
-    except OSError:
-        pass
-
-
-_drop_stale_cache()
+# The kernels here inline the row kernels of hccs.py / intexp.py / wide.py and constants of soma.py /
+# soma_int.py: their changes must reach this module's cache too.
+nbcache.drop_stale(__file__, ("soma_nb.py", "hccs.py", "intexp.py", "wide.py", "soma.py", "soma_int.py"))
 
 (_SCORE_MULT, _SCORE_SHIFT, _RECENCY, _B, _S, _DMAX, _EXP_MULT, _OUT_MULT, _OUT_SHIFT, _ALPHA_MULT,
  _ALPHA_SHIFT, _GATE_MULT, _GATE_SHIFT) = range(len(PARAM_ROWS))

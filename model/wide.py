@@ -32,8 +32,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from somatile.model import nbcache
 from somatile.model.hccs import as_heads, floor_log2, leading_bit, per_head
 from somatile.model.intexp import POLY_A, POLY_B, POLY_C
+
+# Its kernels inline @njit code of these files: a change there must reach this module's numba cache.
+nbcache.drop_stale(__file__, ("wide.py", "hccs.py", "intexp.py"))
 
 LOGIT_BITS = 16
 """Logits enter as int16."""
