@@ -158,27 +158,65 @@ def _spec(x3, valid3, code, B, S, dmax):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _octave(v, z):
-    return np.int64(0) if z >= ZERO_SHIFT else (v + ((np.int64(1) << z) >> 1)) >> z
+    """rshr(v, z), 0 from z = 16 on: v >= 0 and z >= 0 are uint32 (v <= 32768), so every lane stays 32 bit."""
+    zc = z if z < ZERO_SHIFT else np.uint32(ZERO_SHIFT)
+    r = (v + ((np.uint32(1) << zc) >> np.uint32(1))) >> zc
+    return r if z < ZERO_SHIFT else np.uint32(0)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _exp_weight(t):
+    r = (t & np.uint32(0xFF)) << np.uint32(15 - LOGIT_FRAC_BITS)
+    w = (np.uint32(POLY_B) - r) >> np.uint32(1)
+    e = ((np.uint32(POLY_A) * ((w * w) >> np.uint32(13))) >> np.uint32(15)) + np.uint32(POLY_C)
+    return _octave(e, t >> np.uint32(LOGIT_FRAC_BITS))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pwl2_weight(t, s, dm):
+    d = t if t < dm else dm
+    u = (s * d) >> np.uint32(S_FRAC_BITS)            # S*d < 2^32: exact in uint32
+    f = u & np.uint32(0xFF)
+    g = f & np.uint32((1 << (LOGIT_FRAC_BITS - PWL2_SEG_BITS)) - 1)
+    seg = f >> np.uint32(LOGIT_FRAC_BITS - PWL2_SEG_BITS)
+    # the 5-entry knot table as selects (a gather would keep the loop from vectorising)
+    hi = np.uint32(PWL2_KNOTS[0]) if seg == 0 else (np.uint32(PWL2_KNOTS[1]) if seg == 1 else (
+        np.uint32(PWL2_KNOTS[2]) if seg == 2 else np.uint32(PWL2_KNOTS[3])))
+    lo = np.uint32(PWL2_KNOTS[1]) if seg == 0 else (np.uint32(PWL2_KNOTS[2]) if seg == 1 else (
+        np.uint32(PWL2_KNOTS[3]) if seg == 2 else np.uint32(PWL2_KNOTS[4])))
+    v = hi - (((hi - lo) * g) >> np.uint32(LOGIT_FRAC_BITS - PWL2_SEG_BITS))
+    return _octave(v, u >> np.uint32(LOGIT_FRAC_BITS))
 
 
 @numba.njit(cache=True, nogil=True)
-def weight(t, code, B, S, dmax):
-    """E of one valid element at distance t (int64) from the row max; see :func:`weights_spec`."""
+def _store_weights(x_row, valid_row, every, m, code, B, S, dmax, out_row):
+    """E of every element into out_row (0 where masked; E <= 32768 fits any output dtype of 16 unsigned bits
+    or more), one specialised loop per normaliser; returns the row sum (< 2^31)."""
+    n = x_row.shape[0]
+    mu = np.int32(m)
+    s_, dm, b = np.uint32(S), np.uint32(dmax), np.uint32(B)
+    total = np.int64(0)
     if code == NORM_EXP:
-        r = (t & 0xFF) << (15 - LOGIT_FRAC_BITS)
-        w = (POLY_B - r) >> 1
-        e = ((POLY_A * ((w * w) >> 13)) >> 15) + POLY_C
-        return _octave(e, t >> LOGIT_FRAC_BITS)
-    d = t if t < dmax else dmax
-    if code == NORM_HCCS:
-        return B - ((S * d) >> S_FRAC_BITS)
-    u = (S * d) >> S_FRAC_BITS
-    f = u & 0xFF
-    seg = f >> (LOGIT_FRAC_BITS - PWL2_SEG_BITS)
-    g = f & ((1 << (LOGIT_FRAC_BITS - PWL2_SEG_BITS)) - 1)
-    hi = _KNOTS[seg]
-    v = hi - (((hi - _KNOTS[seg + 1]) * g) >> (LOGIT_FRAC_BITS - PWL2_SEG_BITS))
-    return _octave(v, u >> LOGIT_FRAC_BITS)
+        for i in range(n):
+            e = _exp_weight(np.uint32(mu - np.int32(x_row[i])))
+            e = e if every or valid_row[i] else np.uint32(0)
+            out_row[i] = e
+            total += e
+    elif code == NORM_HCCS:
+        for i in range(n):
+            t = np.uint32(mu - np.int32(x_row[i]))
+            d = t if t < dm else dm
+            e = b - ((s_ * d) >> np.uint32(S_FRAC_BITS))
+            e = e if every or valid_row[i] else np.uint32(0)
+            out_row[i] = e
+            total += e
+    else:
+        for i in range(n):
+            e = _pwl2_weight(np.uint32(mu - np.int32(x_row[i])), s_, dm)
+            e = e if every or valid_row[i] else np.uint32(0)
+            out_row[i] = e
+            total += e
+    return total
 
 
 @numba.njit(cache=True, nogil=True)
@@ -187,38 +225,33 @@ def wide_row(x_row, valid_row, code, B, S, dmax, out_row):
 
     x_row: int16 logits (or any integer array holding int16 values) of length N <= 65535; valid_row: bool
     (N,) or length 0 (every element takes part); code: NORM_EXP / NORM_HCCS / NORM_PWL2 with parameters
-    that passed :func:`check_params`; out_row: integer array (N,) receiving Q15 probabilities (0 where
-    masked, the whole row 0 when nothing takes part). E is computed twice rather than stored.
+    that passed :func:`check_params`; out_row: integer array (N,) of at least 16 unsigned bits receiving Q15
+    probabilities (0 where masked, the whole row 0 when nothing takes part). E is stored in out_row and
+    normalised in place, so no scratch row is needed; every lane is 32 bit (docs/numerics.md widths).
     """
     n = x_row.shape[0]
     every = valid_row.shape[0] == 0
-    m = np.int64(LOGIT_MIN)
+    m = np.int32(LOGIT_MIN)
     count = 0
     for i in range(n):
-        if every or valid_row[i]:
-            xi = np.int64(x_row[i])
-            m = xi if xi > m else m
-            count += 1
+        ok = every or valid_row[i]
+        xi = np.int32(x_row[i]) if ok else np.int32(LOGIT_MIN)
+        m = xi if xi > m else m
+        count += 1 if ok else 0
     if count == 0:
         for i in range(n):
             out_row[i] = 0
         return np.int64(0)
-    b, s_, dm = np.int64(B), np.int64(S), np.int64(dmax)
-    total = np.int64(0)
-    for i in range(n):
-        if every or valid_row[i]:
-            total += weight(m - np.int64(x_row[i]), code, b, s_, dm)
+    total = _store_weights(x_row, valid_row, every, m, code, B, S, dmax, out_row)
     k = np.int64(leading_bit(total)) - (SUM_NORM_BITS - 1)
     tn = total >> k if k >= 0 else total << -k
-    inv = (np.int64(1) << RECIP_BITS) // tn
-    s = SUM_NORM_BITS + k
-    half = (np.int64(1) << s) >> 1
+    inv = np.uint32((np.int64(1) << RECIP_BITS) // tn)
+    s = np.uint32(SUM_NORM_BITS + k)
+    half = (np.uint32(1) << s) >> np.uint32(1)
+    one = np.uint32(PROB_ONE)
     for i in range(n):
-        if every or valid_row[i]:
-            p = (weight(m - np.int64(x_row[i]), code, b, s_, dm) * inv + half) >> s
-            out_row[i] = p if p < PROB_ONE else PROB_ONE
-        else:
-            out_row[i] = 0
+        p = (np.uint32(out_row[i]) * inv + half) >> s     # E * inv <= 2^31, + half < 2^32
+        out_row[i] = p if p < one else one
     return total
 
 
