@@ -55,3 +55,145 @@ def test_padding_does_not_change_a_sentence(minilm, minilm_onnx):
     alone = run_graph(minilm_onnx, batch_inputs(minilm, SENTENCES[2:]))["sentence_embedding"][0]
     padded = run_graph(minilm_onnx, batch_inputs(minilm, SENTENCES))["sentence_embedding"][2]
     assert cosine(alone, padded) >= 0.999999
+
+
+def numpy_layers(minilm, sentence):
+    """Per layer the numpy pass's logits (H, T, T) and values (H, T, D) of one sentence."""
+    logits, values = {}, {}
+    minilm.hidden_states(minilm.encode(sentence), logits_hook=lambda i, x, m: logits.__setitem__(i, x),
+                         values_hook=lambda i, v: values.__setitem__(i, v))
+    return logits, values
+
+
+def test_capture_gives_the_numpy_logits_and_the_padding_mask(minilm, minilm_onnx):
+    # Float32 graph against the float64 pass: measured max |difference| at most 9.2e-7 of the layer's largest
+    # |logit| (about 8 float32 ulps after six layers). The bound 1e-5 of the largest (about 80 ulps) stays
+    # within float32 rounding and fails on any real change of the scores (a wrong scale costs 1e-1).
+    from somatile.model.onnx_capture import capture
+    inputs = batch_inputs(minilm, SENTENCES)
+    T = inputs["input_ids"].shape[1]
+    opset, layers = capture(minilm_onnx, inputs)
+    assert opset == 17 and len(layers) == minilm.n_layers
+    assert all("values" not in layer for layer in layers), "a batch of 3 has no single set of values"
+    for b, sentence in enumerate(SENTENCES):
+        n = len(minilm.encode(sentence))
+        ref_logits, _ = numpy_layers(minilm, sentence)
+        for i, layer in enumerate(layers):
+            assert layer["logits"].dtype == np.float32 and layer["logits"].shape == (minilm.n_heads, 3 * T, T)
+            rows = slice(b * T, b * T + n)
+            mask = layer["mask"][:, rows]
+            assert mask[:, :, :n].all() and not mask[:, :, n:].any(), (b, i)
+            ref = ref_logits[i]
+            err = np.abs(layer["logits"][:, rows, :n] - ref).max()
+            assert err <= 1e-5 * np.abs(ref).max(), (b, i, err, np.abs(ref).max())
+
+
+def test_captured_layer_loads_and_calibrates(minilm, minilm_onnx, tmp_path, capsys):
+    from somatile.host.cli import main
+    from somatile.model.compare import load_npz
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, **batch_inputs(minilm, SENTENCES[1:2]))
+    out = tmp_path / "capture"
+    assert main(["capture", "--onnx", str(minilm_onnx), "--inputs", str(inputs), "--out", str(out)]) == 0
+    index = __import__("json").loads((out / "index.json").read_text())
+    assert [e["file"] for e in index["layers"]] == [f"layer{i}.npz" for i in range(minilm.n_layers)]
+    assert all(e["has_values"] and e["head_dim"] == minilm.head_dim for e in index["layers"])
+    ref_logits, ref_values = numpy_layers(minilm, SENTENCES[1])
+    data = load_npz(out / "layer3.npz")
+    assert data.mask.all() and data.values.shape == ref_values[3].shape
+    # Float32 values against float64 (measured 9.0e-7 of the largest |value|); bound as for the logits.
+    assert np.abs(data.values - ref_values[3]).max() <= 1e-5 * np.abs(ref_values[3]).max()
+    params_file = tmp_path / "params.yaml"
+    assert main(["calibrate", "--logits", str(out / "layer3.npz"), "-o", str(params_file)]) == 0
+    text = capsys.readouterr().out
+    assert "profile wide, pwl2, objective output" in text, text
+    from somatile.model.params import HccsParams
+    assert HccsParams.from_yaml(params_file, profile="wide").heads == minilm.n_heads
+
+
+def tiny_attention(path, *, opset=17, axis=-1, consumer="MatMul"):
+    """A one-layer attention graph: Softmax(scores) @ values, scores (1, 2, 3, 4) and values (1, 2, 4, 5)
+    as graph inputs."""
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("Softmax", ["scores"], ["probs"], name="attn_softmax", axis=axis),
+             helper.make_node(consumer, ["probs", "values"] if consumer == "MatMul" else ["probs"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 2, 3, 4]),
+         helper.make_tensor_value_info("values", TensorProto.FLOAT, [1, 2, 4, 5])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def test_additive_mask_threshold(tmp_path):
+    # -inf, float32 min, -1e9 and -2e4 are masks; -5e3 is a (very negative) logit that takes part.
+    from somatile.model.onnx_capture import capture
+    scores = np.zeros((1, 2, 3, 4), np.float32)
+    scores[0, 0, 0] = [-np.inf, np.finfo(np.float32).min, 1.5, -1e9]
+    scores[0, 1, 2] = [-2e4, -5e3, 0.25, -1e4]
+    values = np.arange(40, dtype=np.float32).reshape(1, 2, 4, 5)
+    _, (layer,) = capture(tiny_attention(tmp_path / "tiny.onnx"), {"scores": scores, "values": values})
+    expected = np.ones((2, 3, 4), bool)
+    expected[0, 0] = [False, False, True, False]
+    expected[1, 2] = [False, True, True, True]
+    assert np.array_equal(layer["mask"], expected)
+    assert np.array_equal(layer["logits"], np.where(expected, scores[0], 0))
+    assert np.array_equal(layer["values"], values[0])
+
+
+def bad_capture(capsys, model, inputs, tmp_path):
+    from somatile.host.cli import main
+    inputs_file = tmp_path / "in.npz"
+    np.savez(inputs_file, **inputs)
+    code = main(["capture", "--onnx", str(model), "--inputs", str(inputs_file), "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out.strip()
+    assert code == 2 and len(out.splitlines()) == 1, out
+    assert not (tmp_path / "o").exists()
+    return out
+
+
+TINY_INPUTS = {"scores": np.zeros((1, 2, 3, 4), np.float32), "values": np.zeros((1, 2, 4, 5), np.float32)}
+
+
+def test_not_an_onnx_file(tmp_path, capsys):
+    text = tmp_path / "model.onnx"
+    text.write_text("this is not a model\n")
+    out = bad_capture(capsys, text, TINY_INPUTS, tmp_path)
+    assert str(text) in out and "not an ONNX model" in out, out
+    noise = tmp_path / "noise.onnx"
+    noise.write_bytes(np.random.default_rng(0).bytes(4096))
+    out = bad_capture(capsys, noise, TINY_INPUTS, tmp_path)
+    assert str(noise) in out and "not an ONNX model" in out, out
+
+
+@pytest.mark.parametrize("axis, consumer, why", [(1, "MatMul", "not the last (key) axis"),
+                                                 (-1, "Identity", "feeds no MatMul")])
+def test_no_softmax_over_a_key_axis(tmp_path, capsys, axis, consumer, why):
+    model = tiny_attention(tmp_path / "tiny.onnx", axis=axis, consumer=consumer)
+    inputs = TINY_INPUTS if consumer == "MatMul" else {"scores": TINY_INPUTS["scores"]}
+    out = bad_capture(capsys, model, inputs, tmp_path)
+    assert str(model) in out and "'attn_softmax'" in out and why in out, out
+
+
+def test_opset_outside_the_supported_range(tmp_path, capsys):
+    from somatile.model.onnx_capture import MIN_OPSET, max_opset
+    for opset in (MIN_OPSET - 1, max_opset() + 1):
+        model = tiny_attention(tmp_path / f"opset{opset}.onnx", opset=opset)
+        out = bad_capture(capsys, model, TINY_INPUTS, tmp_path)
+        assert str(model) in out and f"opset {opset} is outside" in out, out
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda d: d.pop("values"), "missing input 'values'"),
+    (lambda d: d.update(extra=np.zeros(1)), "array 'extra' is not an input"),
+    (lambda d: d.update(scores=d["scores"].astype(np.float64)), "input 'scores' is float64, expected float32"),
+    (lambda d: d.update(scores=d["scores"][0]), "input 'scores' has shape (2, 3, 4)"),
+    (lambda d: d.update(values=np.zeros((1, 2, 4, 6), np.float32)), "input 'values' has shape (1, 2, 4, 6)"),
+])
+def test_inputs_that_do_not_match(tmp_path, capsys, change, expected):
+    inputs = dict(TINY_INPUTS)
+    change(inputs)
+    out = bad_capture(capsys, tiny_attention(tmp_path / "tiny.onnx"), inputs, tmp_path)
+    assert expected in out and "in.npz" in out, out
