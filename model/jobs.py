@@ -1,0 +1,114 @@
+"""Many independent jobs on a local process pool (the default) or a Dask distributed cluster.
+
+The work users repeat is embarrassingly parallel (evaluation windows x variants, board builds, parameter
+sweeps): :func:`run` maps one picklable, module-level function over a list of jobs and hands each result to
+a callback in the order the jobs were given, whatever order they finish in, so a caller that merges results
+gets the same output serially, with ``jobs=2`` and on a cluster.
+
+- ``jobs=1`` runs in this process (no pickling; what a debugger wants).
+- ``jobs=N`` (default: the cores this process may use) runs a ``concurrent.futures`` process pool with the
+  ``spawn`` start method: numba and OpenBLAS hold threads and locks that a forked child would inherit.
+- ``cluster="tcp://HOST:PORT"`` submits to a running ``dask.distributed`` scheduler (Dask rather than Ray:
+  it installs from pip as pure Python, runs the same ``Client`` against a laptop's ``LocalCluster`` or a
+  cluster's scheduler, and needs no object store or runtime environment beyond the workers' own install of
+  somatile). Workers must have the package and its model wheels installed.
+
+A failed job raises after every other job has finished (its exception names the job); the tqdm bar shows
+jobs done, running and failed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any, Callable, Sequence
+
+
+def default_jobs() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check(jobs: int | None, cluster: str | None) -> int:
+    """``jobs`` (None: :func:`default_jobs`) as a positive integer, or ValueError naming the option."""
+    if cluster is not None and not (isinstance(cluster, str) and "://" in cluster):
+        raise ValueError(f"--cluster: expected a Dask scheduler address such as tcp://HOST:8786, got {cluster!r}")
+    n = default_jobs() if jobs is None else jobs
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"--jobs: expected an integer >= 1, got {jobs!r}")
+    return n
+
+
+class JobError(RuntimeError):
+    """One or more jobs failed; ``failures`` maps the job index to its exception."""
+
+    def __init__(self, failures: dict[int, BaseException], labels: Sequence[str]):
+        self.failures = failures
+        first = min(failures)
+        super().__init__(f"{len(failures)} of {len(labels)} jobs failed; first: {labels[first]}: "
+                         f"{type(failures[first]).__name__}: {failures[first]}")
+
+
+def run(fn: Callable[[Any], Any], jobs: Sequence[Any], *, n_jobs: int | None = None, cluster: str | None = None,
+        on_result: Callable[[int, Any], None] | None = None, labels: Sequence[str] | None = None,
+        desc: str = "jobs") -> list:
+    """``[fn(job) for job in jobs]`` on the chosen backend; ``on_result(index, result)`` is called in job order
+    as soon as every earlier job is done (so a caller can write partial results that never have holes)."""
+    n = check(n_jobs, cluster)
+    labels = list(labels) if labels is not None else [f"job {i}" for i in range(len(jobs))]
+    results: dict[int, Any] = {}
+    failures: dict[int, BaseException] = {}
+    delivered = 0
+    from tqdm import tqdm
+    bar = tqdm(total=len(jobs), desc=desc, unit="job", leave=False)
+
+    def finish(i, value=None, error=None):
+        nonlocal delivered
+        if error is not None:
+            failures[i] = error
+        else:
+            results[i] = value
+        while delivered < len(jobs) and (delivered in results or delivered in failures):
+            if delivered in results and on_result is not None and not failures:
+                on_result(delivered, results[delivered])
+            delivered += 1
+        bar.update(1)
+
+    def status(running: int):
+        bar.set_postfix(running=running, failed=len(failures), refresh=False)
+
+    try:
+        if cluster is None and n == 1:
+            for i, job in enumerate(jobs):
+                status(1)
+                try:
+                    finish(i, fn(job))
+                except Exception as exc:  # noqa: BLE001 - reported with the job's label below
+                    finish(i, error=exc)
+        elif cluster is None:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=min(n, max(len(jobs), 1)), mp_context=ctx) as pool:
+                pending = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
+                while pending:
+                    status(min(n, len(pending)))
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        i = pending.pop(future)
+                        exc = future.exception()
+                        finish(i, None if exc else future.result(), exc)
+        else:
+            from dask.distributed import Client, as_completed
+            with Client(cluster, timeout=30) as client:
+                futures = client.map(fn, list(jobs), key=[f"somatile-{desc}-{i}-{os.getpid()}" for i in range(len(jobs))],
+                                     pure=False)
+                index = {f.key: i for i, f in enumerate(futures)}
+                for future in as_completed(futures):
+                    i = index[future.key]
+                    exc = future.exception()
+                    finish(i, None if exc else future.result(), exc)
+    finally:
+        bar.close()
+    if failures:
+        raise JobError(failures, labels)
+    return [results[i] for i in range(len(jobs))]
