@@ -722,6 +722,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="build nothing: write --report from the builds already under --out")
     parser.add_argument("--timeout", type=float, default=PNR_TIMEOUT_S,
                         help=f"seconds allowed for one place-and-route (default: {PNR_TIMEOUT_S})")
+    parser.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...", dest="sweeps",
+                        help="build every combination of these values (repeatable; on top of --set), each "
+                             "validated like the YAML")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="builds run in this many processes (default 1: place-and-route already uses the "
+                             "cores); the records do not depend on it")
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="run the builds on a Dask distributed scheduler, e.g. tcp://HOST:8786")
+
+
+def parse_sweeps(items: list[str] | None) -> list[dict[str, Any]]:
+    """``["lanes=4,8", "ring=32,64"]`` -> the four override dicts of the product, in the order given
+    (values read as YAML scalars); ``[{}]`` without sweeps. BoardError names a malformed item."""
+    combos: list[dict[str, Any]] = [{}]
+    for item in items or []:
+        key, sep, values = item.partition("=")
+        parts = [v for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not parts:
+            raise BoardError(f"--sweep {item!r}: expected KEY=V1,V2,..., e.g. lanes=4,8,16")
+        options = [board_config.parse_assignments([f"{key.strip()}={v.strip()}"]) for v in parts]
+        combos = [{**c, **o} for c in combos for o in options]
+    return combos
+
+
+def build_job(job: dict) -> dict:
+    """One build (a job of :mod:`somatile.model.jobs`, in any process): the record, or the error row of a
+    unit that does not elaborate for this board. The job names the board file and its overrides (a
+    BoardConfig holds read-only mappings that do not pickle); loading them again validates them again."""
+    cfg, top = board_config.load(job["board"], job["overrides"]), job["top"]
+    try:
+        return build(cfg, top, job["out"], pnr=job["pnr"], timeout_s=job["timeout"], sources=job["sources"])
+    except (BuildError, BoardError) as exc:
+        return {"board": cfg.name, "top": top, "kind": cfg.kind, "clock_mhz": cfg.clock_mhz,
+                "overrides": dict(cfg.overrides), "error": str(exc)}
 
 
 def collect(out: Path | str) -> list[dict]:
@@ -751,30 +785,34 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         overrides = board_config.parse_assignments(args.overrides)
+        combos = parse_sweeps(getattr(args, "sweeps", None))
         if args.all:
-            jobs = [job for name in board_config.names()
-                    for job in standard_builds(board_config.load(name, overrides))]
+            jobs = [job for name in board_config.names() for sweep in combos
+                    for job in standard_builds(board_config.load(name, {**overrides, **sweep}))]
         else:
-            jobs = [(board_config.load(args.board, overrides), args.top)]
-    except BoardError as exc:
+            jobs = [(board_config.load(args.board, {**overrides, **sweep}), args.top) for sweep in combos]
+        from somatile.model import jobs as joblib
+        joblib.check(getattr(args, "jobs", 1), getattr(args, "cluster", None))
+    except (BoardError, ValueError) as exc:
         print(f"somatile build: {exc}", file=sys.stderr)
         return 2
     # SIGTERM as an exception, so that a stopped build also stops the toolchain it started (_run_plan).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     records, failed = [], False
     sources = source_hash()  # before the first RTL import: the files may change while a long run goes on
-    for cfg, top in jobs:
+    work = [{"board": str(cfg.source), "overrides": dict(cfg.overrides), "top": top, "out": args.out,
+             "pnr": not args.no_pnr, "timeout": args.timeout, "sources": sources} for cfg, top in jobs]
+
+    def report(i: int, record: dict) -> None:
+        nonlocal failed
+        cfg, top = jobs[i]
         print(f"== {cfg.name} / {top}" + "".join(f" {k}={v}" for k, v in cfg.overrides.items()), flush=True)
-        try:
-            record = build(cfg, top, args.out, pnr=not args.no_pnr, timeout_s=args.timeout, sources=sources)
-        except (BuildError, BoardError) as exc:
+        records.append(record)
+        if "error" in record:
             # A unit that does not elaborate for this board is a row in the report, not the end of the run.
             failed = True
-            print(f"   not built: {exc}", file=sys.stderr)
-            records.append({"board": cfg.name, "top": top, "kind": cfg.kind, "clock_mhz": cfg.clock_mhz,
-                            "overrides": dict(cfg.overrides), "error": str(exc)})
-            continue
-        records.append(record)
+            print(f"   not built: {record['error']}", file=sys.stderr)
+            return
         pnr = record.get("pnr")
         if pnr:
             failed |= pnr["status"] in ("failed", "timed-out")
@@ -784,6 +822,10 @@ def run(args: argparse.Namespace) -> int:
         if record.get("note"):
             print(f"   {record['note']}")
         print(f"   -> {record['out']}")
+
+    joblib.run(build_job, work, n_jobs=getattr(args, "jobs", 1), cluster=getattr(args, "cluster", None),
+               on_result=report, desc="builds",
+               labels=[f"{cfg.name}/{top}" for cfg, top in jobs])
     if args.report:
         for path in write_summary(records, Path(args.report)):
             print(path)
