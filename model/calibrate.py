@@ -390,41 +390,46 @@ def run(args: argparse.Namespace) -> int:
     try:
         profile, normaliser, objective = profile_choice(args)
         data = load_input(args)
-        if profile == "wide":
-            if args.study:
-                raise ValueError("--study: compares the paper profile's objectives; use --profile paper")
-            params = calibrate_wide_params(data.logits, data.mask, data.values, normaliser=normaliser,
-                                           objective=objective, threshold=args.threshold)
-            params.to_yaml(args.output)
-            print(f"calibrated {params.heads} heads on {data.source} (profile wide, {normaliser}, objective "
-                  f"{params.objective})")
-            print(f"{'head':>4} {'B':>6} {'S':>6} {'dmax':>6} {params.objective:>9} fallback")
-            for h in range(params.heads):
-                print(f"{h:>4} {params.B[h]:>6} {params.S[h]:>6} {params.dmax[h]:>6} {params.error[h]:>9.4g} "
-                      f"{'yes' if params.fallback[h] else 'no'}")
-            print(f"wrote {args.output}")
-            return 0
-        args.objective = objective
         if args.study:
+            if profile == "wide":
+                raise ValueError("--study: compares the paper profile's objectives; use --profile paper")
             print(f"objective study on {data.source} ({args.search} search, threshold {args.threshold}); "
                   f"calibrated on the first half of the rows, measured on the second half")
             print(format_study(study_objectives(data.logits, data.mask, data.values, scale=data.scale,
                                                 search=args.search, threshold=args.threshold, progress=True)))
             return 0
-        params = calibrate_params(data.logits, data.mask, scale=data.scale, search=args.search, mode=args.mode,
-                                  out=args.out_type, objective=args.objective, threshold=args.threshold,
-                                  c_range=args.c_range, steps=args.steps, progress=True)
+        if profile == "wide":
+            params = calibrate_wide_params(data.logits, data.mask, data.values, normaliser=normaliser,
+                                           objective=objective, threshold=args.threshold)
+            how = f"profile wide, {normaliser}"
+        else:
+            params = calibrate_params(data.logits, data.mask, scale=data.scale, search=args.search,
+                                      mode=args.mode, out=args.out_type, objective=objective,
+                                      threshold=args.threshold, c_range=args.c_range, steps=args.steps,
+                                      progress=True)
+            how = f"{args.search} search"
     except (TypeError, ValueError) as exc:
         print(f"somatile calibrate: {exc}")
         return 2
     params.to_yaml(args.output)
-    print(f"calibrated {params.heads} heads on {data.source} ({args.search} search, objective {args.objective})")
-    print(f"{'head':>4} {'B':>6} {'S':>4} {'dmax':>5} {'c':>7} {args.objective:>9} fallback")
-    for h in range(params.heads):
-        print(f"{h:>4} {params.B[h]:>6} {params.S[h]:>4} {params.dmax[h]:>5} {params.c[h]:>7.3f} "
-              f"{params.error[h]:>9.4f} {'yes' if params.fallback[h] else 'no'}")
+    print(f"calibrated {params.heads} heads on {data.source} ({how}, objective {params.objective})")
+    print(format_heads(params))
     print(f"wrote {args.output}")
     return 0
+
+
+def format_heads(params: HccsParams) -> str:
+    """The per-head table `somatile calibrate` prints: B, S, dmax, (paper: the float clip c), the objective
+    and the fallback flag."""
+    paper = params.profile == "paper"
+    s_w, d_w = (4, 5) if paper else (6, 6)   # wide S and dmax reach 65535
+    lines = [f"{'head':>4} {'B':>6} {'S':>{s_w}} {'dmax':>{d_w}}" + (f" {'c':>7}" if paper else "")
+             + f" {params.objective:>9} fallback"]
+    for h in range(params.heads):
+        lines.append(f"{h:>4} {params.B[h]:>6} {params.S[h]:>{s_w}} {params.dmax[h]:>{d_w}}"
+                     + (f" {params.c[h]:>7.3f} {params.error[h]:>9.4f}" if paper else f" {params.error[h]:>9.4g}")
+                     + f" {'yes' if params.fallback[h] else 'no'}")
+    return "\n".join(lines)
 
 
 def format_study(rows: list[dict]) -> str:

@@ -722,6 +722,8 @@ def evaluate_smollm2(args) -> dict:
     n_jobs = joblib.check(getattr(args, "jobs", 1), getattr(args, "cluster", None))
     deadline = t0 + 60 * args.max_minutes if args.max_minutes else None
     token = _calibration_token(cal, geometry, c.n_layers)
+    _BUILDERS.clear()
+    _BUILDERS[token] = builders   # jobs run in this process (--jobs 1) reuse the configs built above
     cache = out / "jobs"
     cache.mkdir(exist_ok=True)
     job_list, owners = [], []
