@@ -1,7 +1,19 @@
 """somatile.host: the device API (`open`), the wire protocol, and the backends behind it.
 
-Kept light: the backends (the tile model, sockets, pyserial, Verilator, Metal) load only when a URL asks
-for them.
+Layers, each module importing only the ones above it in this list:
+
+- `device`: the abstract device API (`Device`, `DeviceInfo`, `Transport`) and its errors (`DeviceError`,
+  `DeviceTimeout`, `ProtocolError`);
+- `protocol`: the wire protocol of docs/protocol.md (frames, CRC, the parser, both ends of the link);
+- `tile_driver`: `TileDevice`, the device that speaks the wire protocol over any `Transport`, and
+  `open_transport`;
+- the links, one per URL scheme (`BACKENDS`): `transport_tcp`, `transport_serial`, `emu` (the reference
+  firmware and golden tiles in-process), `sim_backend` (the tile RTL in Verilator behind the firmware,
+  started through `transport_firmware`), `metal_backend`.
+
+The tile-bus framing between the firmware's host build and its tile servers is `somatile.hw.tile_bus`, below
+both this package and `somatile.sim`. Kept light: the backends (the tile model, sockets, pyserial, Verilator,
+Metal) load only when a URL asks for them.
 """
 
 from __future__ import annotations

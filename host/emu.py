@@ -5,15 +5,14 @@ reference the C firmware (firmware/src/dispatch.c) is checked against byte for b
 the in-process link. `LoopbackTransport` connects the host driver to it without sockets, so emu:// runs the
 exact host code path of tcp:// and serial://.
 
-The same module serves the tile models to the firmware's host build (`serve_tiles`, the tile-bus framing of
-firmware/hal/host/hal_host.c): ``python -m somatile.host.emu --serve-tiles 0 [--board NAME]``.
+The same module serves the tile models to the firmware's host build (`serve_tiles`, over the tile bus of
+`somatile.hw.tile_bus`): ``python -m somatile.host.emu --serve-tiles 0 [--board NAME]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
-import struct
 import sys
 import threading
 import urllib.parse
@@ -21,6 +20,8 @@ import urllib.parse
 from somatile.host import protocol
 from somatile.host.device import Transport
 from somatile.host.protocol import CommandError, LinkError, Opcode
+from somatile.host.tile_driver import link_options, open_transport
+from somatile.hw import tile_bus
 
 
 def board_params(board: str, overrides: dict | None = None):
@@ -38,7 +39,6 @@ def url_board(parts: urllib.parse.SplitResult, options: dict) -> tuple[dict, str
     import dataclasses
 
     from somatile import boards
-    from somatile.host.transport_tcp import link_options
     from somatile.hw.regmap import TileParams
 
     link, query = link_options(parts, {"board"} | {f.name for f in dataclasses.fields(TileParams)}, options)
@@ -158,31 +158,10 @@ class LoopbackTransport(Transport):
 def open_url(parts: urllib.parse.SplitResult, **options):
     """emu://[?board=NAME&KEY=VALUE...] -> a `TileDevice` on the golden tile model of that board (default
     "sim"), tile parameters overridden like sim://."""
-    from somatile.host.transport_tcp import open_transport
-
     link, board, overrides = url_board(parts, options)
     params, name = board_params(board, overrides)
     firmware = ReferenceFirmware(params, name)
     return open_transport(LoopbackTransport(firmware.endpoint), f"emu://?{parts.query or 'board=' + name}", **link)
-
-
-TILE_BUS_REQUEST = struct.Struct("<BBHI")
-TILE_BUS_KIND_COMMAND = 1
-
-
-def serve_tile_bus(connection: socket.socket, tiles) -> None:
-    """Answer tile-bus requests on one connection until it closes (framing: firmware/hal/host/hal_host.c)."""
-    stream = connection.makefile("rb")
-    while True:
-        head = stream.read(TILE_BUS_REQUEST.size)
-        if len(head) < TILE_BUS_REQUEST.size:
-            return
-        kind, tile, _, length = TILE_BUS_REQUEST.unpack(head)
-        frame = stream.read(length)
-        if kind != TILE_BUS_KIND_COMMAND or tile >= len(tiles) or len(frame) != length:
-            raise ConnectionError(f"tile bus: bad request (kind {kind}, tile {tile}, length {length})")
-        answer = tiles[tile](frame)
-        connection.sendall(struct.pack("<I", len(answer)) + answer)
 
 
 def serve_tiles(params, host: str = "127.0.0.1", port: int = 0, ready=None) -> None:
@@ -197,7 +176,7 @@ def serve_tiles(params, host: str = "127.0.0.1", port: int = 0, ready=None) -> N
         with connection:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                serve_tile_bus(connection, [TileModel(params, i).command for i in range(params.n_tiles)])
+                tile_bus.serve(connection, [TileModel(params, i).command for i in range(params.n_tiles)])
             except (ConnectionError, OSError) as exc:
                 print(f"somatile tile server: {exc}", file=sys.stderr)
 

@@ -396,7 +396,7 @@ def open_url(parts: urllib.parse.SplitResult, **options):
     and the driver's keywords (``progress``)."""
     from somatile.host import url_options
     from somatile.host.emu import LoopbackTransport, ReferenceFirmware, board_params, url_board
-    from somatile.host.transport_tcp import open_transport
+    from somatile.host.tile_driver import open_transport
 
     query = url_options(parts)
     ours = {k: query.pop(k) for k in METAL_URL_OPTIONS if k in query}

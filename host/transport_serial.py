@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.parse
 
 from somatile.host.device import Transport
-from somatile.host.transport_tcp import link_options, open_transport
+from somatile.host.tile_driver import link_options, open_transport
 
 DEFAULT_BAUD = 921600
 

@@ -1,4 +1,8 @@
-"""tcp://HOST:PORT: a board (or the firmware's host build) running the firmware, over a TCP byte stream."""
+"""tcp://HOST:PORT: a board (or the firmware's host build) running the firmware, over a TCP byte stream.
+
+A link: `TcpTransport` moves the bytes, the tile driver (`somatile.host.tile_driver.open_transport`, also
+importable from here) speaks the wire protocol over it.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ import select
 import socket
 import urllib.parse
 
-from somatile.host import url_options
 from somatile.host.device import DeviceTimeout, Transport
+from somatile.host.tile_driver import link_options, open_transport
 
 
 class TcpTransport(Transport):
@@ -46,39 +50,6 @@ class TcpTransport(Transport):
 
     def close(self) -> None:
         self.sock.close()
-
-
-def link_options(parts: urllib.parse.SplitResult, allowed: set[str], options: dict) -> tuple[dict, dict]:
-    """Split a URL's query into WireLink options (timeout, retries) and the rest; unknown keys are errors."""
-    query = url_options(parts)
-    unknown = set(query) - allowed - {"timeout", "retries"}
-    if unknown:
-        raise ValueError(f"device URL {parts.geturl()!r}: unknown option(s) {sorted(unknown)}; expected "
-                         f"{sorted(allowed | {'timeout', 'retries'})}")
-    link = dict(options)
-    for name, kind in (("timeout", float), ("retries", int)):
-        if name in query:
-            text = query.pop(name)
-            try:
-                link[name] = kind(text)
-            except ValueError:
-                raise ValueError(f"device URL {parts.geturl()!r}: option {name}={text!r}: expected "
-                                 f"{'seconds' if kind is float else 'an integer'}") from None
-    return link, query
-
-
-def open_transport(transport: Transport, backend: str, **options):
-    """The host driver (`TileDevice`) over any byte transport speaking the wire protocol."""
-    from somatile.host.device import TileDevice
-    from somatile.host.protocol import WireLink
-    from somatile.hw.regmap import API_LEVEL
-
-    progress = options.pop("progress", None)
-    try:
-        return TileDevice(WireLink(transport, API_LEVEL, **options), backend=backend, progress=progress)
-    except BaseException:
-        transport.close()
-        raise
 
 
 def open_url(parts: urllib.parse.SplitResult, **options):

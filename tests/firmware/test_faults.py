@@ -33,7 +33,7 @@ def address(url: str) -> tuple[str, int]:
 def serves_a_valid_host(firmware: FirmwareProcess, **options) -> bool:
     """A new host connects, says HELLO and reads register ID through the tile: the firmware is alive."""
     with somatile.host.open(firmware.url, **options) as dev:
-        return dev._tile(0, regmap.Opcode.REG_READ, arg0=0).result == regmap.ID_VALUE
+        return dev.tile_command(0, regmap.Opcode.REG_READ, arg0=0).result == regmap.ID_VALUE
 
 
 def test_a_host_that_closes_before_reading_its_answers_costs_only_its_connection(tiles):
@@ -67,7 +67,7 @@ def test_an_idle_host_gives_the_device_up_to_a_waiting_one_and_keeps_it_when_nob
         # An owner idle for longer than the takeover time keeps the device while nobody else asks for it.
         with somatile.host.open(firmware.url) as owner:
             time.sleep(IDLE_TAKEOVER_S + 1)
-            assert owner._tile(0, regmap.Opcode.REG_READ, arg0=0).result == regmap.ID_VALUE
+            assert owner.tile_command(0, regmap.Opcode.REG_READ, arg0=0).result == regmap.ID_VALUE
 
 
 def test_an_owner_that_only_sends_garbage_is_idle_for_the_takeover(tiles):

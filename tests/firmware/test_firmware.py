@@ -14,9 +14,9 @@ import pytest
 
 import somatile.host
 from somatile.host import protocol
-from somatile.host.device import head_register_values
 from somatile.host.emu import ReferenceFirmware, board_params, start_tile_server
 from somatile.host.protocol import LinkError, Opcode
+from somatile.host.tile_driver import head_register_values
 from somatile.host.transport_firmware import FIRMWARE_DIR, FirmwareProcess, build_firmware
 from somatile.host.transport_tcp import TcpTransport, open_transport
 from somatile.hw import regmap

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import somatile.host
-from somatile.host.device import DeviceError, DeviceTimeout, TileDevice
+from somatile.host.device import DeviceError, DeviceTimeout
+from somatile.host.tile_driver import TileDevice
 from somatile.model import hccs, soma
 from somatile.model.params import HccsParams
 
@@ -106,7 +107,7 @@ def test_device_errors_name_the_command_and_code_and_the_device_keeps_working(rn
     for url in ["emu://", firmware_urls[0]]:
         with somatile.host.open(url) as dev:
             with pytest.raises(DeviceError, match="CONFIGURE.*TILE_REFUSED.*BAD_ARGUMENT"):
-                dev._configure_head(0, bad_block)  # past the host's own check: the device refuses it too
+                dev.configure_head(0, bad_block)  # past the host's own check: the device refuses it too
             dev.configure(config())
             dev.reset()
             assert np.array_equal(dev.decode(q, k, v), soma.prefill(config(), q, k, v)[0])
@@ -123,7 +124,7 @@ def test_a_tile_command_with_any_count_byte_leaves_every_backend_in_step(rng, fi
         with somatile.host.open(url) as dev:
             dev.configure(config())
             dev.reset()
-            answers = {count: dev._tile(0, Opcode.HCCS, 0, count, x.tobytes(), 1, 64).payload
+            answers = {count: dev.tile_command(0, Opcode.HCCS, 0, count, x.tobytes(), 1, 64).payload
                        for count in (0, 74, 255)}
             assert len(set(answers.values())) == 1
             assert np.array_equal(dev.decode(q, k, v), soma.prefill(config(), q, k, v)[0])

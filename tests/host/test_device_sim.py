@@ -31,11 +31,11 @@ def test_sim_agrees_with_emu_and_moves_state_and_errors_through_the_firmware(rng
         # Past the host's check the tile refuses it too (and clears that head, never half-loads it).
         from somatile.hw import regmap, tile_model
 
-        params = dev._tile_params()
+        params = dev.tile_params()
         bad = tile_model.arrays_to_state(params, {**{n: a[:1] if a.ndim else a for n, a in state.items()},
                                                   "write_pos": np.int32(8)})
         with pytest.raises(DeviceError) as info:
-            dev._tile(0, regmap.Opcode.LOAD_STATE, 0, 0, bytes(bad))
+            dev.tile_command(0, regmap.Opcode.LOAD_STATE, 0, 0, bytes(bad))
         assert info.value.command == "LOAD_STATE" and info.value.code_name == "BAD_ARGUMENT"
         dev.reset()
         assert not np.any(dev.read_state()["ring_k"])

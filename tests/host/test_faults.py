@@ -7,7 +7,7 @@ import pytest
 import somatile.host
 from somatile.host.device import DeviceError
 from somatile.host.emu import LoopbackTransport, ReferenceFirmware, board_params
-from somatile.host.transport_tcp import open_transport
+from somatile.host.tile_driver import open_transport
 from somatile.hw import regmap, tile_model
 from somatile.model import soma
 from tests.host.test_device import HEADS, config, tokens
@@ -22,7 +22,7 @@ def firmware_url():
 
 
 def head_registers(dev, head):
-    return [dev._tile(0, regmap.Opcode.REG_READ, arg0=regmap.head_register(head, i)).result
+    return [dev.tile_command(0, regmap.Opcode.REG_READ, arg0=regmap.head_register(head, i)).result
             for i in range(len(regmap.HEAD_PARAMS))]
 
 

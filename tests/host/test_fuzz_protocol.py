@@ -133,7 +133,7 @@ def seed_sessions() -> list[bytes]:
     two tokens and running HCCS (the whole session, and each distinct write on its own)."""
     from somatile.host.device_cli import stream_device
     from somatile.host.emu import LoopbackTransport
-    from somatile.host.transport_tcp import open_transport
+    from somatile.host.tile_driver import open_transport
 
     class RecordingTransport(LoopbackTransport):
         def __init__(self, endpoint):
