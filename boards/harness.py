@@ -52,7 +52,7 @@ class ShiftHarness(Elaboratable):
         if self.pll.family == "ecp5":
             # The synchronised reset reaches the unit's flip-flops through a global buffer (DCCA): nextpnr
             # promotes only clocks on its own, and on general routing the reset net (to some 3,000 flip-flops
-            # of the tile) took 10-13 ns. The synchroniser runs in a domain of its own on the same clock.
+            # of the tile) takes longer than a cycle. The synchroniser runs in a domain of its own on the same clock.
             m.domains.reset_source = ClockDomain("reset_source")
             m.d.comb += ClockSignal("reset_source").eq(pll.clk)
             m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="reset_source")

@@ -13,8 +13,8 @@ Throughput: one beat per cycle in and out; responses wait for the tiles in arriv
 ``n_tiles`` frames in flight). Latency: a tile's own, plus one cycle in (each tile is fed through its own
 register slice, hw/pipe.py ``skid_buffer``) and one cycle out (one register slice after the response
 multiplexer). Why: on the ULX3S two-tile array the input beat reached both tiles' header and write-data
-registers directly, spanning the die (12.1 ns); with a slice per tile, a copy of the beat sits beside each
-tile, and no ready travels combinationally between the ports and a tile.
+registers directly, a route across the die longer than a clock period; with a slice per tile, a copy of the
+beat sits beside each tile, and no ready travels combinationally between the ports and a tile.
 """
 
 from __future__ import annotations

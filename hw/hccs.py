@@ -34,7 +34,8 @@ row sum only after the maximum, so a row passes three reading passes over a row 
 Four banks let ingest of row r+3, sum of r+2, reciprocal of r+1 and normalise of r run at the same time,
 each stage taking the next row as soon as it is free (one ``amaranth.lib.memory`` with one write and two
 read ports; bank depth ``n_max / lanes`` rounded up to a power of two). The register stages are there for
-the clock: no path has more than one carry chain or one multiplier (8 lanes: 108.9 MHz on the ECP5 85F).
+the clock: no path has more than one carry chain or one multiplier (the Fmax per lane count is in
+docs/boards.md).
 
 Contract
 - Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
@@ -81,9 +82,9 @@ distance, operand copies, ``S*d``, product copy, score, operand copies, two part
 their sum, saturate into the output register). The copies on each side of a multiplier are registers that
 only it uses, which the placer puts beside the DSP block; the long routes are then register to register."""
 SUM_TREE_LEVELS = 3
-"""Adder levels per register stage of the sum stage's tree: three levels of the short distance adders fit
-10 ns on the ECP5 85F at 8 lanes (110.5 MHz), the four of 16 lanes in one stage did not (96.9 MHz,
-7.1 ns of it routing across the wider tree)."""
+"""Adder levels per register stage of the sum stage's tree: three levels of the short distance adders fit a
+cycle on the ECP5 85F at 8 lanes; the four of 16 lanes in one stage did not (most of the path routing across
+the wider tree), so wider units take another stage (:func:`sum_tree_stages`)."""
 OUT_BITS = {"uint8": 8, "int16": 16}
 INV_SPLIT = 12
 """The normaliser multiplies ``score * inv`` as ``score * inv[:12] + (score * inv[12:] << 12)``."""
@@ -212,7 +213,7 @@ def _capped_distances(row_max, dmax, word):
 def ingest_pipeline(cfg: HCCSConfig) -> int:
     """Extra cycles from a row's last input beat to its bank being ready for the sum stage: the registered
     lanes plus one stage per level of the beat-maximum tree, ``1 + log2(lanes)`` (one compare level per
-    stage: two chained 8-bit compare-and-select levels measured 12.8 ns on the ECP5 85F)."""
+    stage: two chained 8-bit compare-and-select levels do not fit a cycle on the ECP5 85F)."""
     return 1 + ceil_log2(cfg.lanes)
 
 
@@ -287,7 +288,7 @@ class HCCS(wiring.Component):
         row_params = Signal(params_layout)
         beat = self.i.payload
         # i.ready is a register (the write bank is free in the next cycle): as a comparison of the bank's state
-        # it reached the enables of the producer's register slice, 12 ns on the ECP5 tile. It is computed from
+        # it would reach the enables of the producer's register slice, too far for one cycle. It is computed from
         # this cycle's states, so it rises one cycle after the normaliser releases the bank.
         ready = Signal(init=1, name="i_ready")
         m.d.comb += self.i.ready.eq(ready)
@@ -348,7 +349,7 @@ class HCCS(wiring.Component):
             mx = nxt
         # The running maximum the last stage folds in, already chosen (lane_min for a row's first beat): it is
         # computed a cycle early from the stage before's start flag, so the bank's maximum is one compare and
-        # select away from registers (the select on start in front of it was 10.1 ns on the ECP5 tile).
+        # select away from registers (a select on start in front of it would not fit the cycle).
         run_max = Signal(signed(INPUT_BITS))
         beat_max = reduce_tree([mx.lanes[j] for j in range(len(mx.lanes))], signed_max)
         new_max = signed_max(beat_max, run_max)
@@ -371,8 +372,8 @@ class HCCS(wiring.Component):
         s_dmax_now = Mux(s_active, s_dmax, d_params[sbank].dmax)
         s_issue = s_active | s_start
         # s_ptr == s_final while active, in a register set as s_ptr steps; a row's first beat is its last when
-        # the bank's one-beat flag says so (the comparison through sbank was in front of the banks' state
-        # registers, 10.05 ns on the ECP5 tile).
+        # the bank's one-beat flag says so (a comparison through sbank would sit in front of the banks' state
+        # registers).
         s_at_end = Signal()
         s_last = Mux(s_active, s_at_end, d_single[sbank])
         m.d.comb += [rd_sum.addr.eq(Cat(s_ptr_now[:ptr_bits], sbank)), rd_sum.en.eq(1)]
@@ -441,8 +442,8 @@ class HCCS(wiring.Component):
         rbank = Signal(bank_bits)
         r_active = Signal()
         r_iter = Signal(range(max(NUMERATOR_BITS.values()) // cfg.div_bits + 2))
-        # r_iter == 0 in a register of its own (set as r_iter steps from 1; every start loads r_iter >= 1): the
-        # comparison was in front of the banks' state registers (10.3 ns on the ECP5 tile).
+        # r_iter == 0 in a register of its own (set as r_iter steps from 1; every start loads r_iter >= 1), so
+        # that the comparison is not in front of the banks' state registers.
         r_zero = Signal()
         divisor = Signal(total_bits)
         divisor_zero = Signal()
@@ -514,9 +515,9 @@ class HCCS(wiring.Component):
         # The row's fields load into n_row in every cycle the normaliser is idle and the output moves: in the
         # cycle a row starts (which needs both) they are the starting bank's, and n_row holds them while the
         # row is issued and until its last beat has left n1 (n_read takes them from n_row; a copy travelling
-        # through n1 put the four-bank multiplexer behind nbank in front of ~70 enabled registers, 11.9 ns on
-        # the ECP5 tile). The enable is then ~n_active and advance; only the start, the last-beat flag (a
-        # per-bank one-beat flag) and the bank's release still go through nbank.
+        # through n1 would put the four-bank multiplexer behind nbank in front of ~70 enabled registers). The
+        # enable is then ~n_active and advance; only the start, the last-beat flag (a per-bank one-beat flag)
+        # and the bank's release still go through nbank.
         n_row = Signal(row)
         with m.If(~n_active & advance):
             m.d.sync += [n_row.final.eq(d_final[nbank]), n_row.max.eq(d_max[nbank]), n_row.head.eq(d_head[nbank]),
@@ -524,8 +525,8 @@ class HCCS(wiring.Component):
         n_start = ~n_active & (state[nbank] == READY)
         n_ptr_now = Mux(n_active, n_ptr, 0)
         n_issue = advance & (n_active | n_start)
-        # n_ptr == n_row.final while active, in a register set as n_ptr steps (the comparison was in front of
-        # the banks' state registers, 10.3 ns on the ECP5 tile).
+        # n_ptr == n_row.final while active, in a register set as n_ptr steps (so that the comparison is not in
+        # front of the banks' state registers).
         n_at_end = Signal()
         n_last = Mux(n_active, n_at_end, d_single[nbank])
         m.d.comb += [rd_norm.addr.eq(Cat(n_ptr_now[:ptr_bits], nbank)), rd_norm.en.eq(advance)]
@@ -549,8 +550,8 @@ class HCCS(wiring.Component):
         n_ops = Signal(dist_layout)
         n_ops_S = Replicated(params_layout["S"].shape, L, "n_ops_S")
         # S * d in the fabric, in two registered steps (n_sd: the partial products summed in pairs; n_sdr: the
-        # sum): two 7-bit operands, and through a DSP block the product spent 11 ns on the ECP5 tile, most of
-        # it routing to and from the block's row.
+        # sum): two 7-bit operands, for which a DSP block costs more in routing to and from the block's row
+        # than the product itself.
         sd_bits = bits_for(S_MAX * DMAX_MAX)
         sd_pairs = [lut_mul_pairs(n_ops_S.copy(j), n_ops.d[j]) for j in range(L)]
         carried = {**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape()}

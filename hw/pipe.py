@@ -2,7 +2,8 @@
 
 Each helper adds registers to a module and returns the registered result; its docstring states the latency
 in cycles. They keep every register-to-register path to at most one carry chain, one 18x18 multiplier or
-one barrel shifter, the recipe that took the HCCS unit to 108 MHz on the ECP5 (docs/hardware.md, Timing).
+one barrel shifter, so that the units reach the boards' clock (docs/hardware.md, "What limits the clock";
+the measured Fmax is in docs/boards.md).
 The arithmetic is exact: widths are derived from the operands' shapes, never truncated.
 """
 
@@ -41,8 +42,8 @@ def reg(m, value, name: str | None = None, shape=None, *, reset_less: bool = Tru
     """``value`` registered once (latency 1). ``shape`` defaults to the value's own shape.
 
     Without a reset by default: a pipeline register holds a function of the previous cycle and is refilled
-    one cycle after a reset, and leaving the reset off the datapath keeps the reset net (on the ECP5 tile it
-    reached some 12,000 flip-flops across the die, 13 ns of routing) to the state that needs it. Pass
+    one cycle after a reset, and leaving the reset off the datapath keeps the reset net (on the whole tile it
+    would reach every pipeline flip-flop across the die) to the state that needs it. Pass
     ``reset_less=False`` for a register whose value must be 0 in the cycle after a reset (a valid flag or a
     write enable that reaches state outside the pipeline)."""
     out = Signal(shape if shape is not None else value.shape(), name=name, reset_less=reset_less)
@@ -58,7 +59,7 @@ marks the flip-flops driving them ``keep``, so that Yosys does not merge the cop
 class Replicated:
     """A register kept as ``copies`` flip-flops that always hold the same value, each for one group of loads
     (e.g. one multiplier of a row of them): a net that reaches a row of DSP blocks or a thousand flip-flop
-    enables spans the die (on the ECP5 one such net took 8 ns of routing), a copy beside each group does not.
+    enables spans the die (its routing alone can take most of a cycle), a copy beside each group does not.
 
     ``eq`` assigns every copy; ``copy(i)`` reads one. Without the ``keep`` the board build puts on them
     (:data:`REPLICA_ATTR`), Yosys' opt_merge folds identical flip-flops into one (checked)."""
@@ -81,7 +82,7 @@ class Replicated:
 class OffsetCounter:
     """A counter kept as one register per reader: copy i holds the count minus ``offsets[i]`` (modulo its
     width), so that a reader addressing a memory at count - offset has no subtractor in front of its address
-    (on the ECP5 tile the subtractor and the LUT RAM read behind it were 10.3 ns).
+    (a subtractor and the LUT RAM read behind it do not fit one cycle on the ECP5 tile).
 
     ``set(value)`` (a constant) and ``increment()`` assign every copy; ``at(i)`` reads copy i."""
 
@@ -138,8 +139,9 @@ class TagLine:
 
 def split_mul(m, a, b, name: str):
     """``a * b`` exactly, latency 3: ``a`` and ``b`` first pass through registers of their own, which the placer
-    can put beside the DSP blocks (on the ECP5, with the product between two distant fabric registers, it
-    spent 12-14 ns, 3.9 of them in the block; boards/dsp_pack.py moves these registers into the block); then
+    can put beside the DSP blocks (with the product between two distant fabric registers, the routing to and
+    from the block's row costs more than the block itself; boards/dsp_pack.py moves these registers into the
+    block); then
     the partial products of ``b`` with ``a``'s low MUL_SPLIT bits and its high bits are registered (each one
     multiplier) and added. ``b`` should be at most 18 bits signed."""
     a, b = reg(m, a, f"{name}_a"), reg(m, b, f"{name}_b")
@@ -156,9 +158,9 @@ def split_mul(m, a, b, name: str):
 def lut_mul(a, b):
     """``a * b`` exactly (combinational), built as a sum of ``len(b)`` shifted copies of ``a`` (one per bit of
     ``b``; the sign bit of a signed ``b`` subtracts), which Yosys maps to adders in the fabric rather than to a
-    DSP block. For small products between two registers: on the ECP5 Yosys packs no register into a DSP block
-    and a product through one spent 9-13 ns (3.9 ns in the block, the rest routing to and from its row); the
-    adder tree of a few partial products stays beside its registers. Meant for ``b`` of up to 8 bits."""
+    DSP block. For small products between two registers: a product through a DSP block pays the routing to and
+    from the block's row, more than the multiplier itself; the adder tree of a few partial products stays
+    beside its registers. Meant for ``b`` of up to 8 bits."""
     return reduce_tree(_partial_products(a, b), operator.add)
 
 

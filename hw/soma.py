@@ -117,8 +117,8 @@ class RowNormaliser(wiring.Component):
         total = Signal(32)
         inv = Signal(32)
 
-        # s1: the element from the row memory (a block RAM, whose clock-to-output alone is 5.8 ns on the
-        # ECP5); s2: in a register, before any arithmetic.
+        # s1: the element from the row memory (a block RAM, whose clock-to-output alone is over half a cycle
+        # on the ECP5); s2: in a register, before any arithmetic.
         x = reg(m, row_r.data[:8].as_signed(), "x")
         valid2 = reg(m, row_r.data[8], "x_valid")
         max_candidate = valid2 & (x > row_max)  # MAX pass
@@ -239,7 +239,7 @@ def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig":
     ``hccs_lanes`` lanes, one head (loaded with the current head's parameters before each row), rows of up
     to ``sinks + ring`` slots rounded up to whole beats, and a divider of one quotient bit per cycle: the unit
     takes one row per decode step, so its divider's rate does not matter, and two chained subtractors per
-    cycle were 13.6 ns on the ECP5 tile (the 23-bit reciprocal takes 25 cycles instead of 14)."""
+    cycle do not fit one cycle on the ECP5 tile (the 23-bit reciprocal takes 25 cycles instead of 14)."""
     lanes = params.hccs_lanes
     return hccs_unit.HCCSConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, out_type="uint8",
                                 div_bits=1)
@@ -281,7 +281,7 @@ class ElementRam:
     Writes (``write_word``, ``write_element``) pass through a register (address, data, enables) in front of
     the write port and land at the second clock edge: a read in the next cycle still returns the old word.
     The register keeps the writers' multiplexer and the enable decoding off the paths to the LUT RAM cells,
-    every copy of which the write port reaches (on the ECP5 tile those paths were 10-11 ns). Every word
+    every copy of which the write port reaches (too far for one cycle with the multiplexer). Every word
     written here is read again three or more cycles later: LOAD's words in later phases, FINAL's field
     elements at the next step, its output elements (FINAL_DEPTH) after its last field element
     (FIELD_DEPTH) is four cycles old."""
@@ -420,7 +420,7 @@ class SomaDecode(wiring.Component):
             return delay(m, par[name], 2, f"{name}_operand")
 
         # Memory ports from registers: the FSM sets the *_next values. The word read is registered as it
-        # leaves the block RAM (whose clock-to-output is already half a 100 MHz cycle on the ECP5).
+        # leaves the block RAM (whose clock-to-output alone is over half a cycle on the ECP5).
         rd_word = reg(m, self.rd_data, "rd_word")
         rd_addr_next = Signal.like(self.rd_addr)
         wr_addr_next, wr_data_next, wr_en_next = Signal.like(self.wr_addr), Signal.like(self.wr_data), \
@@ -538,7 +538,7 @@ class SomaDecode(wiring.Component):
         # recency_int * distance), 0 for an empty slot.
         dot_slot = dot_tags[2:]
         # The counters' bounds in registers: step and fill change only in WRITE and LOAD, many cycles before
-        # a slot's dot product completes (through the comparisons of step and fill it was 11 ns on the ECP5).
+        # a slot's dot product completes (the comparisons of step and fill in the path would not fit a cycle).
         # For a ring slot, dot_slot - sinks < fill is dot_slot < fill + sinks (fill <= ring: LOAD_STATE checks).
         if sinks:
             sink_fill = reg(m, Mux(step < sinks, step, sinks), "sink_fill", range(sinks + 1))
@@ -548,8 +548,9 @@ class SomaDecode(wiring.Component):
             slot_valid = dot_slot < fill
         # age = write_pos - 1 - (dot_slot - sinks) as (write_pos - 1 + sinks) - dot_slot, the first term in a
         # register (write_pos changes only in WRITE and LOAD, like fill): a ring slot's age then is one
-        # subtraction from registers (10.4 ns through both on the ECP5 tile). In a legal state write_pos < ring
-        # (LOAD_STATE checks it), so its low bits hold it and a ring slot's age lies in [-ring, ring).
+        # subtraction from registers (two in one cycle do not fit on the ECP5 tile). In a legal state
+        # write_pos < ring (LOAD_STATE checks it), so its low bits hold it and a ring slot's age lies in
+        # [-ring, ring).
         pos_bits = max(1, (ring - 1).bit_length())
         age_base = reg(m, write_pos[:pos_bits] - 1 + sinks, "age_base", signed(pos_bits + 2 + sinks.bit_length()))
         age = reg(m, age_base - dot_slot, "age", signed(len(age_base) + 1))
@@ -558,7 +559,7 @@ class SomaDecode(wiring.Component):
         # A legal state has write_pos < ring (LOAD_STATE checks it), so a ring slot's distance is at most ring:
         # the product fits one multiplier.
         distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", range(ring + 1))
-        # In two registered steps (in one, its adder tree behind distance was 10.1 ns on the ECP5 tile), then
+        # In two registered steps (in one, its adder tree behind distance does not fit a cycle), then
         # delayed to meet scaled.
         recency = lut_mul_pipelined(m, operand("recency_int"), distance, "recency", unsigned(7 + len(distance)))
         scaled = round_shift(m, split_mul(m, dot, operand("score_mult"), "score_product"), par["score_shift"],
@@ -585,7 +586,7 @@ class SomaDecode(wiring.Component):
         prob_bits = Signal(8 * unit_config.n_max, reset_less=True)
         feed_beat = Signal(range(row_beats + 1))
         # The beat the unit returns next, one-hot: each word of prob_bits is enabled by one of its flip-flops
-        # (decoded from a counter, the enables were 11.2 ns on the ECP5 tile).
+        # (decoded from a counter, the enables would not fit a cycle).
         drain_sel = Signal(row_beats)
         with m.If(row_we):
             m.d.sync += [row_bits.word_select(row_slot, 8).eq(row_x),
@@ -594,7 +595,7 @@ class SomaDecode(wiring.Component):
         # counter's comparisons would otherwise sit in front of the unit's first stage and its bank enables.
         feeding = Signal()
         # The beat's bytes are selected in groups of lanes, each by a copy of feed_beat of its own (one index
-        # steering every byte's multiplexer was 10.8 ns to the HCCS unit's row memory on the ECP5 tile).
+        # steering every byte's multiplexer would span the unit's row memory in one cycle).
         groups = min(hl, FEED_INDEX_COPIES)
         feed_index = Replicated(range(row_beats + 1), groups, "feed_index")
         group_bits = 8 * hl // groups
@@ -627,7 +628,7 @@ class SomaDecode(wiring.Component):
         # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
         # The element issued (n_issue in NORMALISE) in a copy per register file read.
         # Two copies per register file: one addresses its LUT RAM, one selects the element from the word read
-        # (one copy for both was 10.4 ns on the ECP5 tile).
+        # (one copy for both has too many loads to reach in a cycle).
         gate_index = Replicated(range(D + 1), 4, "gate_index")
         g_q, g_f = (reg(m, ram.reader(ram.word_of(gate_index.copy(i))).element(gate_index.copy(i + 2)).as_signed(),
                         name) for i, (ram, name) in enumerate(((q, "g_q"), (gate_fld, "g_f"))))
@@ -648,12 +649,12 @@ class SomaDecode(wiring.Component):
 
         # WEIGHTED SUM over slots for chunk c (c_issue holds the chunk); then FINAL over its L elements.
         _, _, n_prob_read, _ = at(READ_LATENCY - 1, PHASE_WEIGHTED)
-        # The normaliser's probability (a block RAM, 5.8 ns from clock to output on the ECP5) is addressed a
-        # cycle earlier and registered as it leaves the RAM.
+        # The normaliser's probability (a block RAM, over half a cycle from clock to output on the ECP5) is
+        # addressed a cycle earlier and registered as it leaves the RAM.
         m.d.comb += self.n_prob_index.eq(at(READ_LATENCY - 2, PHASE_WEIGHTED)[2])
         n_prob = reg(m, self.n_prob[:8], "n_prob")
         # The HCCS probability of slot n in two registered steps (a group of 8 slots addressed a stage early,
-        # then the slot): in one step, a 72:1 byte select behind the tag line's index was 12 ns on the ECP5.
+        # then the slot): in one step, a 72:1 byte select behind the tag line's index does not fit a cycle.
         group_bits = 3
         # n_group: the n of at(READ_LATENCY - 2) in a register of its own (the tag line's reaches many loads).
         assert READ_LATENCY - 2 == 1
@@ -682,8 +683,8 @@ class SomaDecode(wiring.Component):
 
         # FINAL: element e = n of chunk c, d = c * L + e.
         # d_issue (the element issued) is kept as two copies per register file read (one addresses the LUT RAM,
-        # one selects the element from the word read: one copy for both was 10.0 ns to `src` on the reduced
-        # ECP5 tile), and the lane issued as a counter of its own: each addresses a few hundred LUT RAM cells
+        # one selects the element from the word read: one copy for both has too many loads for a cycle), and
+        # the lane issued as a counter of its own: each addresses a few hundred LUT RAM cells
         # or a 32-bit multiplexer.
         d_issue = Replicated(range(D + 1), 8, "d_issue")
         fin_lane = Signal(max(1, (L - 1).bit_length()))
@@ -695,7 +696,7 @@ class SomaDecode(wiring.Component):
         f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
         k_d, v_d = reg(m, k_elem, "k_d"), reg(m, v_elem, "v_d")
         # The field's source selected from the registered elements, a stage after f_old (the field update
-        # delays it one register less): behind the LUT RAM reads, the selection was 10.1 ns on the ECP5.
+        # delays it one register less): behind the LUT RAM reads, the selection would not fit the cycle.
         src = reg(m, Mux(field_of_keys, k_d, v_d), "src")
         near = round_shift(m, split_mul(m, acc_sel, operand("out_mult"), "near_product"), par["out_shift"],
                            soma.INT_SHIFT_MAX, "near_scaled")
@@ -708,8 +709,7 @@ class SomaDecode(wiring.Component):
                           soma.INT_SHIFT_MAX + 7, "far_scaled")
         far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
         # sat8(near + far) with its bounds moved onto near a stage early: near + far > 127 is far > 127 - near
-        # (registered beside far), so the comparisons run beside the 8-bit sum rather than after an 18-bit one
-        # (10.1 ns on the ECP5 tile).
+        # (registered beside far), so the comparisons run beside the 8-bit sum rather than after an 18-bit one.
         above, below = (reg(m, bound - near, f"out_{name}", signed(18))
                         for bound, name in ((127, "above"), (-128, "below")))
         near = reg(m, near, "near_final")
@@ -720,8 +720,8 @@ class SomaDecode(wiring.Component):
             """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): operands (2), products (1), products
             again (1), sum and rounding (1). ``x`` may arrive ``2 - x_delay`` cycles after ``f``."""
             # 2^15 - gamma is a register of its own per update, beside its multiplier. Two registers on each
-            # side of the DSP block: with one, nextpnr placed them 4 ns of routing from the block on either
-            # side (11.7-12.3 ns on the ECP5 tile); the second lets the placer split each route.
+            # side of the DSP block: with one, nextpnr may place them far from the block on either side; the
+            # second lets the placer split each route.
             gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], f"{name}_gamma_rest")
             f, x = (delay(m, v, n, f"{name}_{v_name}") for v, v_name, n in ((f, "f", 2), (x, "x", x_delay)))
             kept = delay(m, operand("gamma_q15") * f, 2, f"{name}_kept")
@@ -739,7 +739,7 @@ class SomaDecode(wiring.Component):
 
         # The slot k and v go to (the next sink while step < sinks, else the ring's write position): both
         # candidates and the comparison in registers, valid in WRITE (LOAD ends one cycle after the counters
-        # arrive); the comparison in front of the address adders was 11.3 ns on the ECP5 tile.
+        # arrive), so that no comparison sits in front of the address adders.
         in_sink = reg(m, step < sinks, "in_sink")
 
         def slot_row(region):
@@ -754,8 +754,8 @@ class SomaDecode(wiring.Component):
 
         # As in STORE, k and v are read a cycle ahead (write_read: 0 outside WRITE, write_slot_word + 1 in it)
         # into registers, so that the word written is one multiplexer away from wr_data: the one write_v
-        # steers (write_slot_word >= words, set the cycle before; decoded from the counter, the selection was
-        # 11.5 ns on the ECP5 tile).
+        # steers (write_slot_word >= words, set the cycle before; decoded from the counter, the selection
+        # would not fit the cycle).
         write_read = OffsetCounter(write_slot_word.shape(), (0, words), "write_read")
         k_write, v_write = (reg(m, ram.reader(write_read.at(i)).data, f"{name}_write_word")
                             for i, (ram, name) in enumerate(((k, "k"), (v, "v"))))
@@ -770,8 +770,8 @@ class SomaDecode(wiring.Component):
             m.d.sync += [write_slot_word.eq(0), write_last.eq(0), write_v.eq(0), *write_read.set(1)]
             m.next = "WRITE"
 
-        # The counters' comparisons in registers (32-bit comparisons in front of their enables were 10.6 ns on
-        # the ECP5 tile): LOAD writes the counters at least three cycles before WRITE's last cycle advances them.
+        # The counters' comparisons in registers (32-bit comparisons in front of their enables would not fit a
+        # cycle): LOAD writes the counters at least three cycles before WRITE's last cycle advances them.
         pos_wraps, filling, counting = reg(m, Cat(write_pos == ring - 1, fill < ring, step < soma.COUNTER_MAX),
                                            "counter_flags")
 

@@ -185,7 +185,7 @@ class Tile(wiring.Component):
 
         # Register read decode. Like every product and rule check on the captured header below, it is
         # registered (free-running): HEADER's last beat is followed by CHECK_SETTLE cycles before CHECK, so
-        # the registered values describe this frame's header by then (docs/hardware.md, Timing).
+        # the registered values describe this frame's header by then (docs/hardware.md, "What limits the clock").
         # The address is compared with every register's (registered), the matches encoded to an index (the
         # addresses are distinct constants: an OR of the matches, registered), then the value selected.
         address = arg0
@@ -199,7 +199,7 @@ class Tile(wiring.Component):
                     + [(regmap.head_register(h, i), head_regs[h][i]) for h in range(p.heads)
                        for i in range(len(HEAD_PARAMS))])
         # The address compared in two registered steps (its halves against every readable address, then both):
-        # in one, the header's address reached some 70 32-bit comparisons, 11 ns on the ECP5 tile.
+        # in one, the header's address would reach some 70 32-bit comparisons in a cycle.
         half = len(address) // 2
         match_lo = reg(m, Cat(*[address[:half] == a % (1 << half) for a, _ in readable]), "reg_match_lo")
         match_hi = reg(m, Cat(*[address[half:] == a >> half for a, _ in readable]), "reg_match_hi")
@@ -226,8 +226,7 @@ class Tile(wiring.Component):
         rows_last = reg(m, rows - 1, "rows_last", signed(33))
         last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
         # rows * n_pad, 3 cycles after the header: n_pad is a multiple of the granule, so the product is rows
-        # times its few high bits, in the fabric (through a DSP block, from the header register, it was 12.7 ns
-        # on the ECP5 tile).
+        # times its few high bits, in the fabric (a DSP block's row is too far from the header register).
         granule_bits = log2(regmap.FRAME_GRANULE)
         hccs_bytes = lut_mul_pipelined(m, rows, n_pad[granule_bits:], "hccs_bytes_hi",
                                        unsigned(len(rows) + len(n_pad) - granule_bits)) << granule_bits
@@ -247,7 +246,7 @@ class Tile(wiring.Component):
             floor_mass = reg(m, cols * floor, f"{name}_floor_mass", signed(36))
             row_mass = reg(m, cols * B, f"{name}_row_mass", unsigned(34))
             # Each comparison in a register of its own, their AND after (in the check's priority or config_ok):
-            # behind the floor mass's multiplier the comparison and the AND were 10.1 ns on the ECP5 tile.
+            # behind the floor mass's multiplier the comparison and the AND do not fit a cycle.
             checks = Cat(delay(m, floor >= 0, 1), floor_mass >= hccs.MIN_FLOOR_MASS, row_mass <= hccs.MAX_ROW_MASS)
             return reg(m, checks, name).all()
 
@@ -259,7 +258,7 @@ class Tile(wiring.Component):
 
         def copied_fields(copies: Replicated, prefix: str) -> dict:
             """Every head parameter of the head ``copies`` hold, registered: each copy of the index steers a
-            share of the parameters (one index reaching them all spanned the die: 10.3-10.5 ns on the ECP5)."""
+            share of the parameters (one index reaching them all would span the die)."""
             share = -(-len(HEAD_PARAMS) // PARAM_INDEX_COPIES)
             return {hp.name: reg(m, head_field(copies.copy(i // share), hp.name), f"{prefix}_{hp.name}")
                     for i, hp in enumerate(HEAD_PARAMS)}
@@ -281,8 +280,8 @@ class Tile(wiring.Component):
         decode_out_bytes = reg(m, D * count, "decode_out_bytes", unsigned(32))
         decode_out_nonzero = reg(m, count != 0, "decode_out_nonzero")
         decode_out_words = reg(m, dw * count, "decode_out_words", range(mem_words + 1))
-        # Products by the constant state_words as shifted sums in the fabric (a DSP block's row was 11.4 ns
-        # from the header register on the ECP5 tile).
+        # Products by the constant state_words as shifted sums in the fabric (a DSP block's row is too far from
+        # the header register).
         head_words = reg(m, lut_mul(head, Const(state_words)), "head_words", unsigned(32))
         # (head + 1) * state_words as a sum: an adder in front of a multiplier is two slow steps in one cycle.
         next_head_words = reg(m, head_words + state_words, "next_head_words", unsigned(32))
@@ -406,8 +405,8 @@ class Tile(wiring.Component):
         last = Signal(8)
         cur_is_last = reg(m, cur == last, "cur_is_last")  # cur and last change long before a step's done
         # The decode unit's head parameters come from registers (cur_params), not through the head multiplexer
-        # from cur: that path fanned out to the decode unit's parameter registers across the die (12.4 ns on
-        # the ECP5), and an enable from the command decoding reached them as far. They load every cycle, in
+        # from cur: that path would fan out to the decode unit's parameter registers across the die, and an
+        # enable from the command decoding would reach them as far. They load every cycle, in
         # DECODE and DECODE_NEXT those of cur + 1 (registered twice behind cur), else those of the header's
         # head (registered; the header is decoded cycles before EXECUTE). The unit samples them in DECODE_NEXT,
         # the cycle after cur was set; they were loaded at that same edge (in EXECUTE for the first head, from
@@ -460,7 +459,7 @@ class Tile(wiring.Component):
         row_done = Signal()
         fetch_addr = Signal(range(mem_words + 1))
         # The next row's first element and word, in registers (row_start changes a row's length of cycles
-        # before they are read): as two adders in front of the fetch registers they were 12 ns on the ECP5.
+        # before they are read): as two adders in front of the fetch registers they would not fit a cycle.
         next_row_start = reg(m, row_start + n_pad, "next_row_start", 32)
         next_row_addr = reg(m, stage_word + (next_row_start >> log2(W)), "next_row_addr", range(mem_words + 1))
         fetched_lane = reg(m, fetch_elem[:log2(W)], "fetched_lane")
@@ -507,8 +506,8 @@ class Tile(wiring.Component):
         # the clear sweep or the decode unit.
         # The response's memory words leave the block RAM into a register (resp_word_reg, the word whose beats
         # are being sent) and the block RAM already holds the next one at its output: the beats are selected
-        # from a register, not from the block RAM's output (5.8 ns clock-to-output on the ECP5, which was the
-        # tile's critical path). Read pointer: resp_addr (the word the block RAM shows, to be loaded next) and
+        # from a register, not from the block RAM's output (whose clock-to-output alone is over half a cycle
+        # on the ECP5). Read pointer: resp_addr (the word the block RAM shows, to be loaded next) and
         # resp_addr + 1 in registers; the pointer steps when a word's last beat leaves (or the header's,
         # loading the first word). The read address is selected by flags kept in registers beside the state
         # (responding with memory words, fetching HCCS rows, the last beat of a word, the header's last beat):
@@ -743,7 +742,7 @@ class Tile(wiring.Component):
                 m.d.comb += [resp_valid.eq(1), resp_data.eq(info_payload.word_select(info_beat, SW)),
                              resp_last_beat.eq(info_beat == info_beats - 1)]
                 # info_beat is 0 from reset and returns to 0 with the last beat, so that no other state's
-                # response start writes it (those writes were in front of its enable, 10.4 ns on the ECP5 tile).
+                # response start writes it (those writes would sit in front of its enable).
                 with m.If(m_beat):
                     m.d.sync += info_beat.eq(info_beat + 1)
                     with m.If(info_beat == info_beats - 1):
