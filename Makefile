@@ -43,7 +43,7 @@ eval: $(STAMP)
 	$(BIN)/python scripts/make_other_text.py build/eval/devil.txt
 	$(BIN)/somatile eval minilm --text build/eval/devil.txt --out build/eval/minilm_other
 	$(BIN)/somatile eval smollm2 --text build/eval/devil.txt --out build/eval/smollm2_other --only $(OTHER_TEXT_VARIANTS)
-	$(BIN)/python -m somatile.model.evaluate --write-results docs/results.md build/eval
+	$(BIN)/python -m somatile.eval --write-results docs/results.md build/eval
 
 boards: $(STAMP)
 	$(BIN)/somatile build --all --out build/boards --report docs/boards.md

@@ -22,8 +22,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def machine() -> dict:
-    """The machine facts of `somatile.model.evaluate.machine` (one reader of /proc/cpuinfo), plus the commit."""
-    from somatile.model.evaluate import machine as host_facts
+    """The machine facts of `somatile.eval.report.machine` (one reader of /proc/cpuinfo), plus the commit."""
+    from somatile.eval.report import machine as host_facts
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

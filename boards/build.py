@@ -791,7 +791,7 @@ def run(args: argparse.Namespace) -> int:
                     for job in standard_builds(board_config.load(name, {**overrides, **sweep}))]
         else:
             jobs = [(board_config.load(args.board, {**overrides, **sweep}), args.top) for sweep in combos]
-        from somatile.model import jobs as joblib
+        from somatile.eval import jobs as joblib
         joblib.check(getattr(args, "jobs", 1), getattr(args, "cluster", None))
     except (BoardError, ValueError) as exc:
         print(f"somatile build: {exc}", file=sys.stderr)

@@ -39,8 +39,8 @@ def _banner(n: int, title: str) -> None:
 def step_real_logits(out: Path) -> dict:
     """MiniLM logits of one layer -> `somatile compare` with calibration; returns the npz/yaml paths."""
     from somatile.host.cli import main
-    from somatile.model import text
-    from somatile.model.evaluate import collect_minilm_logits, dump_minilm_logits
+    from somatile.eval import text
+    from somatile.eval.minilm import collect_minilm_logits, dump_minilm_logits
     from somatile.model.minilm import MiniLM
 
     model = MiniLM.load()

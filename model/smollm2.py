@@ -16,7 +16,7 @@ Prejudice in 512-token windows) reproduces within 0.1 % in float32, and float64 
 Attention is pluggable per layer: ``forward(tokens, attention=fn)`` calls ``fn(layer, q, k, v)`` with
 q (T, 9, 64) after RoPE, k (T, 3, 64) after RoPE and v (T, 3, 64), all float32, and expects (T, 9, 64).
 ``CausalAttention`` is the default (exact softmax) and takes a pluggable normaliser; the Soma streaming
-attention plugs in through ``somatile.model.evaluate``. ``attn_out_hook(layer, out)`` sees each layer's
+attention plugs in through ``somatile.eval.smollm2``. ``attn_out_hook(layer, out)`` sees each layer's
 attention output after the output projection (the place seed 001's SFA forward hook adds its enhancement),
 shape (T, 576), and returns the array to add to the residual stream.
 """

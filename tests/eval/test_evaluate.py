@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from somatile.host.cli import main as cli
-from somatile.model import evaluate
+from somatile.eval import cli as evaluate_cli
+from somatile.eval import minilm
 from somatile.model.params import HccsParams
 
 
@@ -29,12 +30,12 @@ def smollm2_run(tmp_path_factory):
 def test_minilm_quick(minilm_run):
     out, r = minilm_run
     v = r["variants"]
-    assert set(v) == set(evaluate.MINILM_FIELDS)
+    assert set(v) == set(minilm.MINILM_FIELDS)
     for name, m in v.items():
         assert len(m["cosines"]) == r["n_eval"] == 8
         assert -1 <= m["cos_min"] <= m["cos_mean"] <= 1 + 1e-12 and 0 <= m["nn_agreement"] <= 1, name
         assert {k: m[k] for k in ("key", "profile", "normaliser", "integer", "ring", "sinks")} == \
-            evaluate.MINILM_FIELDS[name]
+            minilm.MINILM_FIELDS[name]
     # The wide profile's integer exp and its exp-free pwl2 are within ~0.4 % of softmax per weight with Q15
     # probabilities: embeddings stay within 1e-3 of the float model's even on these 8 sentences.
     assert v["wide exp (int16 logits, Q15)"]["cos_mean"] > 0.999
@@ -60,7 +61,7 @@ def test_minilm_logits_dump(minilm_run):
     assert logits.shape[0] == 12 and logits.shape[2] == 128 and list(logits.shape) == r["dump"]["shape"]
     assert mask[:, :, 0].all() and not mask[:, :, -1].any()  # short sentences padded with masked keys
     # realdata.md: layer 0 head 2 is the previous-token head with a logit range far above the others.
-    spread = evaluate.mean_row_range(logits.astype(np.float64), mask)
+    spread = minilm.mean_row_range(logits.astype(np.float64), mask)
     assert int(np.argmax(spread)) == 2 and spread[2] > 3 * np.median(spread)
 
 
@@ -97,20 +98,20 @@ def test_merge_and_results_md(minilm_run, smollm2_run, tmp_path):
     for name, part in (("p1", a), ("p2", b)):
         (root / name).mkdir(parents=True)
         (root / name / "results.json").write_text(json.dumps(part))
-    assert evaluate.main(["--merge", str(root / "smollm2"), str(root / "p1"), str(root / "p2")]) == 0
+    assert evaluate_cli.main(["--merge", str(root / "smollm2"), str(root / "p1"), str(root / "p2")]) == 0
     merged = json.loads((root / "smollm2" / "results.json").read_text())
     assert [v["key"] for v in merged["variants"]] == [v["key"] for v in smollm2_run[1]["variants"]]
     assert merged["variants"][0]["ppl"] == smollm2_run[1]["variants"][0]["ppl"]
     other = dict(a, n_tokens=a["n_tokens"] + 1)
     (root / "p3").mkdir()
     (root / "p3" / "results.json").write_text(json.dumps(other))
-    assert evaluate.main(["--merge", str(root / "bad"), str(root / "p1"), str(root / "p3")]) == 2
+    assert evaluate_cli.main(["--merge", str(root / "bad"), str(root / "p1"), str(root / "p3")]) == 2
     (root / "minilm").mkdir()
     (root / "minilm" / "results.json").write_text((minilm_run[0] / "results.json").read_text())
     (root / "reference").mkdir()
     (root / "reference" / "results.json").write_text(json.dumps(smollm2_run[1]))
     doc = tmp_path / "results.md"
-    assert evaluate.main(["--write-results", str(doc), str(root)]) == 0
+    assert evaluate_cli.main(["--write-results", str(doc), str(root)]) == 0
     text = doc.read_text()
     assert "## MiniLM" in text and "## SmolLM2" in text and "Machine:" in text and "## Reference check" in text
     assert f"{merged['variants'][0]['ppl']:.6g}" in text
@@ -121,4 +122,4 @@ def test_bad_input_is_named(tmp_path, capsys):
     assert "none.txt" in capsys.readouterr().err
     assert cli(["eval", "smollm2", "--quick", "--only", "nonsense", "--out", str(tmp_path)]) == 2
     assert "nonsense" in capsys.readouterr().err
-    assert evaluate.main(["--write-results", str(tmp_path / "r.md"), str(tmp_path / "empty")]) == 2
+    assert evaluate_cli.main(["--write-results", str(tmp_path / "r.md"), str(tmp_path / "empty")]) == 2

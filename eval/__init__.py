@@ -1,0 +1,7 @@
+"""somatile.eval: what the numeric contract costs on real models, and the harness around it.
+
+``somatile eval minilm|smollm2`` (:mod:`.cli`, :mod:`.minilm`, :mod:`.smollm2`), the docs/results.md writer
+(:mod:`.results`), the shared report helpers (:mod:`.report`), the evaluation text (:mod:`.text`) and the job
+layer that runs evaluation windows and board sweeps on a process pool or a Dask cluster (:mod:`.jobs`).
+Nothing in ``somatile.model`` imports this package.
+"""
