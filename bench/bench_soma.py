@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from somatile.model.soma import SomaConfig, SomaState, prefill
-from somatile.model.soma_demo import interleaved_step_us
+from somatile.eval.soma_demo import interleaved_step_us
 
 SHAPE = dict(n_heads=9, n_kv_heads=3, head_dim=64)
 

@@ -3,5 +3,7 @@
 ``somatile eval minilm|smollm2`` (:mod:`.cli`, :mod:`.minilm`, :mod:`.smollm2`), the docs/results.md writer
 (:mod:`.results`), the shared report helpers (:mod:`.report`), the evaluation text (:mod:`.text`) and the job
 layer that runs evaluation windows and board sweeps on a process pool or a Dask cluster (:mod:`.jobs`).
+``somatile demo`` (:mod:`.demo`, with the Soma tour of :mod:`.soma_demo`) walks through every layer once, from
+MiniLM's logits to the tile RTL behind the firmware.
 Nothing in ``somatile.model`` imports this package.
 """

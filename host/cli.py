@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regmap": ("somatile.hw.regmap", "export the tile register map as C header and JSON"),
     "build": ("somatile.boards.build", "generate RTL for a board, synthesise and place-and-route"),
     "device": ("somatile.host.device_cli", "talk to a device (emu://, sim://, tcp://, serial://, metal://)"),
-    "demo": ("somatile.host.demo", "the main job on the embedded default (what `make demo` runs)"),
+    "demo": ("somatile.eval.demo", "the main job on the embedded default (what `make demo` runs)"),
 }
 
 

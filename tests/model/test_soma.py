@@ -266,11 +266,3 @@ def test_integer_helpers_are_exported():
     assert soma.integer_config is not None and soma.quantize is not None
     with pytest.raises(AttributeError):
         soma.no_such_helper
-
-
-def test_demo_runs(capsys):
-    from somatile.model import soma_demo
-    assert soma_demo.main(["--heads", "2", "--kv-heads", "1", "--head-dim", "8", "--layers", "2", "--steps", "3"]) == 0
-    text = capsys.readouterr().out
-    assert "numba fast path == numpy spec on 300 tokens (ring wrapped): True" in text
-    assert "output at t=0 is all zeros: True" in text

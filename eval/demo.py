@@ -81,7 +81,7 @@ def step_rtl_hccs(out: Path, logits_path: Path, params_path: Path) -> int:
 
 
 def step_soma() -> int:
-    from somatile.model import soma_demo
+    from somatile.eval import soma_demo
 
     parser = argparse.ArgumentParser()
     soma_demo.add_arguments(parser)

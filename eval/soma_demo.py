@@ -1,6 +1,6 @@
 """A short tour of Soma for `make demo`: memory against a full KV cache, O(1) integer decode, bit-exactness.
 
-Usage: ``python -m somatile.model.soma_demo [--heads 9] [--kv-heads 3] [--head-dim 64] [--layers 30]``
+Usage: ``python -m somatile.eval.soma_demo [--heads 9] [--kv-heads 3] [--head-dim 64] [--layers 30]``
 (the defaults are SmolLM2-135M's attention shape). Also usable as a ``somatile`` subcommand module
 (``add_arguments(parser)`` / ``run(args) -> int``). Prints plain text; takes a few seconds plus numba's
 first compilation when its cache is cold.
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m somatile.model.soma_demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m somatile.eval.soma_demo", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
