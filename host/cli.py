@@ -15,7 +15,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("somatile.model.compare", "fixed-point HCCS against float softmax on the host"),
     "calibrate": ("somatile.model.calibrate", "calibrate per-head HCCS parameters on logits"),
-    "capture": ("somatile.model.onnx_capture", "attention logits, mask and values of an ONNX model, per layer"),
+    "capture": ("somatile.eval.onnx_capture", "attention logits, mask and values of an ONNX model, per layer"),
     "eval": ("somatile.eval.cli", "measure HCCS and Soma on real models (MiniLM, SmolLM2)"),
     "sim": ("somatile.sim.cli", "run an RTL unit in Verilator on vectors and check it bit-exact"),
     "regmap": ("somatile.hw.regmap", "export the tile register map as C header and JSON"),

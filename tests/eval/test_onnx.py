@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from somatile.model.minilm import MiniLM
-from somatile.model.onnx_minilm import batch_inputs, export_minilm
+from somatile.eval.onnx_minilm import batch_inputs, export_minilm
 
 # Different lengths, so that a batch of them pads and the graph's key mask takes part.
 SENTENCES = [
@@ -69,7 +69,7 @@ def test_capture_gives_the_numpy_logits_and_the_padding_mask(minilm, minilm_onnx
     # Float32 graph against the float64 pass: measured max |difference| at most 9.2e-7 of the layer's largest
     # |logit| (about 8 float32 ulps after six layers). The bound 1e-5 of the largest (about 80 ulps) stays
     # within float32 rounding and fails on any real change of the scores (a wrong scale costs 1e-1).
-    from somatile.model.onnx_capture import capture
+    from somatile.eval.onnx_capture import capture
     inputs = batch_inputs(minilm, SENTENCES)
     T = inputs["input_ids"].shape[1]
     opset, layers = capture(minilm_onnx, inputs)
@@ -129,7 +129,7 @@ def tiny_attention(path, *, opset=17, axis=-1, consumer="MatMul"):
 
 def test_additive_mask_threshold(tmp_path):
     # -inf, float32 min, -1e9 and -2e4 are masks; -5e3 is a (very negative) logit that takes part.
-    from somatile.model.onnx_capture import capture
+    from somatile.eval.onnx_capture import capture
     scores = np.zeros((1, 2, 3, 4), np.float32)
     scores[0, 0, 0] = [-np.inf, np.finfo(np.float32).min, 1.5, -1e9]
     scores[0, 1, 2] = [-2e4, -5e3, 0.25, -1e4]
@@ -178,7 +178,7 @@ def test_no_softmax_over_a_key_axis(tmp_path, capsys, axis, consumer, why):
 
 
 def test_opset_outside_the_supported_range(tmp_path, capsys):
-    from somatile.model.onnx_capture import MIN_OPSET, max_opset
+    from somatile.eval.onnx_capture import MIN_OPSET, max_opset
     for opset in (MIN_OPSET - 1, max_opset() + 1):
         model = tiny_attention(tmp_path / f"opset{opset}.onnx", opset=opset)
         out = bad_capture(capsys, model, TINY_INPUTS, tmp_path)
@@ -245,7 +245,7 @@ def tiny_decoder(path, weights, *, heads, head_dim):
 
 
 def test_capture_of_a_causal_decoder(tmp_path):
-    from somatile.model.onnx_capture import capture
+    from somatile.eval.onnx_capture import capture
     rng = np.random.default_rng(3)
     T, C, heads, D = 7, 16, 4, 8
     weights = [tuple((rng.normal(size=shape) / np.sqrt(shape[0])).astype(np.float32)

@@ -126,7 +126,7 @@ def export_minilm(path, model=None, *, opset: int = OPSET) -> Path:
                  helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", C])],
         initializer=inits)
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                                   producer_name="somatile.model.onnx_minilm")
+                                   producer_name="somatile.eval.onnx_minilm")
     onnx.checker.check_model(onnx_model, full_check=True)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
