@@ -1,13 +1,8 @@
 """Per-head HCCS calibration by grid search, on float logits or directly on int8 logits; `somatile calibrate`.
 
-Objectives (per row, averaged over rows that have a valid element; q = softmax, p = HCCS):
-
-- ``kl_seed``: KL(q || p) = sum q (log q - max(log p, -100)), seed 003's ``F.kl_div(p.log().clamp(-100), q)``
-  per row. A clipped token (p = 0) costs q * (log q + 100), so this value is dominated by how much softmax
-  mass falls on clipped tokens (docs/calibration.md).
-- ``kl_eps``: KL(q || (1 - eps) p + eps / n) with eps = 1e-3 and n the row's valid count: finite, and a
-  clipped token costs at most q * log(n / eps).
-- ``tv``: total variation 0.5 * sum |q - p| (0..1), the default: see docs/calibration.md for the evidence.
+The objectives ``kl_seed``, ``kl_eps`` and ``tv`` (the default: see docs/calibration.md for the evidence) are
+defined per row in :mod:`somatile.model.logits`, which also reads the input logits both this command and
+`somatile compare` take.
 
 A head whose best objective stays above ``threshold`` (default 0.3, a project heuristic from seed 003, not
 from the paper) is marked ``fallback``: it keeps the exponential (integer-exp softmax on hardware).
@@ -23,69 +18,17 @@ import numba
 import numpy as np
 
 from somatile.model import hccs, nbcache, quant
+from somatile.model.logits import (OBJECTIVES, add_input_arguments, head_metrics, load_input, objective_term,
+                                   row_objective)
 from somatile.model.params import HccsParams
 
 # Its kernels inline @njit code of these files: a change there must reach this module's numba cache.
-nbcache.drop_stale(__file__, ("calibrate.py", "hccs.py"))
+nbcache.drop_stale(__file__, ("calibrate.py", "hccs.py", "logits.py"))
 
-OBJECTIVES = {"kl_seed": 0, "kl_eps": 1, "tv": 2}
 DEFAULT_OBJECTIVE = "tv"
-KL_LOG_CLAMP = -100.0
-KL_EPS = 1e-3
 DEFAULT_THRESHOLD = 0.3
 DEFAULT_C_RANGE = (0.5, 20.0)
 DEFAULT_STEPS = 80
-
-
-@numba.njit(cache=True, nogil=True)
-def _term(q, p, n_valid, objective):
-    """One element's contribution to the row objective."""
-    if objective == 2:
-        return 0.5 * abs(q - p)
-    if q <= 0.0:
-        return 0.0
-    if objective == 0:
-        log_p = math.log(p) if p > 0.0 else KL_LOG_CLAMP
-        return q * (math.log(q) - max(log_p, KL_LOG_CLAMP))
-    return q * (math.log(q) - math.log((1.0 - KL_EPS) * p + KL_EPS / n_valid))
-
-
-@numba.njit(cache=True, nogil=True)
-def row_objective(q_row, p_row, valid_row, objective):
-    """Objective of one row (see the module doc); valid_row of length 0 = all valid; NaN for an empty row."""
-    n = q_row.shape[0]
-    every = valid_row.shape[0] == 0
-    n_valid = 0
-    for i in range(n):
-        if every or valid_row[i]:
-            n_valid += 1
-    if n_valid == 0:
-        return np.nan
-    acc = 0.0
-    for i in range(n):
-        if every or valid_row[i]:
-            acc += _term(q_row[i], p_row[i], n_valid, objective)
-    return acc
-
-
-@numba.njit(cache=True, nogil=True)
-def row_objectives(q, p, valid, objective, out):
-    """row_objective over rows of (R, N) arrays; valid (R, N) or (R, 0); out (R,) float64."""
-    for r in range(q.shape[0]):
-        out[r] = row_objective(q[r], p[r], valid[r], objective)
-
-
-def objective_per_row(q: np.ndarray, p: np.ndarray, mask, objective: str) -> np.ndarray:
-    """Per-row objective of p against reference q, any leading shape (..., N); NaN for rows without a
-    valid element. p may be unnormalised (clb output / 255): the value then shows that too."""
-    code = hccs.code_of(OBJECTIVES, "objective", objective)
-    n = q.shape[-1]
-    q2 = np.ascontiguousarray(q.reshape(-1, n), np.float64)
-    p2 = np.ascontiguousarray(p.reshape(-1, n), np.float64)
-    valid = np.empty((q2.shape[0], 0), np.bool_) if mask is None else np.ascontiguousarray(mask.reshape(-1, n))
-    out = np.empty(q2.shape[0])
-    row_objectives(q2, p2, valid, code, out)
-    return out.reshape(q.shape[:-1])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -105,7 +48,7 @@ def _float_grid(dist_sorted, q_sorted, n_valid, candidates, objective, out):
         counted += 1
         tail[nv] = 0.0
         for i in range(nv - 1, -1, -1):
-            tail[i] = tail[i + 1] + _term(q_sorted[r, i], 0.0, nv, objective)
+            tail[i] = tail[i + 1] + objective_term(q_sorted[r, i], 0.0, nv, objective)
         k = 0
         dsum = 0.0
         for j in range(candidates.shape[0]):
@@ -116,7 +59,7 @@ def _float_grid(dist_sorted, q_sorted, n_valid, candidates, objective, out):
             total = k * c - dsum
             v = tail[k]
             for i in range(k):
-                v += _term(q_sorted[r, i], (c - dist_sorted[r, i]) / total, nv, objective)
+                v += objective_term(q_sorted[r, i], (c - dist_sorted[r, i]) / total, nv, objective)
             acc[j] += v
     for j in range(candidates.shape[0]):
         out[j] = acc[j] / max(counted, 1)
@@ -303,7 +246,6 @@ def study_objectives(logits: np.ndarray, mask=None, values=None, *, scale=None, 
     given) for the deployed-style output (integer div kernel for ``search="int"``, float HCCS for
     ``"float"``), and the number of heads marked fallback at ``threshold``.
     """
-    from somatile.model.compare import head_metrics
     x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
     half = x3.shape[1] // 2
     if half < 1:
@@ -329,7 +271,6 @@ def study_objectives(logits: np.ndarray, mask=None, values=None, *, scale=None, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from somatile.model.compare import add_input_arguments
     add_input_arguments(parser)
     parser.add_argument("--search", choices=("int", "float"), default="int",
                         help="integer search on the int8 logits (default) or float search over c")
@@ -383,7 +324,6 @@ def profile_choice(args) -> tuple[str, str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from somatile.model.compare import load_input
     if not args.study and not args.output:
         print("somatile calibrate: -o/--output FILE.yaml is required (or --study)")
         return 2

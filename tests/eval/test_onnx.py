@@ -90,7 +90,7 @@ def test_capture_gives_the_numpy_logits_and_the_padding_mask(minilm, minilm_onnx
 
 def test_captured_layer_loads_and_calibrates(minilm, minilm_onnx, tmp_path, capsys):
     from somatile.host.cli import main
-    from somatile.model.compare import load_npz
+    from somatile.model.logits import load_npz
     inputs = tmp_path / "inputs.npz"
     np.savez(inputs, **batch_inputs(minilm, SENTENCES[1:2]))
     out = tmp_path / "capture"

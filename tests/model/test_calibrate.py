@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from somatile.model import calibrate, hccs, quant
+from somatile.model.logits import KL_EPS, KL_LOG_CLAMP, OBJECTIVES, objective_per_row
 from somatile.model.params import HccsParams
 
 
@@ -15,23 +16,23 @@ def numpy_objective(q, p, objective):
         return 0.5 * np.abs(q - p).sum(-1)
     with np.errstate(divide="ignore"):
         if objective == "kl_seed":
-            log_p = np.maximum(np.log(p), calibrate.KL_LOG_CLAMP)
+            log_p = np.maximum(np.log(p), KL_LOG_CLAMP)
         else:
             n = q.shape[-1]
-            log_p = np.log((1 - calibrate.KL_EPS) * p + calibrate.KL_EPS / n)
+            log_p = np.log((1 - KL_EPS) * p + KL_EPS / n)
         return np.where(q > 0, q * (np.log(np.where(q > 0, q, 1)) - log_p), 0).sum(-1)
 
 
-@pytest.mark.parametrize("objective", sorted(calibrate.OBJECTIVES))
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
 def test_row_objective_matches_numpy(rng, objective):
     x = rng.normal(0, 3, size=(50, 24))
     q, p = hccs.softmax(x), hccs.hccs_float(x, 2.0)
     # float64 summation order differs between numba and numpy: relative 1e-12.
-    assert np.allclose(calibrate.objective_per_row(q, p, None, objective), numpy_objective(q, p, objective),
+    assert np.allclose(objective_per_row(q, p, None, objective), numpy_objective(q, p, objective),
                        rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("objective", sorted(calibrate.OBJECTIVES))
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
 def test_float_grid_equals_direct_evaluation(rng, objective):
     x = rng.normal(0, 2, size=(2, 80, 33))
     mask = rng.random(x.shape) < 0.8
@@ -39,7 +40,7 @@ def test_float_grid_equals_direct_evaluation(rng, objective):
     cal = calibrate.calibrate_float(x, mask, c_range=(0.5, 9.0), steps=7, objective=objective)
     for h in range(2):
         for k, c in enumerate(cal.candidates):
-            direct = calibrate.objective_per_row(hccs.softmax(x[h], mask[h]), hccs.hccs_float(x[h], c, mask[h]),
+            direct = objective_per_row(hccs.softmax(x[h], mask[h]), hccs.hccs_float(x[h], c, mask[h]),
                                                  mask[h], objective)
             # The sorted-prefix evaluation sums in another order: relative 1e-9.
             assert np.isclose(cal.curve[h, k], np.nanmean(direct), rtol=1e-9), (h, c)
@@ -85,7 +86,7 @@ def test_int_search_coarse_to_fine_finds_the_full_grid_minimum(rng, objective):
     B, S, D = full.int_params
     for h in range(3):
         ref = hccs.softmax(xq[h] * scale[h])
-        direct = calibrate.objective_per_row(ref, hccs.hccs_int(xq[h], B[h], S[h], D[h]) / 255.0, None, objective)
+        direct = objective_per_row(ref, hccs.hccs_int(xq[h], B[h], S[h], D[h]) / 255.0, None, objective)
         assert np.isclose(full.error[h], direct.mean(), rtol=1e-12)
 
 
@@ -137,7 +138,7 @@ def test_calibrate_cli_writes_loadable_yaml(tmp_path, capsys):
 def test_study_objectives_holds_rows_out(rng, capsys):
     logits = rng.normal(0, 2, size=(2, 40, 16))
     rows = calibrate.study_objectives(logits, values=rng.normal(size=(2, 16, 4)))
-    assert [r["objective"] for r in rows] == sorted(calibrate.OBJECTIVES)
+    assert [r["objective"] for r in rows] == sorted(OBJECTIVES)
     for r in rows:
         assert 0 <= r["tv"] <= 1 and r["out_err"] >= 0 and 0 <= r["fallback_heads"] <= 2
     table = calibrate.format_study(rows)

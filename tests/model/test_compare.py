@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from somatile.model import compare, hccs, intexp, quant, synth
+from somatile.model.logits import load_npz
 from somatile.model.params import HccsParams
 
 
@@ -132,7 +133,7 @@ def test_int8_logits_with_scale_calibrate_with_that_scale(tmp_path):
     xq = quant.quantize_logits(logits, scale)
     path = tmp_path / "q.npz"
     np.savez(path, logits=xq, scale=scale)
-    data = compare.load_npz(path)
+    data = load_npz(path)
     assert np.array_equal(data.scale, scale)
     report = compare.compare(data.logits, data.mask, scale=data.scale)
     params = report["params"]
