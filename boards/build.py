@@ -127,8 +127,12 @@ def source_hash() -> str:
 
 def make_unit(cfg: BoardConfig, top: str):
     """Elaborate-ready Amaranth component of ``top`` with the board's parameters (no toolchain needed)."""
+    if top == SOC_TOP:
+        from .soc import soc_unit
+
+        return soc_unit(cfg)
     if top not in TOPS:
-        raise BoardError(f"--top {top!r}: expected one of {', '.join(TOPS)}")
+        raise BoardError(f"--top {top!r}: expected one of {', '.join([*TOPS, SOC_TOP])}")
     python_module, class_name, kwargs_method = TOPS[top]
     try:
         module = importlib.import_module(python_module)
@@ -142,6 +146,11 @@ def make_unit(cfg: BoardConfig, top: str):
     except ValueError as exc:
         raise BuildError(f"board {cfg.name} ({cfg.source}), top '{top}': {class_name}({kwargs}) refused the "
                          f"parameters: {exc}") from exc
+
+
+SOC_TOP = "soc"
+"""The SoC of hw/soc.py: CPU, firmware image, UART and tile array (boards/soc.py), on a board with the UART
+on its pins (harness.SocBoard) rather than in the shift harness."""
 
 
 def module_name(top: str) -> str:
@@ -191,6 +200,16 @@ def manifest(cfg: BoardConfig, top: str, files: list[Path], out: Path, sources: 
     }
 
 
+
+
+def _check_uart(cfg: BoardConfig) -> None:
+    from amaranth.build import ResourceError
+
+    try:
+        open_platform(cfg).lookup("uart", 0)
+    except ResourceError:
+        raise BoardError(f"{cfg.source}: key 'fpga.platform': {cfg.fpga['platform']} has no 'uart' resource; "
+                         f"--top soc needs the board's USB-serial pins") from None
 
 
 def open_platform(cfg: BoardConfig):
@@ -390,13 +409,18 @@ def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True) -> dict[st
 def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s: float = PNR_TIMEOUT_S) -> PnrResult:
     """Synthesise, place and route the unit ``top`` of ``cfg`` in the board harness; parse the logs into a
     :class:`PnrResult`."""
-    from .harness import ShiftHarness, port_bits
+    from .harness import ShiftHarness, SocBoard, port_bits
     from .pll import pll_for
 
     family = cfg.fpga["family"]
     pll = pll_for(family, cfg.fpga["osc_mhz"], cfg.clock_mhz)
     unit = make_unit(cfg, top)
-    in_bits, out_bits = port_bits(unit)
+    if top == SOC_TOP:
+        _check_uart(cfg)
+        wrapper, in_bits, out_bits = SocBoard(unit, pll), 0, 0
+    else:
+        wrapper = ShiftHarness(unit, pll)
+        in_bits, out_bits = port_bits(unit)
     options = toolchain_options(cfg, top)
     options["nextpnr_opts"] += f" --sdf {name}.sdf"  # the routed delays, for the late-endpoint summary
     started = time.monotonic()
@@ -413,7 +437,7 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
 
         def run() -> int | None:
             left = min(budget_s - (time.monotonic() - begun), timeout_s - (time.monotonic() - started))
-            plan = open_platform(cfg).prepare(ShiftHarness(unit, pll), name=name, **{**opts, **mapper})
+            plan = open_platform(cfg).prepare(wrapper, name=name, **{**opts, **mapper})
             return _run_plan(plan, work, name, log_path, max(left, 1.0))
 
         code = run()
@@ -526,6 +550,11 @@ def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boa
     record: dict[str, Any] = {"board": cfg.name, "top": top, "kind": cfg.kind, "out": str(out_dir),
                               "clock_mhz": cfg.clock_mhz, "overrides": dict(cfg.overrides),
                               "source_sha256": sources}
+    if top == SOC_TOP:
+        files += _soc_files(unit, out_dir)
+        fw = unit.firmware
+        record["firmware"] = {"image_bytes": len(fw.image), "sections": fw.sizes, "clock_hz": fw.clock_hz,
+                              "uart_div": fw.uart_div, "baud": round(fw.baud_achieved), **dict(cfg.soc)}
     if cfg.kind == "versal":
         files += write_vivado_project(cfg, out_dir, verilog, name)
         record["vendor_tools_run"] = False
@@ -544,6 +573,16 @@ def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boa
     man.write_text(json.dumps(manifest(cfg, top, files, out_dir, sources, {"result": record}), indent=2) + "\n")
     record["manifest"] = str(man)
     return record
+
+
+def _soc_files(unit, out_dir: Path) -> list[Path]:
+    """The packaged CPU and UART Verilog beside the SoC's, and the firmware image it holds."""
+    copies = []
+    for source in [*unit.sources, unit.firmware.elf, unit.firmware.elf.with_suffix(".bin")]:
+        target = out_dir / source.name
+        shutil.copyfile(source, target)
+        copies.append(target)
+    return copies
 
 
 def standard_builds(cfg: BoardConfig) -> list[tuple[BoardConfig, str]]:
@@ -710,8 +749,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default: {board_config.DEFAULT_BOARD})")
     parser.add_argument("--all", action="store_true",
                         help="build every board (tile array and HCCS unit; HCCS lane sweep on the ECP5 board)")
-    parser.add_argument("--top", choices=sorted(TOPS), default=DEFAULT_TOP,
-                        help="unit to build (default: array, the tile array; hccs: the HCCS unit alone)")
+    parser.add_argument("--top", choices=sorted([*TOPS, SOC_TOP]), default=DEFAULT_TOP,
+                        help="unit to build (default: array, the tile array; hccs: the HCCS unit alone; soc: CPU + firmware + "
+                             "UART + tile array, the design a board runs)")
     parser.add_argument("--out", default="build/boards", help="output folder (default: build/boards)")
     parser.add_argument("--no-pnr", action="store_true", help="write Verilog, register map and manifest only")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", dest="overrides",

@@ -175,12 +175,34 @@ AIE_SCHEMA: dict[str, Param] = {
     "memory_tile_bytes": Param(int, _int_range(0, 1 << 30), "memory tile size (bytes; 0 where there are none)"),
 }
 
+# Section ``soc:`` of boards of kind "sim" or "fpga": the SoC of hw/soc.py (``somatile build --top soc``).
+def _soc_cpus() -> tuple[str, ...]:
+    from somatile.hw.soc_map import CPUS
+    return CPUS
+
+
+SOC_SCHEMA: dict[str, Param] = {
+    "cpu": Param(str, lambda v: None if v in _soc_cpus() else
+                 f"one of {', '.join(_soc_cpus())} (the soft CPUs shipped as Verilog in pip packages)",
+                 "soft CPU running the firmware"),
+    "baud": Param(int, _int_range(1200, 50_000_000), "UART bit rate on the board's USB-serial pins (bit/s)"),
+    "code_kib": Param(int, _power_of_two(4, 512), "code memory: block RAM holding the firmware image (KiB)"),
+    "data_kib": Param(int, _power_of_two(4, 512), "data memory: the firmware's buffers and stack (KiB)"),
+    "max_payload": Param(int, _power_of_two(1024, 65536),
+                         "largest wire-frame payload the firmware buffers (bytes; HELLO reports it, the host "
+                         "splits longer transfers)"),
+    "tile_timeout_ms": Param(int, _int_range(1, 60_000),
+                             "how long the firmware waits for the tile array's answer to one command (ms of the "
+                             "board's clock) before it reports TILE_TIMEOUT"),
+}
+
 # The parameters of one tile, named as the RTL names them (somatile.hw.regmap.TileParams).
 TILE_KEYS = ("lanes", "stream_width", "local_memory_bytes", "heads", "ring", "sinks", "head_dim", "n_max",
              "hccs_lanes", "hccs_out", "n_tiles")
 
 _SECTIONS: dict[str, tuple[str, dict[str, Param]]] = {"fpga": ("fpga", FPGA_SCHEMA), "versal": ("aie", AIE_SCHEMA)}
 _META_KEYS = ("extends", "abstract")
+SOC_KINDS = ("sim", "fpga")
 
 
 def _coerce(where: str, key: str, value: Any, param: Param) -> Any:
@@ -224,6 +246,7 @@ class BoardConfig:
     profile: str
     fpga: Mapping[str, Any] | None = None
     aie: Mapping[str, Any] | None = None
+    soc: Mapping[str, Any] | None = None
     overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -247,6 +270,8 @@ class BoardConfig:
             out["fpga"] = dict(self.fpga)
         if self.aie is not None:
             out["aie"] = dict(self.aie)
+        if self.soc is not None:
+            out["soc"] = dict(self.soc)
         return out
 
     def with_overrides(self, overrides: Mapping[str, Any], origin: str = "--set") -> "BoardConfig":
@@ -261,6 +286,13 @@ class BoardConfig:
         new = dataclasses.replace(self, **changes, overrides=MappingProxyType({**self.overrides, **changes}))
         _check_consistency(new, f"{origin} on board {self.name}")
         return new
+
+    def with_soc(self, changes: Mapping[str, Any], origin: str = "soc override") -> "BoardConfig":
+        """A copy with keys of the ``soc:`` section replaced, each validated like the YAML."""
+        if self.soc is None:
+            raise BoardError(f"{origin} on board {self.name}: the board has no soc section")
+        soc = _check_section(f"{origin} on board {self.name}", "soc", {**self.soc, **changes}, SOC_SCHEMA)
+        return dataclasses.replace(self, soc=soc)
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
@@ -385,7 +417,7 @@ def load(name_or_path: str | Path = DEFAULT_BOARD, overrides: Mapping[str, Any] 
     if data.get("abstract"):
         raise BoardError(f"{where}: is an abstract base (abstract: true), not a board; known boards: "
                          f"{', '.join(names())}")
-    allowed = set(SCHEMA) | set(_META_KEYS) | {s for s, _ in _SECTIONS.values()}
+    allowed = set(SCHEMA) | set(_META_KEYS) | {s for s, _ in _SECTIONS.values()} | {"soc"}
     for key in data:
         if key not in allowed:
             raise BoardError(f"{where}: key '{key}': unknown; expected one of {', '.join(sorted(allowed))}")
@@ -401,6 +433,11 @@ def load(name_or_path: str | Path = DEFAULT_BOARD, overrides: Mapping[str, Any] 
         elif section in data:
             raise BoardError(f"{where}: key '{section}': only boards of kind '{kind}' have this section "
                              f"(this board is kind '{values['kind']}')")
+    if values["kind"] in SOC_KINDS and "soc" in data:
+        sections["soc"] = _check_section(where, "soc", data["soc"], SOC_SCHEMA)
+    elif "soc" in data:
+        raise BoardError(f"{where}: key 'soc': only boards of kind {' or '.join(SOC_KINDS)} have an SoC "
+                         f"(this board is kind '{values['kind']}')")
     cfg = BoardConfig(name=path.stem, source=path, chain=chain, **values, **sections)
     _check_consistency(cfg, where)
     if overrides:

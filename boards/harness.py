@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from amaranth.hdl import Cat, ClockDomain, ClockSignal, Elaboratable, Instance, Module, ResetSignal, Signal, Value
 from amaranth.lib import io, wiring
-from amaranth.lib.cdc import ResetSynchronizer
+from amaranth.build import ResourceError
+from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 
 from .pll import Pll, PllSetting
 
@@ -36,6 +37,25 @@ def _split_ports(unit: wiring.Component) -> tuple[list[Value], list[Value]]:
     return ins, outs
 
 
+def board_clock(m: Module, platform, setting: PllSetting) -> None:
+    """The ``sync`` domain of a board top: the PLL's clock from the board oscillator at
+    ``setting.achieved_mhz``, reset held until the PLL locks."""
+    m.submodules.pll = pll = Pll(setting, platform.request(platform.default_clk, dir="-"))
+    m.domains.sync = ClockDomain("sync")
+    m.d.comb += ClockSignal("sync").eq(pll.clk)
+    if setting.family == "ecp5":
+        # The synchronised reset reaches the unit's flip-flops through a global buffer (DCCA): nextpnr
+        # promotes only clocks on its own, and on general routing the reset net (to some 3,000 flip-flops
+        # of the tile) takes longer than a cycle. The synchroniser runs in a domain of its own on the same clock.
+        m.domains.reset_source = ClockDomain("reset_source")
+        m.d.comb += ClockSignal("reset_source").eq(pll.clk)
+        m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="reset_source")
+        m.submodules.reset_buffer = Instance("DCCA", i_CLKI=ResetSignal("reset_source"), i_CE=1,
+                                             o_CLKO=ResetSignal("sync"))
+    else:
+        m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="sync")
+
+
 class ShiftHarness(Elaboratable):
     """``unit`` on a board: PLL-made ``sync`` clock at ``pll.achieved_mhz``, reset held until the PLL locks,
     ports reached through one serial-in and one serial-out pin (see the module docstring)."""
@@ -46,20 +66,7 @@ class ShiftHarness(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.pll = pll = Pll(self.pll, platform.request(platform.default_clk, dir="-"))
-        m.domains.sync = ClockDomain("sync")
-        m.d.comb += ClockSignal("sync").eq(pll.clk)
-        if self.pll.family == "ecp5":
-            # The synchronised reset reaches the unit's flip-flops through a global buffer (DCCA): nextpnr
-            # promotes only clocks on its own, and on general routing the reset net (to some 3,000 flip-flops
-            # of the tile) takes longer than a cycle. The synchroniser runs in a domain of its own on the same clock.
-            m.domains.reset_source = ClockDomain("reset_source")
-            m.d.comb += ClockSignal("reset_source").eq(pll.clk)
-            m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="reset_source")
-            m.submodules.reset_buffer = Instance("DCCA", i_CLKI=ResetSignal("reset_source"), i_CE=1,
-                                                 o_CLKO=ResetSignal("sync"))
-        else:
-            m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="sync")
+        board_clock(m, platform, self.pll)
 
         uart = platform.request("uart", 0, dir="-")
         m.submodules.serial_in = serial_in = io.Buffer("i", uart.rx)
@@ -80,4 +87,33 @@ class ShiftHarness(Elaboratable):
         with m.Else():
             m.d.sync += shift_out.eq(shift_out >> 1)
         m.d.comb += serial_out.o.eq(shift_out[0])
+        return m
+
+
+class SocBoard(Elaboratable):
+    """The SoC (hw/soc.py) on a board: clock and reset as :func:`board_clock`, the UART on the board's
+    USB-serial pins (resource ``uart`` 0), the CPU's trap and the array's error on LEDs 0 and 1 where the
+    board has them. Unlike :class:`ShiftHarness` this is the design a user flashes: it talks to the host."""
+
+    def __init__(self, soc, pll: PllSetting):
+        self.soc = soc
+        self.pll = pll
+
+    def elaborate(self, platform):
+        m = Module()
+        board_clock(m, platform, self.pll)
+        m.submodules.soc = soc = self.soc
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.serial_in = serial_in = io.Buffer("i", uart.rx)
+        m.submodules.serial_out = serial_out = io.Buffer("o", uart.tx)
+        # The receive pin crosses from the USB bridge's clock: two flip-flops before the UART samples it.
+        m.submodules.rx_sync = FFSynchronizer(serial_in.i, soc.uart_rx, init=1)
+        m.d.comb += [serial_out.o.eq(soc.uart_tx), soc.hold.eq(0)]
+        for index, flag in enumerate((soc.trap, soc.error)):
+            try:
+                led = platform.request("led", index, dir="-")
+            except ResourceError:
+                continue
+            m.submodules[f"led{index}"] = buffer = io.Buffer("o", led)
+            m.d.comb += buffer.o.eq(flag)
         return m

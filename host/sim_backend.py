@@ -1,4 +1,5 @@
-"""sim://?board=NAME[&KEY=VALUE...]: the tile RTL of a board config in Verilator, behind the real firmware.
+"""sim://?board=NAME[&top=tile|soc][&KEY=VALUE...]: the tile RTL of a board config in Verilator, behind the real
+firmware (``top=soc``: the board's whole SoC, somatile.host.sim_soc).
 
 The chain is the one of a board: host driver -> wire protocol over TCP -> the C firmware (host build,
 firmware/) -> its HAL's tile stream -> ``somatile.sim.serve_tile``, a cocotb test that drives the tile's
@@ -93,6 +94,16 @@ def board_file(board: str, overrides: dict) -> tuple[str, str]:
 
 
 def open_url(parts: urllib.parse.SplitResult, *, build_timeout: float = 1800, **options):
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    tops = [v for k, v in query if k == "top"]
+    if tops and tops[-1] not in ("tile", "soc"):
+        raise ValueError(f"device URL {parts.geturl()!r}: option top={tops[-1]!r}: expected 'tile' (the tile "
+                         f"RTL behind the host-built firmware) or 'soc' (the board's whole SoC)")
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "top"])
+    if tops and tops[-1] == "soc":
+        from somatile.host import sim_soc
+        return sim_soc.open_url(parts, rest, **options)
+    parts = parts._replace(query=rest)
     from somatile.host.emu import board_params, url_board
 
     link, board, overrides = url_board(parts, options)

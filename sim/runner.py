@@ -153,7 +153,8 @@ def _environ(overrides: Mapping[str, str]):
 
 
 @contextlib.contextmanager
-def _locked(directory: Path):
+def locked(directory: Path):
+    """Hold an exclusive lock on ``directory`` (created if missing) between processes: one build at a time."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -212,7 +213,7 @@ def build(component_factory: Callable, params: Mapping, toplevel_name: str, *, s
     directory = build_root() / f"{toplevel_name}-{digest}"
     verilog_path = directory / f"{toplevel_name}.v"
     stamp = directory / "build.stamp"
-    with _locked(directory):
+    with locked(directory):
         if not (stamp.exists() and stamp.read_text() == digest
                 and _binary(directory, simulator, toplevel_name).exists()):
             verilog_path.write_text(text)
@@ -229,7 +230,7 @@ def build(component_factory: Callable, params: Mapping, toplevel_name: str, *, s
             except (RuntimeError, SystemExit) as exc:
                 raise SimulationFailure(f"{simulator} build of {toplevel_name} failed ({exc}); "
                                         f"log {log}:\n{_tail(log)}") from None
-            _drop_intermediates(directory)
+            drop_intermediates(directory)
             stamp.write_text(digest)
     return SimBuild(directory, toplevel_name, simulator, waves, verilog_path)
 
@@ -240,7 +241,7 @@ binary ~1 MB. A build is never recompiled incrementally (it is rebuilt whole whe
 binary and the sources are kept; without this, build/sim grew to 30 GB over a week of edits."""
 
 
-def _drop_intermediates(directory: Path) -> None:
+def drop_intermediates(directory: Path) -> None:
     for pattern in _INTERMEDIATES:
         for path in directory.glob(pattern):
             path.unlink()

@@ -21,6 +21,7 @@ from somatile.host.transport_firmware import FIRMWARE_DIR, FirmwareProcess, buil
 from somatile.host.transport_tcp import TcpTransport, open_transport
 from somatile.hw import regmap
 from somatile.model import soma
+from tests.damaging import Damaging
 
 LEVEL = regmap.API_LEVEL
 
@@ -164,33 +165,12 @@ def test_each_link_fault_gets_its_error_frame_and_the_next_command_works(board, 
         transport.close()
 
 
-class Damaging(TcpTransport):
-    """Corrupts, truncates or splits chosen writes of the host."""
-
-    def __init__(self, url, plan):
-        super().__init__(*url.removeprefix("tcp://").split(":"))
-        self.plan, self.writes = plan, 0
-
-    def write(self, data):
-        self.writes += 1
-        action = self.plan.get(self.writes)
-        if action == "corrupt":
-            data = data[:12] + bytes([data[12] ^ 0x80]) + data[13:]
-        elif action == "truncate":
-            data = data[:len(data) // 2]
-        if action == "split":
-            for i in range(0, len(data), 7):
-                super().write(data[i:i + 7])
-        else:
-            super().write(data)
-
-
 def test_host_driver_recovers_from_corrupted_truncated_and_split_frames(board, tiles, rng):
     params, _ = board
     cfg = config(params)
     q, k, v = (rng.integers(-128, 128, (6, params.heads, params.head_dim)).astype(np.int8) for _ in range(3))
     with FirmwareProcess(tiles) as firmware:
-        transport = Damaging(firmware.url, {})
+        transport = Damaging(TcpTransport(*firmware.url.removeprefix("tcp://").split(":")))
         with open_transport(transport, firmware.url, timeout=1.0) as dev:
             dev.configure(cfg)
             dev.reset()

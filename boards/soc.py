@@ -1,0 +1,142 @@
+"""A board's SoC (hw/soc.py) from its config: the firmware cross-built for the board's CPU, clock and bit rate,
+and the SoC component holding that image.
+
+The firmware is ``make -C firmware soc`` (the same core as the host build, with ``hal/soc/``) run with the
+values of the board's ``soc:`` section; Debian's ``gcc-riscv64-unknown-elf`` and
+``picolibc-riscv64-unknown-elf`` build it. Bad values fail here, at build time, naming the board key: an
+image larger than ``soc.code_kib``, buffers larger than ``soc.data_kib``, a ``soc.baud`` the clock cannot
+divide to within :data:`BAUD_TOLERANCE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from somatile.boards.config import BoardConfig, BoardError
+from somatile.hw.soc_map import CPU_MARCH
+
+FIRMWARE_DIR = Path(__file__).resolve().parent.parent / "firmware"
+CROSS = "riscv64-unknown-elf-"
+UART_EXTRA_CYCLES = 2
+"""simpleuart's bit lasts ``divider + 2`` cycles (its counter runs to ``divider + 1`` and restarts at 0)."""
+BAUD_TOLERANCE = 0.02
+"""Largest relative error of the bit rate the divider gives: a UART receiver samples each bit in its middle,
+so over ten bits an error of a few percent still lands inside the bit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Firmware:
+    """A cross-built image: its bytes, the sections' sizes, and the UART divider it programs."""
+    image: bytes
+    elf: Path
+    sizes: dict[str, int]
+    uart_div: int
+    clock_hz: int
+    baud_achieved: float
+
+
+def soc_section(cfg: BoardConfig) -> dict:
+    if cfg.soc is None:
+        raise BoardError(f"{cfg.source}: key 'soc': missing; --top soc needs the board's soc section "
+                         f"(cpu, baud, code_kib, data_kib, max_payload; boards/config.py SOC_SCHEMA)")
+    return dict(cfg.soc)
+
+
+def uart_divider(cfg: BoardConfig, clock_hz: float) -> tuple[int, float]:
+    """(divider register value, achieved bit rate) for the board's ``soc.baud`` at ``clock_hz``."""
+    baud = soc_section(cfg)["baud"]
+    period = round(clock_hz / baud)
+    div = period - UART_EXTRA_CYCLES
+    achieved = clock_hz / period if period > 0 else 0.0
+    if div < 4 or abs(achieved - baud) / baud > BAUD_TOLERANCE:
+        raise BoardError(f"{cfg.source}: key 'soc.baud': got {baud}, expected a bit rate the {clock_hz / 1e6:g} MHz "
+                         f"clock divides into at least {4 + UART_EXTRA_CYCLES} cycles per bit within "
+                         f"{BAUD_TOLERANCE:.0%} (nearest: {achieved:.0f} bit/s)")
+    return div, achieved
+
+
+def build_firmware(cfg: BoardConfig, clock_hz: float, out: Path, board_arg: str | None = None) -> Firmware:
+    """Cross-build the firmware for ``cfg``'s SoC at ``clock_hz`` into ``out``; ``board_arg`` is what the
+    firmware's Makefile takes as BOARD (the board's file; a generated YAML where overrides apply)."""
+    soc = soc_section(cfg)
+    if shutil.which(CROSS + "gcc") is None:
+        raise FileNotFoundError(f"{CROSS}gcc not found: apt-get install gcc-riscv64-unknown-elf "
+                                f"picolibc-riscv64-unknown-elf (the SoC firmware's cross toolchain)")
+    if not (FIRMWARE_DIR / "Makefile").exists():
+        raise FileNotFoundError(f"{FIRMWARE_DIR}: the firmware sources are not here (needs a source checkout)")
+    div, achieved = uart_divider(cfg, clock_hz)
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    variables = {"BOARD": board_arg or str(cfg.source), "BOARD_NAME": cfg.name, "BUILD": str(out / "host"),
+                 "SOC_BUILD": str(out), "SOC_CROSS": CROSS, "SOC_MARCH": CPU_MARCH[soc["cpu"]],
+                 "SOC_CLOCK_HZ": str(int(round(clock_hz))), "SOC_UART_DIV": str(div),
+                 "SOC_CODE_BYTES": str(soc["code_kib"] * 1024), "SOC_DATA_BYTES": str(soc["data_kib"] * 1024),
+                 "SOC_MAX_PAYLOAD": str(soc["max_payload"]), "SOC_TILE_TIMEOUT_MS": str(soc["tile_timeout_ms"])}
+    lock_path = FIRMWARE_DIR / "build" / ".lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), "soc",
+                                 *(f"{k}={v}" for k, v in variables.items())], capture_output=True, text=True)
+    log = result.stdout + result.stderr
+    if result.returncode:
+        overflow = re.search(r"region `(CODE|DATA)' overflowed by (\d+) bytes|no room for the stack", log)
+        if overflow:
+            key = "soc.code_kib" if overflow.group(1) == "CODE" else "soc.data_kib"
+            size = soc[key.partition(".")[2]]
+            what = (f"overflowed by {overflow.group(2)} bytes" if overflow.group(2)
+                    else "leaves no room for the stack")
+            raise BoardError(f"{cfg.source}: key '{key}': got {size} KiB, the firmware {what} "
+                             f"(soc.max_payload = {soc['max_payload']} sizes its two frame buffers)")
+        raise RuntimeError(f"SoC firmware build for board {cfg.name} failed:\n{log}")
+    return Firmware(image=(out / "firmware.bin").read_bytes(), elf=out / "firmware.elf",
+                    sizes=_section_sizes(out / "size.txt"), uart_div=div, clock_hz=int(round(clock_hz)),
+                    baud_achieved=achieved)
+
+
+def _section_sizes(path: Path) -> dict[str, int]:
+    sizes = {}
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0].startswith(".") and fields[1].isdigit():
+            sizes[fields[0]] = int(fields[1])
+    return sizes
+
+
+def soc_clock_hz(cfg: BoardConfig) -> float:
+    """The clock the SoC runs at: the PLL's achieved frequency on an FPGA board, ``clock_mhz`` elsewhere."""
+    if cfg.kind == "fpga":
+        from somatile.boards.pll import pll_for
+
+        return pll_for(cfg.fpga["family"], cfg.fpga["osc_mhz"], cfg.clock_mhz).achieved_mhz * 1e6
+    return cfg.clock_mhz * 1e6
+
+
+def soc_unit(cfg: BoardConfig, board_arg: str | None = None):
+    """The SoC of ``cfg`` with its firmware cross-built for :func:`soc_clock_hz` (``somatile build --top soc``);
+    the firmware is also ``unit.firmware``."""
+    soc_section(cfg)
+    digest = hashlib.sha256(repr(cfg.parameters()).encode()).hexdigest()[:10]
+    firmware = build_firmware(cfg, soc_clock_hz(cfg), FIRMWARE_DIR / "build" / "soc" / f"{cfg.name}-{digest}",
+                              board_arg)
+    return make_soc(cfg, firmware)
+
+
+def make_soc(cfg: BoardConfig, firmware: Firmware):
+    """The SoC component of ``cfg`` holding ``firmware`` (kept as its ``firmware`` attribute)."""
+    from somatile.hw.soc import Soc
+
+    soc = soc_section(cfg)
+    if cfg.stream_width != 32:
+        raise BoardError(f"{cfg.source}: key 'stream_width': got {cfg.stream_width}, expected 32 for --top soc "
+                         f"(the CPU's tile-bus registers are 32 bits)")
+    unit = Soc(image=firmware.image, code_bytes=soc["code_kib"] * 1024, data_bytes=soc["data_kib"] * 1024,
+               uart_div=firmware.uart_div, cpu=soc["cpu"], **cfg.array_kwargs())
+    unit.firmware = firmware
+    return unit

@@ -1,0 +1,132 @@
+"""The whole SoC of a board in Verilator: CPU running the cross-built firmware, UART, tile array; its UART pins
+bridged to a pseudo-terminal by ``sim/soc_tb.cpp`` (a C++ test bench: the SoC runs at Verilator's full speed,
+with no Python per cycle).
+
+:func:`build` compiles the model of a board config (cached by the hash of the Verilog, the firmware image and
+the bench); :class:`SocSimulation` runs it and says where the pty is, so that ``serial://PATH`` (or
+``sim://?board=NAME&top=soc``) talks to it with the unchanged host driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import select
+import subprocess
+import time
+from pathlib import Path
+
+from somatile.boards.config import BoardConfig
+from somatile.boards.soc import UART_EXTRA_CYCLES, Firmware, build_firmware, make_soc
+from somatile.sim import runner
+
+BENCH = Path(__file__).resolve().parent / "soc_tb.cpp"
+TOPLEVEL = "somatile_soc"
+
+
+@dataclasses.dataclass(frozen=True)
+class SocBuild:
+    """A compiled SoC model: its executable, the firmware inside it and the UART's cycles per bit."""
+    binary: Path
+    firmware: Firmware
+    bit_cycles: int
+    clock_hz: int
+
+
+def build(cfg: BoardConfig, board_arg: str | None = None, timeout_s: float = 1800) -> SocBuild:
+    """Cross-build the firmware for ``cfg`` at its ``clock_mhz``, elaborate the SoC and compile it with
+    Verilator (unless an identical build exists under ``build/sim/``)."""
+    runner.prepare_environment()
+    clock_hz = cfg.clock_mhz * 1e6
+    stem = f"soc-{cfg.name}-" + hashlib.sha256(repr(cfg.parameters()).encode()).hexdigest()[:8]
+    firmware = build_firmware(cfg, clock_hz, runner.build_root() / stem / "firmware", board_arg)
+    soc = make_soc(cfg, firmware)
+    verilog = runner.verilog_for(soc, TOPLEVEL)
+    sources = [*soc.sources, BENCH]
+    digest = hashlib.sha256(verilog.encode() + b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
+    directory = runner.build_root() / f"{TOPLEVEL}-{digest}"
+    binary = directory / "soc_tb"
+    with runner.locked(directory):
+        if not binary.exists():
+            (directory / f"{TOPLEVEL}.v").write_text(verilog)
+            command = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast",
+                       "--x-initial", "fast", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--top-module", TOPLEVEL,
+                       "--Mdir", str(directory / "obj"), "-o", str(binary), "-CFLAGS", "-O2",
+                       str(directory / f"{TOPLEVEL}.v"), *map(str, sources)]
+            env = {**os.environ, **runner.VERILATOR_BUILD_ENV}
+            result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
+            (directory / "build.log").write_text(result.stdout + result.stderr)
+            if result.returncode or not binary.exists():
+                raise runner.SimulationFailure(f"Verilator build of the {cfg.name} SoC failed; log "
+                                               f"{directory / 'build.log'}:\n{result.stderr[-4000:]}")
+            for obj in (directory / "obj").glob("*"):
+                if obj.suffix in (".o", ".a", ".gch"):
+                    obj.unlink()
+    bit_cycles = firmware.uart_div + UART_EXTRA_CYCLES
+    return SocBuild(binary=binary, firmware=firmware, bit_cycles=bit_cycles, clock_hz=firmware.clock_hz)
+
+
+class SocSimulation:
+    """A running SoC model; ``pty`` is the path a host opens (``serial://`` + ``pty``).
+
+    ``hold(True)`` stalls the tile's answers (the fault tests); :meth:`cycles` asks the bench how many clock
+    cycles have run. :meth:`close` stops the simulation (also when the opener is gone: the bench ends at EOF
+    on its stdin)."""
+
+    def __init__(self, soc_build: SocBuild, start_timeout: float = 30):
+        self.build = soc_build
+        self.process = subprocess.Popen([str(soc_build.binary), "--bit-cycles", str(soc_build.bit_cycles)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, bufsize=1)
+        line = self._line(start_timeout)
+        if not line.startswith("pty "):
+            self.close()
+            raise RuntimeError(f"SoC simulation did not start: {line!r} {self.process.stderr.read()[-2000:]}")
+        self.pty = line.split(" ", 1)[1].strip()
+
+    def _line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError(f"SoC simulation: no answer from the bench within {timeout} s")
+        return self.process.stdout.readline()
+
+    def _send(self, command: str) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"SoC simulation stopped (status {self.process.returncode}): "
+                               f"{self.process.stderr.read()[-2000:]}")
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+
+    def hold(self, on: bool) -> None:
+        self._send(f"hold {int(on)}")
+
+    def cycles(self, timeout: float = 10) -> int:
+        self._send("stats")
+        line = self._line(timeout)
+        if not line.startswith("cycles "):
+            raise RuntimeError(f"SoC simulation: unexpected answer {line!r}")
+        return int(line.split()[1])
+
+    def close(self, timeout: float = 5) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
