@@ -6,7 +6,8 @@ Each ``bench/bench_<area>.py`` provides ``run() -> list[dict]``. A result row is
 ``target`` (a string such as ">= 3x") with ``met`` (bool). Throughput rows are "higher is better" unless
 ``lower_is_better`` is set.
 
-Usage: python bench/run.py [AREA ...]   (default: every bench_*.py)
+Usage: python bench/run.py [AREA ...]   (default: every bench_*.py; naming areas re-runs those and keeps the
+other areas' rows from results.json, each area's run recorded under "runs")
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def main(argv: list[str]) -> int:
     wanted = set(argv)
     files = sorted(HERE.glob("bench_*.py"))
     results = {"machine": machine(), "areas": {}}
+    previous = HERE / "results.json"
+    if wanted and previous.exists():
+        # A run of some areas keeps the others' rows (and says which run measured each area).
+        old = json.loads(previous.read_text())
+        results["areas"] = old.get("areas", {})
+        results["runs"] = old.get("runs", {area: old.get("machine", {}) for area in results["areas"]})
     failed = False
     for path in files:
         area = path.stem.removeprefix("bench_")
@@ -76,6 +83,7 @@ def main(argv: list[str]) -> int:
         try:
             spec.loader.exec_module(module)
             results["areas"][area] = module.run()
+            results.setdefault("runs", {})[area] = results["machine"]
         except Exception:
             failed = True
             results["areas"][area] = {"error": traceback.format_exc()}

@@ -586,14 +586,16 @@ def _soc_files(unit, out_dir: Path) -> list[Path]:
 
 
 def standard_builds(cfg: BoardConfig) -> list[tuple[BoardConfig, str]]:
-    """What ``--all`` builds for a board: the tile array and the HCCS unit; an FPGA board with more than one
-    tile also one decode tile alone (the clock target is the tile's; a lone tile places and routes in a
+    """What ``--all`` builds for a board: the tile array and the HCCS unit (and the SoC on an FPGA board with
+    a ``soc:`` section); an FPGA board with more than one tile also one decode tile alone (the clock target is the tile's; a lone tile places and routes in a
     fraction of the array's time); on the ECP5 board also the HCCS unit at 4 and 16 lanes (the issue's
     target is 8 lanes at >= 100 MHz there)."""
     builds = [(cfg, "array")]
     if cfg.kind == "fpga" and cfg.n_tiles > 1:
         builds.append((cfg, "tile"))
     builds.append((cfg, "hccs"))
+    if cfg.kind == "fpga" and cfg.soc is not None:
+        builds.append((cfg, SOC_TOP))
     if cfg.kind == "fpga" and cfg.fpga["family"] == "ecp5":
         builds += [(cfg.with_overrides({"hccs_lanes": lanes}, "sweep"), "hccs") for lanes in (4, 16)
                    if lanes != cfg.hccs_lanes]
@@ -759,7 +761,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", metavar="FILE",
                         help="write the summary table as markdown to FILE and as JSON beside it")
     parser.add_argument("--collect", action="store_true",
-                        help="build nothing: write --report from the builds already under --out")
+                        help="build nothing: write --report from the builds already under --out (rows of the "
+                             "report's JSON for builds not under --out are kept)")
     parser.add_argument("--timeout", type=float, default=PNR_TIMEOUT_S,
                         help=f"seconds allowed for one place-and-route (default: {PNR_TIMEOUT_S})")
     parser.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...", dest="sweeps",
@@ -798,13 +801,22 @@ def build_job(job: dict) -> dict:
                 "overrides": dict(cfg.overrides), "error": str(exc)}
 
 
-def collect(out: Path | str) -> list[dict]:
-    """The records of the builds under ``out`` (from their manifests), boards in :func:`names` order."""
+def _record_key(r: dict) -> tuple:
+    return r["board"], r["top"], tuple(sorted(r.get("overrides", {}).items()))
+
+
+def collect(out: Path | str, keep: Path | None = None) -> list[dict]:
+    """The records of the builds under ``out`` (from their manifests), boards in :func:`names` order; with
+    ``keep`` (a report's JSON), that report's rows for builds not under ``out`` stay, each with the source
+    hash it was built from (so one row is rebuilt without rebuilding every board)."""
     order = {name: i for i, name in enumerate(board_config.names())}
-    manifests = [json.loads(p.read_text()) for p in Path(out).glob("*/*/manifest.json")]
-    manifests.sort(key=lambda m: (order.get(m["board"], len(order)), m["top"] != DEFAULT_TOP, m["top"],
-                                  sorted(m["overrides"].items())))
-    records = [{**m["result"], "source_sha256": m["source_sha256"]} for m in manifests]
+    records = [{**m["result"], "source_sha256": m["source_sha256"]}
+               for m in (json.loads(p.read_text()) for p in Path(out).glob("*/*/manifest.json"))]
+    if keep is not None and keep.exists():
+        built = {_record_key(r) for r in records}
+        records += [r for r in json.loads(keep.read_text())["records"] if _record_key(r) not in built]
+    records.sort(key=lambda r: (order.get(r["board"], len(order)), r["top"] != DEFAULT_TOP, r["top"],
+                                sorted(r.get("overrides", {}).items())))
     for r in records:
         if r.get("pnr") and r["pnr"]["status"] not in ("ok", "timing-missed"):
             r["pnr"]["fmax_mhz"] = None  # builds made before unfinished runs stopped reporting estimates
@@ -816,7 +828,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.report:
             print("somatile build --collect: expected --report FILE to write", file=sys.stderr)
             return 2
-        records = collect(args.out)
+        records = collect(args.out, keep=Path(args.report).with_suffix(".json"))
         if not records:
             print(f"somatile build --collect: no builds (manifest.json) under {args.out}", file=sys.stderr)
             return 2

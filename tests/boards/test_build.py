@@ -73,10 +73,10 @@ def test_pll_refuses_an_unreachable_target():
         ice40_pll(12, 10)
 
 
-def test_all_builds_the_array_a_lone_tile_the_hccs_unit_and_a_lane_sweep_on_ecp5():
+def test_all_builds_the_array_a_lone_tile_the_hccs_unit_the_soc_and_a_lane_sweep_on_ecp5():
     jobs = build.standard_builds(boards.load("ulx3s_85f"))
-    assert [(c.hccs_lanes, top) for c, top in jobs] == [(8, "array"), (8, "tile"), (8, "hccs"), (4, "hccs"),
-                                                         (16, "hccs")]
+    assert [(c.hccs_lanes, top) for c, top in jobs] == [(8, "array"), (8, "tile"), (8, "hccs"), (8, "soc"),
+                                                         (4, "hccs"), (16, "hccs")]
     assert [top for _, top in build.standard_builds(boards.load("sim"))] == ["array", "hccs"]
     assert [top for _, top in build.standard_builds(boards.load("icebreaker"))] == ["array", "hccs"]
 
@@ -426,3 +426,32 @@ def test_sweep_builds_every_combination_the_same_in_one_or_two_processes(tmp_pat
 def test_bad_sweep_is_one_line(capsys, sweep, message):
     assert cli(["build", "--board", "sim", "--no-pnr", "--sweep", sweep]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_sim_board_soc_build_writes_the_soc_its_cpu_and_the_firmware_image_it_holds(tmp_path):
+    assert cli(["build", "--board", "sim", "--top", "soc", "--out", str(tmp_path)]) == 0
+    out = tmp_path / "sim" / "soc"
+    verilog = (out / "somatile_soc.v").read_text()
+    assert re.search(r"^module somatile_soc\(", verilog, re.M) and "picorv32 " in verilog
+    assert re.search(r"^module picorv32 ", (out / "picorv32.v").read_text(), re.M)
+    record = json.loads((out / "manifest.json").read_text())["result"]
+    image = (out / "firmware.bin").read_bytes()
+    soc = boards.load("sim").soc
+    assert record["firmware"]["image_bytes"] == len(image) <= soc["code_kib"] * 1024
+    assert record["firmware"]["sections"][".bss"] <= soc["data_kib"] * 1024
+    # The image is in the code memory's initial contents: its first word (the reset vector's instruction).
+    assert f"32'd{int.from_bytes(image[:4], 'little')}" in verilog or f"{int.from_bytes(image[:4], 'little'):08x}" in verilog
+
+
+def test_collect_keeps_the_report_rows_of_builds_it_did_not_find(tmp_path):
+    assert cli(["build", "--board", "sim", "--top", "hccs", "--out", str(tmp_path / "b")]) == 0
+    report = tmp_path / "boards.md"
+    old = {"board": "ulx3s_85f", "top": "tile", "kind": "fpga", "clock_mhz": 100.0, "overrides": {},
+           "source_sha256": "ab" * 32}
+    stale = {"board": "sim", "top": "hccs", "kind": "sim", "clock_mhz": 100.0, "overrides": {},
+             "source_sha256": "cd" * 32}
+    report.with_suffix(".json").write_text(json.dumps({"records": [old, stale]}))
+    assert cli(["build", "--collect", "--out", str(tmp_path / "b"), "--report", str(report)]) == 0
+    records = json.loads(report.with_suffix(".json").read_text())["records"]
+    assert [(r["board"], r["top"]) for r in records] == [("sim", "hccs"), ("ulx3s_85f", "tile")]
+    assert records[0]["source_sha256"] != "cd" * 32 and records[1]["source_sha256"] == "ab" * 32

@@ -1,0 +1,87 @@
+"""Decode through the whole SoC (hw/soc.py) in Verilator: PicoRV32 running the cross-built firmware, the UART,
+the tile, reached over the simulated UART's pty by the unchanged serial driver (sim://?board=sim&top=soc).
+
+The simulation is cycle-accurate at the UART pins, so its cycle counter is board time: tokens per second of
+the board = clock / simulated cycles per token (the sim board: 100 MHz, 3.125 Mbit/s, one tile of 2 heads x
+64). Rows: that figure; the wall-clock rate of the simulation (what a test waits); the wire bytes per token
+and the token rate a link of each FPGA board's ``soc.baud`` allows (bytes x 10 bits / baud: the UART bound,
+computed, not measured); and the share of the simulated cycles the UART's bits account for. Every output is
+checked against the model's integer decode.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+TOKENS = 12
+
+
+class Counting:
+    """A transport that counts the bytes each way (the wire cost of a token)."""
+
+    def __init__(self, inner):
+        self.inner, self.sent, self.received = inner, 0, 0
+
+    def write(self, data):
+        self.sent += len(data)
+        self.inner.write(data)
+
+    def read(self, n, timeout):
+        data = self.inner.read(n, timeout)
+        self.received += len(data)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def run() -> list[dict]:
+    import somatile.host
+    from somatile import boards
+    from somatile.host.device import Transport
+    from somatile.host.device_cli import demo_config, demo_tensors
+    from somatile.host.tile_driver import open_transport
+    from somatile.host.transport_serial import SerialTransport
+    from somatile.model import soma
+
+    Transport.register(Counting)
+    cfg = boards.load("sim")
+    with somatile.host.open("sim://?board=sim&top=soc") as sim:
+        simulation = sim.simulation
+        bit_cycles = simulation.build.bit_cycles
+        counting = Counting(SerialTransport(simulation.pty))
+        with open_transport(counting, "soc-bench", timeout=30.0) as dev:
+            info = dev.info()
+            model_cfg = demo_config(info)
+            dev.configure(model_cfg)
+            dev.reset()
+            q, k, v, _ = demo_tensors(info, TOKENS, seed=3)
+            sent, received = counting.sent, counting.received
+            c0, t0 = simulation.cycles(), time.perf_counter()
+            out = dev.decode(q, k, v)
+            wall = time.perf_counter() - t0
+            cycles = simulation.cycles() - c0
+            wire = (counting.sent - sent + counting.received - received) / TOKENS
+    expected = soma.prefill(model_cfg, q, k, v)[0]
+    if not np.array_equal(out, expected):
+        raise AssertionError("the SoC's decode differs from the model's integer decode")
+    per_token = cycles / TOKENS
+    uart_cycles = wire * 10 * bit_cycles
+    geometry = f"{info.heads} heads x {info.head_dim}, ring {info.ring} + {info.sinks} sinks"
+    rows = [
+        {"name": f"SoC decode, board time (sim board: {cfg.clock_mhz:g} MHz, {cfg.soc['baud']} bit/s; {geometry})",
+         "value": cfg.clock_mhz * 1e6 / per_token, "unit": "tokens/s",
+         "notes": f"{per_token:.0f} simulated cycles per token ({TOKENS} tokens, 1 DECODE request each), of "
+                  f"which the UART's bits are {uart_cycles / per_token:.0%}"},
+        {"name": "SoC decode, wall clock of the Verilator simulation", "value": TOKENS / wall, "unit": "tokens/s",
+         "notes": f"{cycles / wall / 1e3:.0f}k simulated cycles/s"},
+        {"name": "SoC wire bytes per token (request + answer frames)", "value": wire, "unit": "bytes"},
+    ]
+    for name in boards.names():
+        board = boards.load(name)
+        if board.kind == "fpga" and board.soc is not None:
+            rows.append({"name": f"{name}: UART bound at soc.baud = {board.soc['baud']} bit/s (computed, "
+                                 f"{geometry})", "value": board.soc["baud"] / (10 * wire), "unit": "tokens/s"})
+    return rows
