@@ -43,7 +43,8 @@ SFA_MAX_SLOTS = 1024
 
 def prelude() -> str:
     """``#define`` lines for every model constant the kernels use, read from the model modules."""
-    from somatile.model import hccs, intexp, soma, soma_int
+    from somatile.model import hccs, intexp, soma_int
+    from somatile.model import soma_fixed as soma
 
     values = {
         "HCCS_INV_SHIFT": hccs.INV_SHIFT,

@@ -40,7 +40,8 @@ from somatile.hw import regmap
 from somatile.hw.pipe import (OffsetCounter, Replicated, TagLine, block_ram, delay, floor_log2, lut_mul_pipelined,
                               reduce_levels, reg, round_shift, saturate, skid_buffer, split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
-from somatile.model import hccs, intexp, soma
+from somatile.model import hccs, intexp
+from somatile.model import soma_fixed as soma
 
 DIVIDER_BITS = 31
 """Quotient bits of the sequential reciprocal: the largest numerator is 32767 << 15 < 2**30."""

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from somatile.model.soma import SomaConfig
-from somatile.model.soma_int import INT8_MAX, INT8_MIN, integer_config
+from somatile.model.soma_fixed import INT8_MAX, INT8_MIN
+from somatile.model.soma_int import integer_config
 
 LEVERS = ("smooth_k", "per_channel")
 

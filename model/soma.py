@@ -31,6 +31,8 @@ from typing import Sequence
 
 import numpy as np
 
+from somatile.model.soma_fixed import COUNTER_MAX, GAMMA_Q15_ONE, INT_MULT_MAX, INT_SHIFT_MAX, MAX_INT_HEAD_DIM
+
 NORMALISERS = ("softmax", "hccs", "hccs_int", "exp_int", "pwl2_int")
 INT_NORMALISERS = ("hccs_int", "exp_int", "pwl2_int")
 PROFILES = ("paper", "wide")
@@ -41,15 +43,6 @@ PROFILE_NORMALISERS = {"paper": ("hccs_int", "exp_int"), "wide": INT_NORMALISERS
 FIELD_SOURCES = ("keys", "values")
 GATINGS = ("none", "query")
 HCCS_MODES = ("div", "clb")
-
-INT_MULT_MAX = (1 << 15) - 1
-INT_SHIFT_MAX = 47
-GAMMA_Q15_ONE = 1 << 15
-FIELD_FRAC_BITS = 7
-GATE_FRAC_BITS = 7
-GATE_ONE = 1 << GATE_FRAC_BITS
-COUNTER_MAX = (1 << 31) - 1
-MAX_INT_HEAD_DIM = 256
 
 _PER_HEAD_INT_FIELDS = ("score_mult", "score_shift", "out_mult", "out_shift", "alpha_mult", "alpha_shift",
                         "gate_mult", "gate_shift", "recency_int", "hccs_B", "hccs_S", "hccs_dmax", "exp_mult")
@@ -311,9 +304,8 @@ class SomaConfig:
 
 
 def __getattr__(name):
-    """Integer helpers live in soma_int (loaded on first use): integer_config, integer_attention, quantize,
-    scales_for."""
-    if name in ("integer_config", "integer_attention", "quantize", "scales_for"):
+    """Integer helpers live in soma_int (loaded on first use): integer_config, quantize, scales_for."""
+    if name in ("integer_config", "quantize", "scales_for"):
         from somatile.model import soma_int
         return getattr(soma_int, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -400,17 +392,31 @@ class SomaState:
     def copy(self) -> "SomaState":
         return dataclasses.replace(self, **{a: getattr(self, a).copy() for a in self.ARRAYS})
 
+    def write(self, k, v) -> None:
+        """Store one token's k, v (Hkv, D): in the next sink slot while sinks are filling, else in the ring
+        slot ``write_pos`` (which then advances); the float path and the integer spec share this."""
+        sinks, ring = self.sink_k.shape[1], self.ring_k.shape[1]
+        if self.step < sinks:
+            self.sink_k[:, self.step], self.sink_v[:, self.step] = k, v
+        else:
+            self.ring_k[:, self.write_pos], self.ring_v[:, self.write_pos] = k, v
+            self.write_pos = (self.write_pos + 1) % ring
+            self.fill = min(self.fill + 1, ring)
+        self.step = min(self.step + 1, COUNTER_MAX)
+
+    def ring_distances(self, after_write: bool) -> np.ndarray:
+        """Token distance of each ring slot from the current token: the slot written last is 0 when the
+        current token has just been written (include_self) and 1 otherwise."""
+        ring = self.ring_k.shape[1]
+        age = (self.write_pos - 1 - np.arange(ring)) % ring
+        return age + (0 if after_write else 1)
+
 
 def state_dtypes(cfg: SomaConfig, float_dtype=np.float32) -> tuple[np.dtype, np.dtype]:
     """(key/value dtype, field dtype) of the state as stored."""
     if cfg.integer:
         return np.dtype(np.int8), np.dtype(np.int16)
     return np.dtype(float_dtype), np.dtype(float_dtype)
-
-
-def out_dtype(cfg: SomaConfig) -> np.dtype:
-    """dtype of the integer path's attention output: int8 (profile "paper") or int16 ("wide")."""
-    return np.dtype(np.int16 if cfg.profile == "wide" else np.int8)
 
 
 def check_inputs(cfg: SomaConfig, q, k, v, seq: bool):
@@ -466,16 +472,15 @@ def prefill(cfg: SomaConfig, q, k, v, *, state: SomaState | None = None, impl: s
     """Run a sequence through Soma attention from a fresh state (or continue ``state``).
 
     q: (T, n_heads, head_dim), k and v: (T, n_kv_heads, head_dim); float, or int8 when ``cfg.integer``.
-    Returns (out (T, n_heads, head_dim) in q's float dtype, or :func:`out_dtype` (int8 / int16), state). The result equals T calls of
-    :func:`decode_step`. The float path from a fresh state is evaluated in blocks of queries (vectorised);
+    Returns (out (T, n_heads, head_dim) in q's float dtype, or :func:`~somatile.model.soma_fixed.out_dtype`
+    (int8 / int16), state). The result equals T calls of :func:`decode_step`. The float path from a fresh state is evaluated in blocks of queries (vectorised);
     ``impl`` ("numba" default or "numpy") selects the integer implementation; both are bit-identical.
     """
     q, k, v = check_inputs(cfg, q, k, v, seq=True)
     if cfg.integer:
-        from somatile.model import soma_int
         state = SomaState.empty(cfg) if state is None else state
         check_state(cfg, state, None)
-        return soma_int.run(cfg, state, q, k, v, impl=impl), state
+        return _run_integer(cfg, state, q, k, v, impl), state
     dtype = _float_dtype(q, k, v)
     q, k, v = q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
     if state is not None:
@@ -495,12 +500,41 @@ def decode_step(cfg: SomaConfig, state: SomaState, q, k, v, *, impl: str = "numb
     """
     q, k, v = check_inputs(cfg, q, k, v, seq=False)
     if cfg.integer:
-        from somatile.model import soma_int
         check_state(cfg, state, None)
-        return soma_int.run(cfg, state, q[None], k[None], v[None], impl=impl)[0], state
+        return _run_integer(cfg, state, q[None], k[None], v[None], impl)[0], state
     dtype = _float_dtype(q, k, v)
     check_state(cfg, state, dtype)
     return _float_step(cfg, state, q.astype(dtype), k.astype(dtype), v.astype(dtype)), state
+
+
+def _run_integer(cfg: SomaConfig, state: SomaState, q, k, v, impl: str) -> np.ndarray:
+    """T integer decode steps through the numpy spec (``impl="numpy"``) or the numba fast path ("numba");
+    both are bit-identical. ``state`` is updated in place."""
+    if impl == "numpy":
+        from somatile.model import soma_int
+        return soma_int.run_spec(cfg, state, q, k, v)
+    if impl == "numba":
+        from somatile.model import soma_nb
+        return soma_nb.run(cfg, state, q, k, v)
+    raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")
+
+
+def integer_attention(cfg: SomaConfig, q, k, v, *, impl: str = "numba"):
+    """Float q (T, H, D), k, v (T, Hkv, D) through the integer path with scales taken from these tensors.
+
+    Dynamic symmetric quantisation: per-head ``scales_for`` of q, k and v; the output scale of query head h
+    covers what its output can reach, ``v_scale + |alpha| * field_scale`` of its KV head (attention output
+    is a convex combination of values, the far field adds at most alpha times the field's source). ``cfg``
+    is a float config; its normaliser becomes "hccs_int" unless it is already an integer one. Returns
+    (float output (T, H, D) = int8 output * out_scale, the integer config used, the integer state).
+    """
+    from somatile.model.soma_int import integer_config, quantize, scales_for
+    qs, ks, vs = scales_for(q, "q"), scales_for(k, "k"), scales_for(v, "v")
+    kv = np.arange(cfg.n_heads) // cfg.group
+    out_scale = vs[kv] + abs(cfg.alpha) * (ks if cfg.field_source == "keys" else vs)[kv]
+    icfg = integer_config(cfg, q_scale=qs, k_scale=ks, v_scale=vs, out_scale=out_scale)
+    out, state = prefill(icfg, quantize(q, qs, "q"), quantize(k, ks, "k"), quantize(v, vs, "v"), impl=impl)
+    return out * out_scale[:, None], icfg, state
 
 
 def hard_sigmoid(z):
@@ -520,7 +554,7 @@ def normalise(cfg: SomaConfig, logits: np.ndarray, valid: np.ndarray) -> np.ndar
         e = np.where(valid, np.exp(x - np.where(np.isfinite(m), m, 0)), 0)
         s = e.sum(axis=-1, keepdims=True)
         return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
-    from somatile.model import hccs, quant, soma_int
+    from somatile.model import hccs, quant, soma_nb
     heads, n = logits.shape[-2:]
     rows = np.moveaxis(logits, -2, 0).reshape(heads, -1, n)
     mask = np.ascontiguousarray(np.moveaxis(valid, -2, 0).reshape(rows.shape))
@@ -529,9 +563,9 @@ def normalise(cfg: SomaConfig, logits: np.ndarray, valid: np.ndarray) -> np.ndar
             p = hccs.hccs_float(rows, cfg.hccs_c, mask)
     elif cfg.profile == "wide":
         from somatile.model import wide
-        p = soma_int.normalise_int(cfg, wide.logits_from_float(rows, mask), mask) / float(wide.PROB_ONE)
+        p = soma_nb.normalise_int(cfg, wide.logits_from_float(rows, mask), mask) / float(wide.PROB_ONE)
     else:
-        p = soma_int.normalise_int(cfg, quant.quantize_logits(rows, cfg.logit_scale, mask), mask) / 255.0
+        p = soma_nb.normalise_int(cfg, quant.quantize_logits(rows, cfg.logit_scale, mask), mask) / 255.0
     lead = logits.shape[:-2]
     return np.moveaxis(p.reshape((heads,) + lead + (n,)), 0, -2).astype(logits.dtype)
 
@@ -564,34 +598,17 @@ def _far(cfg: SomaConfig, q, field_, gate_field):
     return (cfg.alpha * hard_sigmoid(z) * f).astype(q.dtype)
 
 
-def _write(cfg: SomaConfig, st: SomaState, k, v):
-    if st.step < cfg.sinks:
-        st.sink_k[:, st.step], st.sink_v[:, st.step] = k, v
-    else:
-        st.ring_k[:, st.write_pos], st.ring_v[:, st.write_pos] = k, v
-        st.write_pos = (st.write_pos + 1) % cfg.ring
-        st.fill = min(st.fill + 1, cfg.ring)
-    st.step = min(st.step + 1, COUNTER_MAX)
-
-
-def ring_distances(cfg: SomaConfig, write_pos: int, after_write: bool) -> np.ndarray:
-    """Token distance of each ring slot from the current token: the slot written last is 0 when the
-    current token has just been written (include_self) and 1 otherwise."""
-    age = (write_pos - 1 - np.arange(cfg.ring)) % cfg.ring
-    return age + (0 if after_write else 1)
-
-
 def _float_step(cfg: SomaConfig, st: SomaState, q, k, v):
     if cfg.include_self:
-        _write(cfg, st, k, v)
+        st.write(k, v)
     keys = np.concatenate([st.sink_k, st.ring_k], axis=1)
     vals = np.concatenate([st.sink_v, st.ring_v], axis=1)
     valid = np.concatenate([np.arange(cfg.sinks) < st.sink_fill, np.arange(cfg.ring) < st.fill])
-    bias = np.concatenate([np.zeros(cfg.sinks), cfg.recency * ring_distances(cfg, st.write_pos, cfg.include_self)])
+    bias = np.concatenate([np.zeros(cfg.sinks), cfg.recency * st.ring_distances(cfg.include_self)])
     near = _near(cfg, q[None], keys, vals, valid[None, None], bias[None, None].astype(q.dtype))[0]
     out = near + _far(cfg, q, st.field, st.gate_field)
     if not cfg.include_self:
-        _write(cfg, st, k, v)
+        st.write(k, v)
     _update_fields(cfg, st, k, v)
     return out
 
@@ -635,7 +652,7 @@ def _float_prefill(cfg: SomaConfig, q, k, v, block: int = 256):
         out[a:b] = _near(cfg, q[a:b], kt[:, cols], vt[:, cols], valid[:, None, :], bias[:, None, :])
         out[a:b] += _far(cfg, q[a:b], fields[a:b], gate_fields[a:b])
     for t in range(T):
-        _write(cfg, st, k[t], v[t])
+        st.write(k[t], v[t])
     return out, st
 
 

@@ -1,9 +1,14 @@
 """Bit-exact integer Soma decode step: the readable numpy specification and the parameter helpers.
 
-The step is written out in docs/numerics.md (section "Soma"); ``impl="numpy"`` runs :func:`run_spec` here,
-``impl="numba"`` the fast path in :mod:`somatile.model.soma_nb`; both are ``np.array_equal``. Every integer
-step is a multiply, an add, a rounding right shift :func:`rshift_round` or a saturation :func:`saturate`,
-with the normaliser row kernels of :mod:`somatile.model.hccs` / :mod:`somatile.model.intexp`.
+The step is written out in docs/numerics.md (section "Soma"); ``soma.prefill(..., impl="numpy")`` runs
+:func:`run_spec` here, ``impl="numba"`` the fast path in :mod:`somatile.model.soma_nb`; both are
+``np.array_equal``. Every integer step is a multiply, an add, a rounding right shift
+(:func:`~somatile.model.soma_fixed.rshift_round`) or a saturation, with the normaliser row kernels of
+:mod:`somatile.model.hccs` / :mod:`somatile.model.intexp` / :mod:`somatile.model.wide`.
+
+``cfg`` is a :class:`somatile.model.soma.SomaConfig` and ``st`` a :class:`~somatile.model.soma.SomaState`;
+this module reads them through their fields and methods and does not import somatile.model.soma, which
+derives its integer parameters here and dispatches its integer runs to this module and to soma_nb.
 """
 
 from __future__ import annotations
@@ -13,73 +18,23 @@ import math
 import numpy as np
 
 from somatile.model import hccs, intexp, wide
-from somatile.model.soma import (FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_FRAC_BITS, GATE_ONE, INT_MULT_MAX,
-                                 INT_SHIFT_MAX, SomaConfig, SomaState, _write, out_dtype, ring_distances)
+from somatile.model.soma_fixed import (FIELD_FRAC_BITS, GATE_FRAC_BITS, GATE_HALF, GATE_ONE, INT8_MAX, INT8_MIN,
+                                       INT16_MAX, INT16_MIN, NORM_CODES, PARAM_ROWS, field_update, fixed_point,
+                                       out_dtype, param_table, rshift_round, saturate)
 
-INT8_MIN, INT8_MAX = -128, 127
-INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
-GATE_HALF = GATE_ONE // 2
-NORM_HCCS = 0
-NORM_EXP = 1
-NORM_CODES = {"hccs_int": NORM_HCCS, "exp_int": NORM_EXP}
 WIDE_NORM_CODES = {"exp_int": wide.NORM_EXP, "hccs_int": wide.NORM_HCCS, "pwl2_int": wide.NORM_PWL2}
-PROFILE_PAPER, PROFILE_WIDE = 0, 1
-PROFILE_CODES = {"paper": PROFILE_PAPER, "wide": PROFILE_WIDE}
 LIMITS = {"paper": dict(logit=(INT8_MIN, INT8_MAX), out=(INT8_MIN, INT8_MAX), prob_one=hccs.UINT8_MAX),
           "wide": dict(logit=(wide.LOGIT_MIN, wide.LOGIT_MAX), out=(INT16_MIN, INT16_MAX), prob_one=wide.PROB_ONE)}
 """Per profile: the normaliser input's saturation bounds, the output's, and the probability's 1.0."""
 
 
-def norm_codes(cfg: SomaConfig) -> np.ndarray:
+def norm_codes(cfg) -> np.ndarray:
     """The numba kernels' code of each query head's integer normaliser within the profile (int64 (H,)):
     the config's normaliser, the integer exp on ``fallback`` heads."""
     code = (WIDE_NORM_CODES if cfg.profile == "wide" else NORM_CODES)[cfg.normaliser]
     return np.where(np.array(cfg.fallback or (False,) * cfg.n_heads), wide.NORM_EXP, code).astype(np.int64)
 
-PARAM_ROWS = ("score_mult", "score_shift", "recency_int", "hccs_B", "hccs_S", "hccs_dmax", "exp_mult",
-              "out_mult", "out_shift", "alpha_mult", "alpha_shift", "gate_mult", "gate_shift")
-"""Row order of the (13, n_heads) int64 parameter table that the numba kernel (and the tile) reads."""
-
-
-def rshift_round(x, shift):
-    """Round-half-up arithmetic right shift: (x + (2^shift >> 1)) >> shift (shift 0 leaves x). int64."""
-    x = np.asarray(x, np.int64)
-    shift = np.asarray(shift, np.int64)
-    return (x + ((np.int64(1) << shift) >> 1)) >> shift
-
-
-def saturate(x, lo, hi):
-    """Clamp to [lo, hi] (the saturation of every narrowing step)."""
-    return np.clip(x, lo, hi)
-
-
-def param_table(cfg: SomaConfig) -> np.ndarray:
-    """The per-query-head integer parameters as int64 (len(PARAM_ROWS), n_heads); unused rows are 0."""
-    rows = [getattr(cfg, name) or (0,) * cfg.n_heads for name in PARAM_ROWS]
-    return np.array(rows, np.int64)
-
-
-def fixed_point(factor: float, name: str) -> tuple[int, int]:
-    """(mult, shift) with mult / 2^shift ~ factor, mult in [0, 2^15 - 1] as large as possible, shift <= 47.
-
-    Round half to even on the multiplier; a factor too large for shift 0 raises ValueError naming ``name``.
-    """
-    if not (math.isfinite(factor) and factor >= 0):
-        raise ValueError(f"{name}: expected a finite factor >= 0, got {factor!r}")
-    if factor == 0:
-        return 0, 0
-    exponent = math.frexp(factor)[1]
-    shift = min(max(15 - exponent, 0), INT_SHIFT_MAX)
-    mult = round(factor * 2.0 ** shift)
-    if mult > INT_MULT_MAX:
-        shift -= 1
-        mult = round(factor * 2.0 ** shift)
-    if shift < 0 or mult > INT_MULT_MAX:
-        raise ValueError(f"{name}: factor {factor:.6g} exceeds the largest multiplier {INT_MULT_MAX}")
-    return int(mult), int(shift)
-
-
-def default_hccs_params(cfg: SomaConfig):
+def default_hccs_params(cfg):
     """Per-head (B, S, dmax) for rows of ``cfg.slots`` entries: the seed's single clip ``hccs_c`` (logit
     units) at ``logit_scale`` through :func:`somatile.model.quant.int_params_from_clip` (floor raised to the
     paper's minimum so that ``hccs.check_params`` holds)."""
@@ -93,7 +48,7 @@ def default_hccs_params(cfg: SomaConfig):
                          f"or use normaliser='exp_int' or a smaller ring") from None
 
 
-def default_wide_params(cfg: SomaConfig):
+def default_wide_params(cfg):
     """Per-head wide (B, S, dmax): "pwl2_int" the model's own slope without a clip (S = 256, dmax = 65535);
     "hccs_int" the seed's single clip ``hccs_c`` (nats) as a line from 32768 at distance 0 to 0 at the clip;
     "exp_int" takes no parameters (zeros)."""
@@ -108,7 +63,7 @@ def default_wide_params(cfg: SomaConfig):
     return (wide.PROB_ONE,) * H, tuple(slope), tuple(dmax)
 
 
-def check_wide_params(cfg: SomaConfig):
+def check_wide_params(cfg):
     if cfg.slots > wide.MAX_COLS:
         raise ValueError(f"SomaConfig.ring: sinks + ring = {cfg.slots} exceeds the wide row limit {wide.MAX_COLS}")
     try:
@@ -117,7 +72,7 @@ def check_wide_params(cfg: SomaConfig):
         raise ValueError(f"SomaConfig.hccs_B/hccs_S/hccs_dmax (profile 'wide', {cfg.normaliser}): {err}") from None
 
 
-def check_hccs_params(cfg: SomaConfig):
+def check_hccs_params(cfg):
     try:
         hccs.check_params(cfg.hccs_B, cfg.hccs_S, cfg.hccs_dmax, cfg.slots, cfg.n_heads)
     except ValueError as err:
@@ -125,7 +80,7 @@ def check_hccs_params(cfg: SomaConfig):
                          f"{err}") from None
 
 
-def default_exp_mult(cfg: SomaConfig):
+def default_exp_mult(cfg):
     if cfg.slots > intexp.MAX_COLS:
         raise ValueError(f"SomaConfig.ring: sinks + ring = {cfg.slots} exceeds the integer exp row limit "
                          f"{intexp.MAX_COLS}")
@@ -144,7 +99,7 @@ def _per(value, n: int, name: str) -> np.ndarray:
     return arr
 
 
-def integer_config(cfg: SomaConfig, *, q_scale, k_scale, v_scale, out_scale, logit_scale=None) -> SomaConfig:
+def integer_config(cfg, *, q_scale, k_scale, v_scale, out_scale, logit_scale=None):
     """The integer twin of a float config: q = q_int * q_scale (per query head), k, v per KV head,
     output = out_int * out_scale (per query head); ``logit_scale`` (default cfg.logit_scale) is the step of
     the normaliser's int8 input (profile "paper"; the wide profile's logit step is fixed at 2^-8 bit).
@@ -198,38 +153,7 @@ def scales_for(x, name: str = "x") -> np.ndarray:
     return np.where(m > 0, m / INT8_MAX, 1.0)
 
 
-def integer_attention(cfg: SomaConfig, q, k, v, *, impl: str = "numba"):
-    """Float q (T, H, D), k, v (T, Hkv, D) through the integer path with scales taken from these tensors.
-
-    Dynamic symmetric quantisation: per-head ``scales_for`` of q, k and v; the output scale of query head h
-    covers what its output can reach, ``v_scale + |alpha| * field_scale`` of its KV head (attention output
-    is a convex combination of values, the far field adds at most alpha times the field's source). ``cfg``
-    is a float config; its normaliser becomes "hccs_int" unless it is already an integer one. Returns
-    (float output (T, H, D) = int8 output * out_scale, the integer config used, the integer state).
-    """
-    from somatile.model.soma import prefill
-    qs, ks, vs = scales_for(q, "q"), scales_for(k, "k"), scales_for(v, "v")
-    kv = np.arange(cfg.n_heads) // cfg.group
-    out_scale = vs[kv] + abs(cfg.alpha) * (ks if cfg.field_source == "keys" else vs)[kv]
-    icfg = integer_config(cfg, q_scale=qs, k_scale=ks, v_scale=vs, out_scale=out_scale)
-    out, state = prefill(icfg, quantize(q, qs, "q"), quantize(k, ks, "k"), quantize(v, vs, "v"), impl=impl)
-    return out * out_scale[:, None], icfg, state
-
-
-def normalise_int(cfg: SomaConfig, x3: np.ndarray, valid3: np.ndarray) -> np.ndarray:
-    """Integer probabilities (int32; uint8-valued in profile "paper", Q15 in "wide") of the profile's
-    logits (int8 / int16, (n_heads, R, N)) over bool ``valid3`` of the same shape, through the numba row
-    kernels (parameters were checked for rows of ``cfg.slots`` valid entries)."""
-    from somatile.model import soma_nb
-    heads, rows, n = x3.shape
-    out = np.empty((heads * rows, n), np.int32)
-    soma_nb.normalise_rows(np.ascontiguousarray(x3.reshape(-1, n)), np.ascontiguousarray(valid3.reshape(-1, n)),
-                           np.repeat(np.arange(heads), rows), param_table(cfg), PROFILE_CODES[cfg.profile],
-                           norm_codes(cfg), hccs.MODE_CODES[cfg.hccs_mode], out)
-    return out.reshape(x3.shape)
-
-
-def _normalise_spec(cfg: SomaConfig, x8: np.ndarray, valid: np.ndarray) -> np.ndarray:
+def _normalise_spec(cfg, x8: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """(H, N) logits of the profile -> (H, N) probabilities through the normaliser's numpy spec."""
     mask = np.broadcast_to(valid, x8.shape)
     if cfg.profile == "wide":
@@ -244,24 +168,18 @@ def _normalise_spec(cfg: SomaConfig, x8: np.ndarray, valid: np.ndarray) -> np.nd
     return intexp.intexp_softmax(x8[:, None], cfg.exp_mult, mask=mask[:, None], impl="numpy")[:, 0]
 
 
-def field_update(f: np.ndarray, x: np.ndarray, gamma_q15: int) -> np.ndarray:
-    """F <- (gamma * F + (2^15 - gamma) * (x << 7) + 2^14) >> 15: int16 F (7 fraction bits), int8 x."""
-    acc = gamma_q15 * f.astype(np.int64) + (GAMMA_Q15_ONE - gamma_q15) * (x.astype(np.int64) << FIELD_FRAC_BITS)
-    return rshift_round(acc, 15).astype(np.int16)
-
-
-def step_spec(cfg: SomaConfig, st: SomaState, p: np.ndarray, q, k, v) -> np.ndarray:
+def step_spec(cfg, st, p: np.ndarray, q, k, v) -> np.ndarray:
     """One integer decode step (numpy spec). q int8 (H, D), k, v int8 (Hkv, D), p = param_table(cfg).
     Returns (H, D) of ``out_dtype(cfg)`` (int8 "paper", int16 "wide"); updates ``st`` in place."""
     P = dict(zip(PARAM_ROWS, (row[:, None] for row in p)))
     lim = LIMITS[cfg.profile]
     if cfg.include_self:
-        _write(cfg, st, k, v)
+        st.write(k, v)
     kv = np.arange(cfg.n_heads) // cfg.group
     keys = np.concatenate([st.sink_k, st.ring_k], axis=1).astype(np.int64)[kv]
     vals = np.concatenate([st.sink_v, st.ring_v], axis=1).astype(np.int64)[kv]
     valid = np.concatenate([np.arange(cfg.sinks) < st.sink_fill, np.arange(cfg.ring) < st.fill])
-    dist = np.concatenate([np.zeros(cfg.sinks, np.int64), ring_distances(cfg, st.write_pos, cfg.include_self)])
+    dist = np.concatenate([np.zeros(cfg.sinks, np.int64), st.ring_distances(cfg.include_self)])
 
     scores = np.einsum("hd,hnd->hn", q.astype(np.int64), keys)
     logits = rshift_round(scores * P["score_mult"], P["score_shift"]) - P["recency_int"] * dist
@@ -281,27 +199,19 @@ def step_spec(cfg: SomaConfig, st: SomaState, p: np.ndarray, q, k, v) -> np.ndar
     out = saturate(near + far, *lim["out"]).astype(out_dtype(cfg))
 
     if not cfg.include_self:
-        _write(cfg, st, k, v)
+        st.write(k, v)
     st.field[...] = field_update(st.field, k if cfg.field_source == "keys" else v, cfg.gamma_q15)
     if cfg.gated:
         st.gate_field[...] = field_update(st.gate_field, k, cfg.gamma_q15)
     return out
 
 
-def run_spec(cfg: SomaConfig, st: SomaState, q, k, v) -> np.ndarray:
+def run_spec(cfg, st, q, k, v) -> np.ndarray:
+    """T integer decode steps of the spec: q int8 (T, H, D), k, v int8 (T, Hkv, D) -> (T, H, D) of
+    ``out_dtype(cfg)``; ``st`` in place."""
     p = param_table(cfg)
     out = np.empty(q.shape, out_dtype(cfg))
     for t in range(q.shape[0]):
         out[t] = step_spec(cfg, st, p, q[t], k[t], v[t])
     return out
 
-
-def run(cfg: SomaConfig, st: SomaState, q, k, v, *, impl: str = "numba") -> np.ndarray:
-    """T integer decode steps: q int8 (T, H, D), k, v int8 (T, Hkv, D) -> (T, H, D) of ``out_dtype(cfg)``;
-    ``st`` in place."""
-    if impl == "numpy":
-        return run_spec(cfg, st, q, k, v)
-    if impl == "numba":
-        from somatile.model import soma_nb
-        return soma_nb.run(cfg, st, q, k, v)
-    raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")

@@ -4,6 +4,8 @@ The whole token loop runs inside one ``@njit`` function; every slot of the row (
 whether valid or not, so the work per token is the same at every sequence position, as in the RTL.
 The score (q . k, |sum| <= D * 2^14) and P.V (|acc| < 2^23, docs/numerics.md) loops run in int32 lanes, so
 that LLVM vectorises int8 x int8 -> int32; the rest is int64 (wide enough for every product), cast on store.
+``cfg`` and ``st`` are a :class:`somatile.model.soma.SomaConfig` and its :class:`~somatile.model.soma.SomaState`
+(read through their fields, as in soma_int).
 """
 
 from __future__ import annotations
@@ -14,15 +16,14 @@ import numba
 import numpy as np
 
 from somatile.model import hccs, intexp, nbcache, wide
-from somatile.model.soma import (COUNTER_MAX, FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_FRAC_BITS, GATE_ONE, SomaConfig,
-                                 SomaState)
-from somatile.model.soma import out_dtype
-from somatile.model.soma_int import (GATE_HALF, INT16_MAX, INT16_MIN, LIMITS, NORM_HCCS,
-                                     PARAM_ROWS, PROFILE_CODES, PROFILE_WIDE, norm_codes, param_table)
+from somatile.model.soma_fixed import (COUNTER_MAX, FIELD_FRAC_BITS, GAMMA_Q15_ONE, GATE_FRAC_BITS, GATE_HALF,
+                                       GATE_ONE, INT16_MAX, INT16_MIN, NORM_HCCS, PARAM_ROWS, PROFILE_CODES,
+                                       PROFILE_WIDE, out_dtype, param_table)
+from somatile.model.soma_int import LIMITS, norm_codes
 
-# The kernels here inline the row kernels of hccs.py / intexp.py / wide.py and constants of soma.py /
+# The kernels here inline the row kernels of hccs.py / intexp.py / wide.py and constants of soma_fixed.py /
 # soma_int.py: their changes must reach this module's cache too.
-nbcache.drop_stale(__file__, ("soma_nb.py", "hccs.py", "intexp.py", "wide.py", "soma.py", "soma_int.py"))
+nbcache.drop_stale(__file__, ("soma_nb.py", "hccs.py", "intexp.py", "wide.py", "soma_fixed.py", "soma_int.py"))
 
 (_SCORE_MULT, _SCORE_SHIFT, _RECENCY, _B, _S, _DMAX, _EXP_MULT, _OUT_MULT, _OUT_SHIFT, _ALPHA_MULT,
  _ALPHA_SHIFT, _GATE_MULT, _GATE_SHIFT) = range(len(PARAM_ROWS))
@@ -137,15 +138,27 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
             _field_update(gate_field, k[t], gamma_q15)
 
 
+def normalise_int(cfg, x3: np.ndarray, valid3: np.ndarray) -> np.ndarray:
+    """Integer probabilities (int32; uint8-valued in profile "paper", Q15 in "wide") of the profile's
+    logits (int8 / int16, (n_heads, R, N)) over bool ``valid3`` of the same shape, through the row kernels
+    (parameters were checked for rows of ``cfg.slots`` valid entries)."""
+    heads, rows, n = x3.shape
+    out = np.empty((heads * rows, n), np.int32)
+    normalise_rows(np.ascontiguousarray(x3.reshape(-1, n)), np.ascontiguousarray(valid3.reshape(-1, n)),
+                   np.repeat(np.arange(heads), rows), param_table(cfg), PROFILE_CODES[cfg.profile],
+                   norm_codes(cfg), hccs.MODE_CODES[cfg.hccs_mode], out)
+    return out.reshape(x3.shape)
+
+
 @functools.lru_cache(maxsize=32)
-def _tables(cfg: SomaConfig):
+def _tables(cfg):
     """param_table and norm_codes of a config, computed once: at one token per call they cost about a
     sixth of the step. The arrays are only read by _run."""
     return param_table(cfg), norm_codes(cfg)
 
 
-def run(cfg: SomaConfig, st: SomaState, q, k, v) -> np.ndarray:
-    """T integer decode steps (same contract as soma_int.run); ``st`` is updated in place."""
+def run(cfg, st, q, k, v) -> np.ndarray:
+    """T integer decode steps (same contract as soma_int.run_spec); ``st`` is updated in place."""
     out = np.empty(q.shape, out_dtype(cfg))
     counters = np.array([st.write_pos, st.fill, st.step], np.int64)
     lim = LIMITS[cfg.profile]

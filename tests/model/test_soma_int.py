@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from somatile.model import soma_int
-from somatile.model.soma import COUNTER_MAX, SomaConfig, SomaState, decode_step, prefill
+from somatile.model import soma_fixed, soma_int
+from somatile.model.soma import SomaConfig, SomaState, decode_step, integer_attention, prefill
+from somatile.model.soma_fixed import COUNTER_MAX
 
 
 def int_qkv(rng, T, cfg, lo=-128, hi=127):
@@ -110,25 +111,25 @@ def test_field_update_fixed_point():
     x = np.array([[1, 10, -128, 127]], np.int8)
     g = 32113  # round(0.98 * 2^15)
     expected = [(g * a + (32768 - g) * (b << 7) + (1 << 14)) >> 15 for a, b in zip(f[0].tolist(), x[0].tolist())]
-    np.testing.assert_array_equal(soma_int.field_update(f, x, g)[0], expected)
+    np.testing.assert_array_equal(soma_fixed.field_update(f, x, g)[0], expected)
     assert SomaConfig(gamma=0.98).gamma_q15 == g
     steady = np.full((1, 4), 127 << 7, np.int16)
-    np.testing.assert_array_equal(soma_int.field_update(steady, np.full((1, 4), 127, np.int8), g), steady)
+    np.testing.assert_array_equal(soma_fixed.field_update(steady, np.full((1, 4), 127, np.int8), g), steady)
 
 
 def test_rshift_round_is_round_half_up():
-    np.testing.assert_array_equal(soma_int.rshift_round([5, 6, 7, -5, -6, -7, 3], [1, 1, 1, 1, 1, 1, 0]),
+    np.testing.assert_array_equal(soma_fixed.rshift_round([5, 6, 7, -5, -6, -7, 3], [1, 1, 1, 1, 1, 1, 0]),
                                   [3, 3, 4, -2, -3, -3, 3])
 
 
 def test_fixed_point_multiplier():
     for factor in (1e-6, 0.0039, 0.5, 1.0, 3.7, 1000.0):
-        mult, shift = soma_int.fixed_point(factor, "f")
+        mult, shift = soma_fixed.fixed_point(factor, "f")
         assert 2 ** 14 <= mult <= 32767 or shift == 47
         assert abs(mult / 2 ** shift - factor) <= factor * 2 ** -14
-    assert soma_int.fixed_point(0.0, "f") == (0, 0)
+    assert soma_fixed.fixed_point(0.0, "f") == (0, 0)
     with pytest.raises(ValueError, match="f: factor 100000 exceeds"):
-        soma_int.fixed_point(1e5, "f")
+        soma_fixed.fixed_point(1e5, "f")
 
 
 @pytest.mark.parametrize("normaliser", ["exp_int", "hccs_int"])
@@ -158,7 +159,7 @@ def test_integer_attention_from_float_tensors(rng):
     cfg = SomaConfig.preset("seed", n_heads=4, n_kv_heads=2, head_dim=32, normaliser="exp_int", logit_scale=1 / 16)
     q, k, v = rng.standard_normal((50, 4, 32)), rng.standard_normal((50, 2, 32)), rng.standard_normal((50, 2, 32))
     ref, _ = prefill(cfg, q, k, v)
-    out, icfg, state = soma_int.integer_attention(cfg, q, k, v)
+    out, icfg, state = integer_attention(cfg, q, k, v)
     assert icfg.integer and icfg.normaliser == "exp_int" and state.step == 50
     assert out.shape == ref.shape and out.dtype == np.float64
     # int8 output steps here are about max|v| / 127 ~ 0.03: a mean error of a step, far below the spread.
