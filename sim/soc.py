@@ -14,7 +14,6 @@ import hashlib
 import os
 import select
 import subprocess
-import time
 from pathlib import Path
 
 from somatile.boards.config import BoardConfig
@@ -101,6 +100,10 @@ class SocSimulation:
     def hold(self, on: bool) -> None:
         self._send(f"hold {int(on)}")
 
+    def reset(self) -> None:
+        """Pulse the SoC's reset (the board's button): the firmware starts over, the tiles' state is cleared."""
+        self._send("reset")
+
     def cycles(self, timeout: float = 10) -> int:
         self._send("stats")
         line = self._line(timeout)
@@ -122,11 +125,3 @@ class SocSimulation:
             except OSError:
                 pass
 
-
-def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False

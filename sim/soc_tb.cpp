@@ -7,7 +7,7 @@
 //
 // The first line on stdout is "pty PATH". stdin takes commands, one per line: "hold 1" / "hold 0" (the SoC's
 // hold input: the tile's answers are not read, a stalled tile for the fault tests), "stats" (prints
-// "cycles N"). EOF on stdin (the parent process is gone) or SIGTERM ends the simulation. A CPU trap prints
+// "cycles N"), "reset" (holds the SoC's reset for 16 cycles: the board's reset button). EOF on stdin (the parent process is gone) or SIGTERM ends the simulation. A CPU trap prints
 // "trap at cycle N" on stderr and exits with status 3.
 //
 // The UART model is cycle-accurate at the pins: 8N1, LSB first; a received bit is sampled in the middle of
@@ -183,7 +183,17 @@ int main(int argc, char **argv) {
             if (r == 0) break;  // the parent closed our stdin: it is gone
             for (ssize_t i = 0; i < r; ++i) {
                 if (buf[i] != '\n') { command += buf[i]; continue; }
-                if (command == "hold 1") top->hold = 1;
+                if (command == "reset") {
+                    top->rst = 1;
+                    for (int k = 0; k < 16; ++k) {
+                        top->clk = 0; top->eval();
+                        top->clk = 1; top->eval();
+                    }
+                    top->rst = 0;
+                    driver.queue.clear();
+                    driver.bit = -1;
+                    receiver.bit = -1;
+                } else if (command == "hold 1") top->hold = 1;
                 else if (command == "hold 0") top->hold = 0;
                 else if (command == "stats") std::printf("cycles %llu\n", static_cast<unsigned long long>(cycle));
                 else std::fprintf(stderr, "soc_tb: unknown command '%s'\n", command.c_str());

@@ -13,10 +13,12 @@ import somatile.host
 from somatile import boards
 from somatile.boards.config import BoardError
 from somatile.boards.soc import build_firmware, uart_divider
+from somatile.host import protocol
 from somatile.host.device import DeviceError
 from somatile.host.device_cli import DEMO_QUERY, stream_device, stream_through
 from somatile.host.transport_serial import SerialTransport
 from somatile.host.tile_driver import open_transport
+from somatile.hw import regmap
 from somatile.model import soma
 from tests.damaging import Damaging
 
@@ -79,6 +81,24 @@ def test_a_stalled_tile_is_a_timeout_error_and_its_late_answer_is_not_taken_for_
         # are those of the whole sequence, the first of which was never returned.
         out = host.decode(q[1:], k[1:], v[1:])
     assert np.array_equal(out, soma.prefill(cfg, q, k, v)[0][1:])
+
+
+def test_a_reset_mid_frame_loses_the_frame_and_the_state_and_a_new_hello_works(dev, rng):
+    info = dev.info()
+    cfg = config(info)
+    q, k, v = (rng.integers(-128, 128, (2, info.heads, info.head_dim)).astype(np.int8) for _ in range(3))
+    transport = SerialTransport(dev.simulation.pty)
+    with open_transport(transport, "soc-before-reset", timeout=4.0) as host:
+        host.configure(cfg)
+        host.decode(q, k, v)
+        assert np.any(host.read_state()["ring_k"])
+        # Half a frame, then the board's reset button; the rest of the frame never comes.
+        transport.write(protocol.encode_frame(regmap.API_LEVEL, protocol.Opcode.TILE, 1, bytes(64))[:30])
+        dev.simulation.reset()
+    with open_transport(SerialTransport(dev.simulation.pty), "soc-after-reset", timeout=4.0) as host:
+        assert not np.any(host.read_state()["ring_k"])  # the tiles came out of reset cleared
+        host.configure(cfg)
+        assert np.array_equal(host.decode(q, k, v), soma.prefill(cfg, q, k, v)[0])
 
 
 def test_soc_build_errors_name_the_board_key(tmp_path):
