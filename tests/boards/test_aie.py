@@ -1,0 +1,194 @@
+"""`somatile build --top aie`: the aie4ml project of a calibrated parameter file, read back and checked against
+the file head by head; each bad input is a one-line error naming the head, the key or the rule."""
+
+import importlib.metadata
+import json
+import re
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+import somatile.boards as boards
+from somatile.boards import aie
+from somatile.host.cli import main as cli
+from somatile.model.params import HccsParams
+
+VERSAL_BOARDS = [n for n in boards.names() if boards.load(n).kind == "versal"]
+GENERATIONS = {"vck190": "AIE", "vek280": "AIE-ML"}
+
+
+def params_file(tmp_path, name="params.yaml", **changes):
+    """Four heads at cols 64: three calibrated (one near each limit of aie4ml's rules), one fallback."""
+    d = {"format": "somatile-hccs-params", "version": 1, "cols": 64, "mode": "div", "out": "uint8",
+         "B": [255, 511, 64, 200], "S": [6, 1, 0, 3], "dmax": [40, 127, 0, 64], "fallback": [False, False, False, True],
+         "scale": [0.1, 0.05, 0.2, 0.0731]}
+    d.update(changes)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    return path
+
+
+def read_parameters_h(project):
+    """Per head (through app.cpp's top_graph<...> order and top_graph.h's instance names): the integers and
+    flags of its kernel's struct in src/parameters.h."""
+    text = (project / "src" / "parameters.h").read_text()
+    structs = {m.group(1): m.group(2) for m in re.finditer(r"^struct (L\d+Cfg) \{\n(.*?)^\};", text, re.M | re.S)}
+    order = re.search(r"top_graph<([^>]*)> dut;", (project / "app.cpp").read_text()).group(1).replace(" ", "")
+    instances = re.findall(r"softmax_hccs_graph<Cfg(\d+)>\s+softmax_h(\d+)_aie;",
+                           (project / "src" / "top_graph.h").read_text())
+    cfg_names = order.split(",")
+    heads = {}
+    for slot, head in instances:
+        body = structs[cfg_names[int(slot) - 1]]
+
+        def scalar(name):
+            return re.search(rf"\b{name} = (-?\w+);", body).group(1)
+
+        def array(name, ctype):
+            values = re.search(rf"static inline {ctype} {name}\[CAS_NUM\] = \{{([^}}]*)\}}", body).group(1)
+            return [int(v) for v in values.split(",")]
+
+        heads[int(head)] = {"B": array("B", "int16_t"), "S": array("S", "int8_t"), "Dmax": array("Dmax", "uint8_t"),
+                            "cas_num": int(scalar("CAS_NUM")), "rows": int(scalar("ROWS")),
+                            "cols": int(scalar("COLS")), "use_clb": scalar("USE_CLB") == "true",
+                            "approx_exp": scalar("APPROX_EXP") == "true", "exp_kq": int(scalar("EXP_KQ")),
+                            "tiled": scalar("LAYOUT_TILED") == "true",
+                            "output_t": re.search(r"using output_t = (\w+);", body).group(1)}
+    return heads
+
+
+def kernel_choice(project):
+    """Per head: aie4ml's execution record (variant, approximation, layout) in aie_pipeline.json."""
+    pipeline = json.loads((project / "aie_pipeline.json").read_text())
+    return {int(re.fullmatch(r"softmax_h(\d+)_aie", e["node"]).group(1)): e for e in pipeline["execution"]}
+
+
+@pytest.mark.parametrize("mode", ["div", "clb"])
+@pytest.mark.parametrize("board", VERSAL_BOARDS)
+def test_generated_project_holds_every_heads_integers_from_the_yaml(tmp_path, capsys, board, mode):
+    path = params_file(tmp_path, mode=mode)
+    params = HccsParams.from_yaml(path)
+    started = time.perf_counter()
+    assert cli(["build", "--board", board, "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 0
+    assert time.perf_counter() - started < 60
+    printed = capsys.readouterr().out
+    assert "Vitis compiles and runs this project; it is not run here" in printed and "`make all`" in printed
+    project = tmp_path / board / "aie"
+    heads, choice = read_parameters_h(project), kernel_choice(project)
+    manifest = json.loads((project / "manifest.json").read_text())
+    result = manifest["result"]
+    tiled = result["layout"] == "tiled"  # else the note printed says why the tiled layout was refused
+    assert tiled or "aie4ml's tiled layout refused it" in printed
+    assert sorted(heads) == sorted(choice) == list(range(params.heads))
+    for h in range(params.heads):
+        got, kernel = heads[h], choice[h]
+        # aie4ml may split a head's rows over several tiles (CAS_NUM kernels of ROWS rows each).
+        assert (got["rows"] * got["cas_num"], got["cols"], got["output_t"]) == (aie.DEFAULT_ROWS, params.cols,
+                                                                                "uint8_t")
+        assert got["tiled"] == tiled and kernel["config"]["layout"] == result["layout"]
+        approximation = "exp" if params.fallback[h] else "hccs"
+        assert kernel["variant_id"] == f"softmax.{approximation}.i8{'.tiled' if tiled else ''}.v1"
+        assert kernel["config"]["approximation"] == approximation and got["approx_exp"] == params.fallback[h]
+        if params.fallback[h]:
+            assert got["B"] == got["S"] == got["Dmax"] == [0] * got["cas_num"]
+            assert 1 <= got["exp_kq"] == kernel["config"]["exp_kq"]
+        else:
+            n = got["cas_num"]
+            assert (got["B"], got["S"], got["Dmax"]) == ([int(params.B[h])] * n, [int(params.S[h])] * n,
+                                                         [int(params.dmax[h])] * n)
+            assert got["use_clb"] == (mode == "clb") == kernel["config"]["use_clb"]
+    assert result["aie4ml"]["version"] == importlib.metadata.version("aie4ml") == "0.2.1"
+    assert result["aie4ml"]["generation"] == GENERATIONS[board]
+    assert result["aie4ml"]["platform"] == f"xilinx_{board}_base"
+    assert result["vendor_tools_run"] is False
+    assert {"Makefile", "app.cpp", "aie_pipeline.json", "src/parameters.h", "data/logits.npz"} <= set(manifest["files"])
+    logits = np.load(project / "data" / "logits.npz")
+    assert sorted(logits) == [f"logits_h{h}" for h in range(params.heads)]
+    assert logits["logits_h0"].shape == (aie.ITERATIONS, aie.DEFAULT_ROWS, params.cols)
+    assert sorted(p.name for p in (project / "data").glob("ifm_c*.txt"))
+
+
+def test_an_int16_file_gets_int16_kernels(tmp_path):
+    path = params_file(tmp_path, out="int16", fallback=[False] * 4)
+    assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 0
+    heads = read_parameters_h(tmp_path / "vek280" / "aie")
+    assert {h["output_t"] for h in heads.values()} == {"int16_t"}
+
+
+def test_a_row_count_the_tiled_layout_refuses_falls_back_to_linear_and_says_so(tmp_path, capsys):
+    path = params_file(tmp_path)
+    assert cli(["build", "--board", "vck190", "--top", "aie", "--params", str(path), "--rows", "6",
+                "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "rows=6: aie4ml's tiled layout refused it" in printed and "4-row microtile bands" in printed
+    assert 'generated with "layout": "linear" instead' in printed
+    project = tmp_path / "vck190" / "aie"
+    heads, choice = read_parameters_h(project), kernel_choice(project)
+    assert all(not h["tiled"] and h["rows"] * h["cas_num"] == 6 for h in heads.values())
+    assert {c["variant_id"] for c in choice.values()} == {"softmax.hccs.i8.v1", "softmax.exp.i8.v1"}
+    assert json.loads((project / "manifest.json").read_text())["result"]["layout"] == "linear"
+
+
+def one_line_error(capsys):
+    # The build jobs' progress bar shares stderr: its frames end in "]" and are redrawn after carriage returns.
+    text = re.sub(r"builds: [^\]]*\]", "", capsys.readouterr().err)
+    err = [line for line in re.split(r"[\r\n]", text) if line.strip()]
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("board", ["sim", "ulx3s_85f"])
+def test_a_board_without_an_ai_engine_is_refused_naming_its_kind(tmp_path, capsys, board):
+    path = params_file(tmp_path)
+    assert cli(["build", "--board", board, "--top", "aie", "--params", str(path), "--out", str(tmp_path / "o")]) == 2
+    line = one_line_error(capsys)
+    assert f"board {board}" in line and "key 'kind'" in line and "of kind 'versal'" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_versal_part_aie4ml_does_not_know_is_refused_naming_the_key(tmp_path, capsys):
+    board = tmp_path / "other_versal.yaml"
+    board.write_text(f"extends: {boards.load('vck190').source}\naie:\n  part: xcvm1802-vsva2197-2MP-e-S\n")
+    assert cli(["build", "--board", str(board), "--top", "aie", "--params", str(params_file(tmp_path)),
+                "--out", str(tmp_path / "o")]) == 2
+    line = one_line_error(capsys)
+    assert "key 'aie.part'" in line and "xcvm1802-vsva2197-2MP-e-S" in line and "xilinx_vck190_base" in line
+
+
+def test_the_aie_top_needs_a_parameter_file(tmp_path, capsys):
+    assert cli(["build", "--board", "vck190", "--top", "aie", "--out", str(tmp_path)]) == 2
+    assert "--top aie: expected --params FILE" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"B": [255, 40, 64, 200], "S": [6, 1, 0, 3], "dmax": [40, 40, 0, 64], "allow_zero_floor": True},
+     "head 1 (B=40, S=1, dmax=40, cols=64): aie4ml refuses it: HCCS Softmax requires cols * (B - S*Dmax) >= 256"),
+    ({"out": "int16"}, "head 3: key 'out': 'int16' with a fallback head"),
+    ({"profile": "wide", "normaliser": "hccs", "B": [4096] * 4, "S": [256] * 4, "dmax": [4096] * 4},
+     "key 'profile': the parameters are for profile 'wide', expected 'paper'"),
+])
+def test_parameters_aie4ml_refuses_are_one_line_naming_the_head_and_rule(tmp_path, capsys, changes, message):
+    path = params_file(tmp_path, **changes)
+    assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--out", str(tmp_path / "o")]) == 2
+    line = one_line_error(capsys)
+    assert str(path) in line and message in line
+
+
+def test_a_fallback_scale_beyond_the_exp_kernels_range_names_the_head(tmp_path, capsys):
+    path = params_file(tmp_path, scale=[0.1, 0.05, 0.2, 0.5])
+    assert cli(["build", "--board", "vck190", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 1
+    line = one_line_error(capsys)
+    assert "not built" in line and "head 3: aie4ml cannot build the normaliser" in line
+    assert "exp Softmax needs 1 <= EXP_KQ <= 128" in line
+
+
+def test_rows_neither_layout_takes_name_both_refusals(tmp_path, capsys):
+    path = params_file(tmp_path, cols=48, B=[255, 511, 64, 200], S=[6, 1, 0, 3], dmax=[40, 100, 0, 64])
+    assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--rows", "6",
+                "--out", str(tmp_path)]) == 1
+    line = one_line_error(capsys)
+    assert "aie4ml cannot build the normaliser for rows=6: the tiled layout refused it (" in line
+    assert "4-row microtile bands" in line and "the linear layout too: " in line
+    assert "softmax axis length 48 must be a multiple of vec_size=32" in line
