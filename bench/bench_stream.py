@@ -44,7 +44,7 @@ def run() -> list[dict]:
     import somatile.host
     from somatile.host.device_cli import DEMO_QUERY, agree
     from somatile.host.emu import board_params, start_tile_server, url_board
-    from somatile.host.sim_backend import board_file
+    from somatile.host.transport_firmware import board_file
     from somatile.host.transport_firmware import FirmwareProcess
 
     check = agree([f"emu://?{DEMO_QUERY}", f"sim://?{DEMO_QUERY}"], tokens=16)

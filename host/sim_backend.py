@@ -14,17 +14,15 @@ after); ``build_timeout`` (seconds, keyword) bounds that wait. sim:// simulates 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import socket
 import threading
 import time
 import urllib.parse
-from pathlib import Path
 
 import numpy as np
 
-from somatile.host.transport_firmware import FIRMWARE_DIR, FirmwareProcess
+from somatile.host.transport_firmware import FirmwareProcess, board_file
 from somatile.host.transport_tcp import TcpTransport, open_transport
 
 
@@ -77,20 +75,6 @@ class SimTileServer:
 
     def close(self, timeout: float = 30) -> None:
         self.thread.join(timeout)
-
-
-def board_file(board: str, overrides: dict) -> tuple[str, str]:
-    """(board argument for the firmware build, build folder name): the board itself, or a generated YAML that
-    extends it with the overrides (kept under firmware/build/boards/)."""
-    if not overrides:
-        return board, board
-    text = "\n".join([f"extends: {board}"] + [f"{k}: {v}" for k, v in sorted(overrides.items())]) + "\n"
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    path = FIRMWARE_DIR / "build" / "boards" / f"{Path(board).stem}-{digest}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return str(path), f"{Path(board).stem}-{digest}"
 
 
 def open_url(parts: urllib.parse.SplitResult, *, build_timeout: float = 1800, **options):

@@ -21,7 +21,7 @@ only to size the default link timeout."""
 def open_url(parts: urllib.parse.SplitResult, query: str, **options):
     from somatile import boards
     from somatile.host.emu import url_board
-    from somatile.host.sim_backend import board_file
+    from somatile.host.transport_firmware import board_file
     from somatile.host.transport_serial import SerialTransport
     from somatile.host.tile_driver import open_transport
     from somatile.sim import soc

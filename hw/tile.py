@@ -36,6 +36,7 @@ from somatile.hw.pipe import (Replicated, block_ram, delay, lut_mul, lut_mul_pip
                               split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
+from somatile.hw.tile_regs import OK_LATENCY, VALUE_LATENCY, RegisterReader
 from somatile.model import hccs
 
 
@@ -183,11 +184,8 @@ class Tile(wiring.Component):
         arg1_last = reg(m, arg1 - 1, "arg1_last", signed(33))
         bad_head = is_head_op & ((head >= p.heads) | (head_end > p.heads) | (is_counted & (count == 0)))
 
-        # Register read decode. Like every product and rule check on the captured header below, it is
-        # registered (free-running): HEADER's last beat is followed by CHECK_SETTLE cycles before CHECK, so
-        # the registered values describe this frame's header by then (docs/hardware.md, "What limits the clock").
-        # The address is compared with every register's (registered), the matches encoded to an index (the
-        # addresses are distinct constants: an OR of the matches, registered), then the value selected.
+        # Register read decode (hw/tile_regs.py): registered like every product and rule check on the captured
+        # header below, and read CHECK_SETTLE cycles after HEADER's last beat, when it describes this header.
         address = arg0
         info = regmap.info_values(p, self.tile_index)
         globals_ = {"ID": regmap.ID_VALUE, "API_LEVEL": regmap.API_LEVEL, "STATUS": error_latched,
@@ -198,25 +196,15 @@ class Tile(wiring.Component):
                     + [(regmap.INFO_BASE + i * regmap.REGISTER_BYTES, value) for i, value in enumerate(info)]
                     + [(regmap.head_register(h, i), head_regs[h][i]) for h in range(p.heads)
                        for i in range(len(HEAD_PARAMS))])
-        # The address compared in two registered steps (its halves against every readable address, then both):
-        # in one, the header's address would reach some 70 32-bit comparisons in a cycle.
-        half = len(address) // 2
-        match_lo = reg(m, Cat(*[address[:half] == a % (1 << half) for a, _ in readable]), "reg_match_lo")
-        match_hi = reg(m, Cat(*[address[half:] == a >> half for a, _ in readable]), "reg_match_hi")
-        matches = list(reg(m, match_lo & match_hi, "reg_matches"))
-        index_now = Cat(*[Cat(*[matches[i] for i in range(len(readable)) if i >> b & 1]).any()
-                          for b in range(max(1, (len(readable) - 1).bit_length()))])
-        reg_ok = reg(m, Cat(*matches).any(), "reg_ok")
-        # The value in two registered steps: a multiplexer of 8 per group of 8 registers (each group with its
-        # own copy of the index, as the registers are spread over the die), then the group's.
-        values = [Const(v, 32) if isinstance(v, int) else v for _, v in readable]
-        groups = range(0, len(values), 8)
-        reg_index = Replicated(len(index_now), len(groups), "reg_index")
-        m.d.sync += reg_index.eq(index_now)
-        group_values = [reg(m, Array(values[g:g + 8])[reg_index.copy(i)[:3]], f"reg_group{i}", unsigned(32))
-                        for i, g in enumerate(groups)]
-        reg_value = reg(m, Array(group_values)[reg(m, reg_index.copy(0)[3:], "reg_group_index")], "reg_value",
-                        unsigned(32))
+        m.submodules.registers = registers = RegisterReader(
+            [(a, v if isinstance(v, int) else None) for a, v in readable])
+        m.d.comb += registers.address.eq(address)
+        for port, value in zip(registers.live, [v for _, v in readable if not isinstance(v, int)]):
+            m.d.comb += port.eq(value)
+        reg_ok, reg_value = registers.ok, registers.value
+        # ok feeds a registered condition and the registered check result read in CHECK; value is read in
+        # EXECUTE, at least one cycle after CHECK.
+        assert OK_LATENCY + 2 <= CHECK_SETTLE + 1 and VALUE_LATENCY <= CHECK_SETTLE + 1
         scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
 
         # HCCS command arguments and the HCCS parameter rules of hccs.check_params.

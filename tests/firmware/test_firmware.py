@@ -186,7 +186,7 @@ def test_two_tile_firmware_routes_heads_to_their_tiles_like_the_reference():
 
     from somatile.host.device_cli import DEMO_QUERY, stream_device, stream_through
     from somatile.host.emu import url_board
-    from somatile.host.sim_backend import board_file
+    from somatile.host.transport_firmware import board_file
 
     query = f"{DEMO_QUERY}&n_tiles=2"
     _, board, overrides = url_board(urllib.parse.urlsplit(f"emu://?{query}"), {})

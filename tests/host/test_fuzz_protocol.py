@@ -68,7 +68,7 @@ class FirmwareSession:
                             ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t))
 
     def __init__(self):
-        from somatile.host.sim_backend import board_file
+        from somatile.host.transport_firmware import board_file
         from somatile.host.transport_firmware import FIRMWARE_DIR, build_firmware
 
         self.params, name = demo_board()
