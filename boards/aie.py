@@ -9,9 +9,12 @@ Softmax kernel holds one parameter set::
         -> QuantizeLinear -> DequantizeLinear (uint8 at 2^-8, or int16 at 2^-15) -> probs_h<i>
 
 HCCS heads carry aie4ml's ``hccs`` directive with the head's B, S, Dmax; fallback heads run aie4ml's exact-exp
-kernel, whose step per unit of logit distance comes from the constant the Mul folds into the Softmax.
+kernel (:mod:`somatile.model.aie_exp`), whose step KQ comes from the constant the Mul folds into the Softmax:
+the scale that the head's KQ represents exactly, so that aie4ml derives the KQ the model predicts with.
 aie4ml's ONNX frontend then writes the project (ADF graph, AIE API kernels, ``src/parameters.h``, Makefile,
-``aie_pipeline.json``) into the build folder, with simulator inputs in ``data/``. Vitis is not run here.
+``aie_pipeline.json``) into the build folder, with seeded simulator inputs in ``data/`` and beside them the
+outputs :func:`somatile.model.aie_exp.predict_aie` says the AI Engine returns for them (``data/expected.npz``).
+Vitis is not run here.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from somatile.model import aie_exp
 from somatile.model.params import HccsParams
 
 from .config import BoardConfig
@@ -89,6 +93,10 @@ def load_params(path: Path | str) -> HccsParams:
     _aie4ml()
     from aie4ml.op_impls.families.softmax.common import validate_hccs_params
 
+    try:
+        aie_exp.exp_kq_from_scale(params.scale, params.fallback)
+    except ValueError as exc:
+        raise AieError(f"{path}: {exc}") from exc
     for h in range(params.heads):
         if params.fallback[h]:
             if params.out != "uint8":
@@ -130,6 +138,7 @@ def normaliser_graph(params: HccsParams, rows: int):
              numpy_helper.from_array(np.zeros((), np.int8), "in_zero"),
              numpy_helper.from_array(np.array(2.0 ** -frac, np.float32), "out_scale"),
              numpy_helper.from_array(out_zero, "out_zero")]
+    kq = aie_exp.exp_kq_from_scale(params.scale, params.fallback)
     nodes, inputs, outputs = [], [], []
     for h in range(params.heads):
         x, y = f"logits_h{h}", f"probs_h{h}"
@@ -138,7 +147,8 @@ def normaliser_graph(params: HccsParams, rows: int):
         nodes.append(helper.make_node("DequantizeLinear", [x, "in_scale", "in_zero"], [f"x_h{h}"], name=f"dq_h{h}"))
         logits = f"x_h{h}"
         if params.fallback[h]:
-            inits.append(numpy_helper.from_array(np.array(params.scale[h], np.float32), f"logit_scale_h{h}"))
+            kq_scale = np.array(aie_exp.scale_from_exp_kq(kq[h]), np.float32)
+            inits.append(numpy_helper.from_array(kq_scale, f"logit_scale_h{h}"))
             nodes.append(helper.make_node("Mul", [logits, f"logit_scale_h{h}"], [f"t_h{h}"], name=f"scale_h{h}"))
             logits = f"t_h{h}"
         nodes += [helper.make_node("Softmax", [logits], [f"p_h{h}"], name=softmax_node(h), axis=-1),
@@ -237,14 +247,16 @@ def generate(cfg: BoardConfig, out_dir: Path, params_path: Path | str, rows: int
 
 
 def _write_inputs(model, params: HccsParams, rows: int) -> Path:
-    """Seeded int8 logits for every head, ITERATIONS samples, into the simulator's input files (``data/``)."""
+    """Seeded int8 logits for every head, ITERATIONS samples, into the simulator's input files (``data/``), and
+    the output codes the model predicts for them (``data/expected.npz``, probs_h<i>: (ITERATIONS, rows, cols))."""
     rng = np.random.default_rng(INPUT_SEED)
-    logits = {f"logits_h{h}": rng.integers(-128, 128, (ITERATIONS, rows, params.cols), dtype=np.int8)
-              for h in range(params.heads)}
-    model.write_inputs(logits, quantize_in=False)
-    out_dir = Path(model.context.project_config.output_dir)
-    np.savez(out_dir / "data" / "logits.npz", **logits)
-    return out_dir / "data" / "logits.npz"
+    x = rng.integers(-128, 128, (params.heads, ITERATIONS, rows, params.cols), dtype=np.int8)
+    model.write_inputs({f"logits_h{h}": x[h] for h in range(params.heads)}, quantize_in=False)
+    expected = aie_exp.predict_aie(params, x.reshape(params.heads, ITERATIONS * rows, params.cols)).reshape(x.shape)
+    data = Path(model.context.project_config.output_dir) / "data"
+    np.savez(data / "logits.npz", **{f"logits_h{h}": x[h] for h in range(params.heads)})
+    np.savez(data / "expected.npz", **{f"probs_h{h}": expected[h] for h in range(params.heads)})
+    return data / "logits.npz"
 
 
 def kernel_rows(model, params: HccsParams) -> list[dict]:

@@ -13,6 +13,8 @@ import yaml
 import somatile.boards as boards
 from somatile.boards import aie
 from somatile.host.cli import main as cli
+from somatile.model import aie_exp
+from somatile.model.hccs import hccs_int
 from somatile.model.params import HccsParams
 
 VERSAL_BOARDS = [n for n in boards.names() if boards.load(n).kind == "versal"]
@@ -44,7 +46,7 @@ def read_parameters_h(project):
         body = structs[cfg_names[int(slot) - 1]]
 
         def scalar(name):
-            return re.search(rf"\b{name} = (-?\w+);", body).group(1)
+            return re.search(rf"\b{name} = (-?\w+|\"\w+\");", body).group(1)
 
         def array(name, ctype):
             values = re.search(rf"static inline {ctype} {name}\[CAS_NUM\] = \{{([^}}]*)\}}", body).group(1)
@@ -55,6 +57,8 @@ def read_parameters_h(project):
                             "cols": int(scalar("COLS")), "use_clb": scalar("USE_CLB") == "true",
                             "approx_exp": scalar("APPROX_EXP") == "true", "exp_kq": int(scalar("EXP_KQ")),
                             "tiled": scalar("LAYOUT_TILED") == "true",
+                            "exp_poly": [int(scalar(n)) for n in ("EXP_A2", "EXP_B1", "EXP_C0", "EXP_ZF")],
+                            "rounding": scalar("ROUNDING_TOKEN"), "saturation": scalar("SATURATION_TOKEN"),
                             "output_t": re.search(r"using output_t = (\w+);", body).group(1)}
     return heads
 
@@ -65,17 +69,8 @@ def kernel_choice(project):
     return {int(re.fullmatch(r"softmax_h(\d+)_aie", e["node"]).group(1)): e for e in pipeline["execution"]}
 
 
-@pytest.mark.parametrize("mode", ["div", "clb"])
-@pytest.mark.parametrize("board", VERSAL_BOARDS)
-def test_generated_project_holds_every_heads_integers_from_the_yaml(tmp_path, capsys, board, mode):
-    path = params_file(tmp_path, mode=mode)
-    params = HccsParams.from_yaml(path)
-    started = time.perf_counter()
-    assert cli(["build", "--board", board, "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 0
-    assert time.perf_counter() - started < 60
-    printed = capsys.readouterr().out
-    assert "Vitis compiles and runs this project; it is not run here" in printed and "`make all`" in printed
-    project = tmp_path / board / "aie"
+def check_project(project, params, printed):
+    """Every head of the generated project against the parameter file; returns the manifest's result."""
     heads, choice = read_parameters_h(project), kernel_choice(project)
     manifest = json.loads((project / "manifest.json").read_text())
     result = manifest["result"]
@@ -85,36 +80,74 @@ def test_generated_project_holds_every_heads_integers_from_the_yaml(tmp_path, ca
     for h in range(params.heads):
         got, kernel = heads[h], choice[h]
         # aie4ml may split a head's rows over several tiles (CAS_NUM kernels of ROWS rows each).
-        assert (got["rows"] * got["cas_num"], got["cols"], got["output_t"]) == (aie.DEFAULT_ROWS, params.cols,
-                                                                                "uint8_t")
+        assert (got["rows"] * got["cas_num"], got["cols"], got["output_t"]) == (
+            aie.DEFAULT_ROWS, params.cols, f"{params.out}_t")
         assert got["tiled"] == tiled and kernel["config"]["layout"] == result["layout"]
+        assert got["exp_poly"] == [aie_exp.EXP_A2, aie_exp.EXP_B1, aie_exp.EXP_C0, aie_exp.EXP_ZF]
         approximation = "exp" if params.fallback[h] else "hccs"
         assert kernel["variant_id"] == f"softmax.{approximation}.i8{'.tiled' if tiled else ''}.v1"
         assert kernel["config"]["approximation"] == approximation and got["approx_exp"] == params.fallback[h]
         if params.fallback[h]:
             assert got["B"] == got["S"] == got["Dmax"] == [0] * got["cas_num"]
-            assert 1 <= got["exp_kq"] == kernel["config"]["exp_kq"]
+            assert got["exp_kq"] == aie_exp.exp_kq_from_scale(params.scale)[h] == kernel["config"]["exp_kq"]
         else:
             n = got["cas_num"]
             assert (got["B"], got["S"], got["Dmax"]) == ([int(params.B[h])] * n, [int(params.S[h])] * n,
                                                          [int(params.dmax[h])] * n)
-            assert got["use_clb"] == (mode == "clb") == kernel["config"]["use_clb"]
+            assert got["use_clb"] == (params.mode == "clb") == kernel["config"]["use_clb"]
     assert result["aie4ml"]["version"] == importlib.metadata.version("aie4ml") == "0.2.1"
-    assert result["aie4ml"]["generation"] == GENERATIONS[board]
-    assert result["aie4ml"]["platform"] == f"xilinx_{board}_base"
     assert result["vendor_tools_run"] is False
     assert {"Makefile", "app.cpp", "aie_pipeline.json", "src/parameters.h", "data/logits.npz"} <= set(manifest["files"])
-    logits = np.load(project / "data" / "logits.npz")
-    assert sorted(logits) == [f"logits_h{h}" for h in range(params.heads)]
-    assert logits["logits_h0"].shape == (aie.ITERATIONS, aie.DEFAULT_ROWS, params.cols)
     assert sorted(p.name for p in (project / "data").glob("ifm_c*.txt"))
+    check_expected_outputs(project, heads, params)
+    return result
 
 
-def test_an_int16_file_gets_int16_kernels(tmp_path):
+@pytest.mark.parametrize("mode", ["div", "clb"])
+@pytest.mark.parametrize("board", VERSAL_BOARDS)
+def test_generated_project_holds_every_heads_integers_from_the_yaml(tmp_path, capsys, board, mode):
+    path = params_file(tmp_path, mode=mode)
+    started = time.perf_counter()
+    assert cli(["build", "--board", board, "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 0
+    assert time.perf_counter() - started < 60
+    printed = capsys.readouterr().out
+    assert "Vitis compiles and runs this project; it is not run here" in printed and "`make all`" in printed
+    result = check_project(tmp_path / board / "aie", HccsParams.from_yaml(path), printed)
+    assert result["aie4ml"]["generation"] == GENERATIONS[board]
+    assert result["aie4ml"]["platform"] == f"xilinx_{board}_base"
+
+
+def test_a_file_somatile_calibrate_writes_becomes_a_project(tmp_path, capsys):
+    path = tmp_path / "calibrated.yaml"
+    assert cli(["calibrate", "--profile", "paper", "--cols", "64", "--heads", "4", "--threshold", "0.16",
+                "-o", str(path)]) == 0
+    params = HccsParams.from_yaml(path)
+    assert params.fallback.any() and not params.fallback.all()  # both kernels in one project
+    capsys.readouterr()
+    assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 0
+    check_project(tmp_path / "vek280" / "aie", params, capsys.readouterr().out)
+
+
+def check_expected_outputs(project, heads, params):
+    """data/expected.npz against the model run with the integers read back from parameters.h."""
+    logits, expected = np.load(project / "data" / "logits.npz"), np.load(project / "data" / "expected.npz")
+    assert sorted(logits) == [f"logits_h{h}" for h in range(params.heads)]
+    for h, got in heads.items():
+        x = logits[f"logits_h{h}"]
+        assert x.shape == (aie.ITERATIONS, aie.DEFAULT_ROWS, params.cols) and x.dtype == np.int8
+        assert got["rounding"] == '"floor"' and got["saturation"] == '"saturate"'
+        if got["approx_exp"]:
+            want = aie_exp.aie_exp_softmax(x, got["exp_kq"], out=params.out)
+        else:
+            want = hccs_int(x, got["B"][0], got["S"][0], got["Dmax"][0], mode="clb" if got["use_clb"] else "div",
+                            out=params.out)
+        assert np.array_equal(expected[f"probs_h{h}"], want)
+
+
+def test_an_int16_file_gets_int16_kernels(tmp_path, capsys):
     path = params_file(tmp_path, out="int16", fallback=[False] * 4)
     assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 0
-    heads = read_parameters_h(tmp_path / "vek280" / "aie")
-    assert {h["output_t"] for h in heads.values()} == {"int16_t"}
+    check_project(tmp_path / "vek280" / "aie", HccsParams.from_yaml(path), capsys.readouterr().out)
 
 
 def test_a_row_count_the_tiled_layout_refuses_falls_back_to_linear_and_says_so(tmp_path, capsys):
@@ -177,11 +210,10 @@ def test_parameters_aie4ml_refuses_are_one_line_naming_the_head_and_rule(tmp_pat
 
 
 def test_a_fallback_scale_beyond_the_exp_kernels_range_names_the_head(tmp_path, capsys):
-    path = params_file(tmp_path, scale=[0.1, 0.05, 0.2, 0.5])
-    assert cli(["build", "--board", "vck190", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 1
+    path = params_file(tmp_path, scale=[0.5, 0.05, 0.2, 0.5])
+    assert cli(["build", "--board", "vck190", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 2
     line = one_line_error(capsys)
-    assert "not built" in line and "head 3: aie4ml cannot build the normaliser" in line
-    assert "exp Softmax needs 1 <= EXP_KQ <= 128" in line
+    assert f"{path}: scale: head 3 scale 0.5 gives KQ = 185, outside 1..128" in line
 
 
 def test_rows_neither_layout_takes_name_both_refusals(tmp_path, capsys):
