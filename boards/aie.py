@@ -232,18 +232,22 @@ def generate(cfg: BoardConfig, out_dir: Path, params_path: Path | str, rows: int
     files = sorted(p for p in out_dir.rglob("*") if p.is_file() and p.name != "manifest.json")
     record = {"board": cfg.name, "top": AIE_TOP, "kind": cfg.kind, "out": str(out_dir), "clock_mhz": cfg.clock_mhz,
               "overrides": dict(cfg.overrides), "rows": rows, "cols": params.cols, "layout": layout,
+              "hccs_lanes": cfg.hccs_lanes,
               "params": {"path": str(params_path), "sha256": hashlib.sha256(Path(params_path).read_bytes()).hexdigest(),
                          "heads": params.heads, "mode": params.mode, "out": params.out},
               "aie4ml": {"version": aie4ml_version(), "platform": platform, "generation": cfg.aie["generation"],
                          "log": chatter.strip().splitlines()},
-              "heads": kernel_rows(model, params), "inputs": str(data.relative_to(out_dir)),
+              "heads": kernel_rows(model, params), "cost": cost_rows(model, params, cfg, rows),
+              "inputs": str(data.relative_to(out_dir)),
               "generate_seconds": round(seconds, 3), "project_files": len(files),
               "project_bytes": sum(p.stat().st_size for p in files),
               "vendor_tools_run": False, "note": VITIS_NOTE}
     if tiled_refusal is not None:
         record["note"] = (f"rows={rows}: aie4ml's tiled layout refused it ({tiled_refusal}); generated with "
                           f"\"layout\": \"linear\" instead. {VITIS_NOTE}")
-    return files, record
+    report = out_dir / "report.md"
+    report.write_text(f"# AI Engine cost beside the PL tile\n\n{cost_table(record)}")
+    return [*files, report], record
 
 
 def _write_inputs(model, params: HccsParams, rows: int) -> Path:
@@ -275,3 +279,51 @@ def kernel_rows(model, params: HccsParams) -> list[dict]:
         rows.append(row)
     return rows
 
+
+def cost_rows(model, params: HccsParams, cfg: BoardConfig, rows: int) -> list[dict]:
+    """Per head, side by side for one call of ``rows`` rows: aie4ml's cycle estimate of its kernels (the one its
+    design search ranks designs by, ``aie4ml.passes.estimate.kernel_cycles``: a ranking, not a measure) at the
+    AI Engine clock, and the PL HCCS unit's exact ``expected_cycles`` at the PL clock (calibrated heads only;
+    fallback heads' exponential is not in that unit)."""
+    from aie4ml.passes.estimate import kernel_cycles
+
+    from somatile.hw.hccs import HCCSConfig, expected_cycles
+
+    unit = HCCSConfig(**{k: v for k, v in cfg.hccs_kwargs().items()})
+    out = []
+    for inst in model.context.ir.execution.instances.values():
+        h = head_of(inst.name)
+        tiles = int(inst.config.parallelism.cas_num)
+        cycles = kernel_cycles(inst, inst.variant.work(inst.node, inst.config), model.context.device)
+        row = {"head": h, "kernel": inst.variant.variant_id, "aie_tiles": tiles, "aie_cycles": cycles,
+               "aie_cycles_per_row": round(cycles / rows, 1),
+               "aie_elements_per_cycle_per_tile": round(rows * params.cols / cycles / tiles, 3),
+               "aie_ns_per_row": round(cycles / rows * 1e3 / cfg.aie["clock_mhz"], 1),
+               "pl_cycles": None, "pl_cycles_per_row": None, "pl_elements_per_cycle": None, "pl_ns_per_row": None}
+        if not params.fallback[h] and params.cols <= unit.n_max:
+            pl = expected_cycles(unit, rows, params.cols, mode=params.mode, out=params.out)
+            row.update(pl_cycles=pl, pl_cycles_per_row=round(pl / rows, 1),
+                       pl_elements_per_cycle=round(rows * params.cols / pl, 3),
+                       pl_ns_per_row=round(pl / rows * 1e3 / cfg.clock_mhz, 1))
+        out.append(row)
+    return out
+
+
+COST_COLUMNS = (("head", "head"), ("kernel", "aie4ml kernel"), ("aie_tiles", "AIE tiles"),
+                ("aie_cycles", "AIE cycles/call (estimate)"), ("aie_cycles_per_row", "AIE cycles/row"),
+                ("aie_elements_per_cycle_per_tile", "AIE elements/cycle/tile"), ("aie_ns_per_row", "AIE ns/row"),
+                ("pl_cycles", "PL HCCS cycles/call"), ("pl_cycles_per_row", "PL cycles/row"),
+                ("pl_elements_per_cycle", "PL elements/cycle"), ("pl_ns_per_row", "PL ns/row"))
+
+
+def cost_table(record: dict) -> str:
+    """The record's cost rows as markdown, with what the columns mean."""
+    lines = [f"{record['board']}, {record['params']['heads']} heads, rows={record['rows']}, cols={record['cols']}, "
+             f"{record['layout']} layout, mode {record['params']['mode']}: aie4ml's estimate at the AI Engine "
+             f"clock, the PL HCCS unit (hw/hccs.py expected_cycles, {record['hccs_lanes']} lanes) at the PL "
+             f"clock ({record['clock_mhz']:g} MHz); the PL unit has no exponential, so fallback heads have no PL "
+             f"figure.", "",
+             "| " + " | ".join(title for _, title in COST_COLUMNS) + " |", "|---" * len(COST_COLUMNS) + "|"]
+    for row in record["cost"]:
+        lines.append("| " + " | ".join("" if row[k] is None else str(row[k]) for k, _ in COST_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"

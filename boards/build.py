@@ -652,6 +652,11 @@ def markdown_table(records: list[dict]) -> str:
         source = (_record_source_hash(r) or "")[:8]
         lines.append(f"| {r['board']} | {r['top']} | {overrides} | {status} | " + " | ".join(cells)
                      + f" | {source} |")
+    costed = [r for r in records if r["top"] == AIE_TOP and r.get("cost")]
+    if costed:
+        lines += ["", "AI Engine cost beside the PL tile (aie top: aie4ml's estimate, a ranking rather than a "
+                  "measure; the PL HCCS unit's exact cycle count):", ""]
+        lines += [aie.cost_table(r) for r in costed]
     if missed:
         lines += ["", "Critical paths where the clock target is missed:", ""]
         for r, cp, late in missed:

@@ -224,3 +224,24 @@ def test_rows_neither_layout_takes_name_both_refusals(tmp_path, capsys):
     assert "aie4ml cannot build the normaliser for rows=6: the tiled layout refused it (" in line
     assert "4-row microtile bands" in line and "the linear layout too: " in line
     assert "softmax axis length 48 must be a multiple of vec_size=32" in line
+
+
+def test_cost_rows_put_aie4mls_estimate_beside_the_pl_unit_in_the_reports(tmp_path):
+    path = params_file(tmp_path, mode="clb", fallback=[False, False, True, True])
+    report = tmp_path / "summary.md"
+    assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--out", str(tmp_path),
+                "--report", str(report)]) == 0
+    project = tmp_path / "vek280" / "aie"
+    cost = json.loads((project / "manifest.json").read_text())["result"]["cost"]
+    assert [row["head"] for row in cost] == [0, 1, 2, 3]
+    for row in cost:
+        assert row["aie_cycles_per_row"] == round(row["aie_cycles"] / aie.DEFAULT_ROWS, 1)
+        assert (row["pl_cycles"] is None) == (row["head"] >= 2)  # the PL HCCS unit has no exponential
+    # aie4ml's source gives 545 cycles measured for a 16x64 int8 CLB HCCS call on one AIE-ML tile.
+    hccs = [row for row in cost if row["kernel"] == "softmax.hccs.i8.tiled.v1" and row["aie_tiles"] == 1]
+    assert hccs and all(abs(row["aie_cycles"] - 545) <= 0.1 * 545 for row in hccs)
+    assert all(row["pl_cycles"] > 0 and row["pl_elements_per_cycle"] <= boards.load("vek280").hccs_lanes
+               for row in cost[:2])
+    for text in ((project / "report.md").read_text(), report.read_text()):
+        assert "| head | aie4ml kernel | AIE tiles |" in text
+        assert all(f"| {h} | softmax." in text for h in range(4))
