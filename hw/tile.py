@@ -36,8 +36,8 @@ from somatile.hw.pipe import (Replicated, block_ram, delay, lut_mul, lut_mul_pip
                               split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
+from somatile.hw.hccs_rules import LATENCY as HCCS_RULES_LATENCY, HccsRules
 from somatile.hw.tile_regs import OK_LATENCY, VALUE_LATENCY, RegisterReader
-from somatile.model import hccs
 
 
 def log2(value: int) -> int:
@@ -53,9 +53,8 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
-RULES_LATENCY = 5
-"""Cycles of the HCCS parameter rules (hccs.check_params) in the command layer: S Dmax (2), the floor, the
-masses, their comparisons."""
+RULES_LATENCY = HCCS_RULES_LATENCY
+"""Cycles of the HCCS parameter rules (hccs.check_params, hw/hccs_rules.py) in the command layer."""
 PARAM_INDEX_COPIES = 4  # copies of a head index that selects the head parameters (Tile.copied_fields)
 CHECK_SETTLE = 7
 """Cycles between a header's last beat and CHECK: the header's checks are a pipeline of that depth (head
@@ -223,20 +222,13 @@ class Tile(wiring.Component):
                          (hccs_bytes > regmap.staging_bytes(p)))
 
         def hccs_rules_ok(B, S, dmax, cols, name):
-            """hccs.check_params' rules for (B, S, Dmax) over ``cols`` columns, registered in RULES_LATENCY
-            steps: S Dmax (two 8-bit operands, in the fabric in two steps: through a DSP block's row it was 11
-            ns, in one step 10.4-11.1); the floor B - S Dmax; the two masses; their comparisons. S and Dmax are
-            used on 8 bits (head registers hold checked values; a CONFIGURE_HEAD block's range checks run
-            beside these)."""
-            product = lut_mul_pipelined(m, S[:8], dmax[:8], f"{name}_s_dmax", unsigned(16))
-            floor = reg(m, delay(m, B, 2).as_signed() - product, f"{name}_floor", signed(18))
-            cols, B = (c if isinstance(c, int) else delay(m, c, 3) for c in (cols, B))
-            floor_mass = reg(m, cols * floor, f"{name}_floor_mass", signed(36))
-            row_mass = reg(m, cols * B, f"{name}_row_mass", unsigned(34))
-            # Each comparison in a register of its own, their AND after (in the check's priority or config_ok):
-            # behind the floor mass's multiplier the comparison and the AND do not fit a cycle.
-            checks = Cat(delay(m, floor >= 0, 1), floor_mass >= hccs.MIN_FLOOR_MASS, row_mass <= hccs.MAX_ROW_MASS)
-            return reg(m, checks, name).all()
+            """hccs.check_params' rules (hw/hccs_rules.py), RULES_LATENCY cycles behind its inputs."""
+            m.submodules[name] = rules = HccsRules(B.shape(), S.shape(), dmax.shape(),
+                                                   cols if isinstance(cols, int) else None)
+            m.d.comb += [rules.B.eq(B), rules.S.eq(S), rules.dmax.eq(dmax)]
+            if not isinstance(cols, int):
+                m.d.comb += rules.cols.eq(cols)
+            return rules.ok
 
         def head_field(h_index, name):
             """Parameter ``name`` of head ``h_index``, selected by the index bits a valid head uses (a head
