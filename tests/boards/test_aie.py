@@ -245,3 +245,34 @@ def test_cost_rows_put_aie4mls_estimate_beside_the_pl_unit_in_the_reports(tmp_pa
     for text in ((project / "report.md").read_text(), report.read_text()):
         assert "| head | aie4ml kernel | AIE tiles |" in text
         assert all(f"| {h} | softmax." in text for h in range(4))
+
+
+@pytest.mark.parametrize("board", VERSAL_BOARDS)
+def test_the_processing_system_firmware_cross_builds_for_the_cortex_r5f(tmp_path, board):
+    """make -C firmware versal: the core with hal/versal/ for the RPU, warnings as errors (the Makefile's WARN),
+    an ARM hard-float image whose sections land in the ATCM, the BTCM and the on-chip memory."""
+    import shutil
+    import subprocess
+
+    assert shutil.which("arm-none-eabi-gcc"), ("Debian's gcc-arm-none-eabi and libnewlib-arm-none-eabi build the "
+                                               "Versal firmware: apt-get install gcc-arm-none-eabi "
+                                               "libnewlib-arm-none-eabi (.ci/run does)")
+    from somatile.boards.soc import FIRMWARE_DIR
+
+    build = tmp_path / "fw"
+    subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), "versal", f"BOARD={board}", f"BUILD={build}"], check=True,
+                   capture_output=True, text=True)
+    elf = build / "versal" / "firmware.elf"
+    header = subprocess.run(["arm-none-eabi-readelf", "-h", str(elf)], check=True, capture_output=True,
+                            text=True).stdout
+    assert "Machine:                           ARM" in header and "hard-float ABI" in header
+    sections = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in
+                re.finditer(r"^(\.\w+)\s+(\d+)\s+(\d+)$", (build / "versal" / "size.txt").read_text(), re.M)}
+    regions = {".vectors": (0, 64 << 10), ".text": (0, 64 << 10), ".rodata": (0, 64 << 10),
+               ".bss": (0x20000, 0x30000), ".dma": (0xFFFC0000, 0xFFFF0000)}
+    for name, (lo, hi) in regions.items():
+        size, address = sections[name]
+        assert lo <= address and address + size <= hi, f"{name} at {address:#x}+{size} outside {lo:#x}..{hi:#x}"
+    assert sections[".vectors"][1] == 0 and sections[".text"][0] > 1000
+    print(f"{board}: Cortex-R5F firmware {sum(sections[s][0] for s in ('.vectors', '.text', '.rodata'))} B code, "
+          f"{sections['.bss'][0]} B data, {sections['.dma'][0]} B DMA buffers")
