@@ -9,6 +9,10 @@ Every value is checked against :data:`SCHEMA`; a bad file raises :class:`BoardEr
 key, the value and what was expected. The same check applies to command-line overrides
 (``somatile build --set lanes=16``), so a parameter is never accepted on one path and rejected on another.
 
+The tile parameters (``lanes``, ``ring``, ...) are declared once, in ``hw/tile_params.py``: their schema
+entries here are generated from that declaration, and a board holds them as one
+:class:`~somatile.hw.tile_params.TileParams` (``cfg.tile``; ``cfg.lanes`` reads ``cfg.tile.lanes``).
+
 Parameters flow one way (STYLE rule 4): the RTL takes :meth:`BoardConfig.array_kwargs` /
 :meth:`BoardConfig.hccs_kwargs`, the firmware header and the host ``info()`` read the same object.
 """
@@ -25,6 +29,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from somatile.hw.tile_params import TILE_PARAMS, TILE_PROFILES, TileParam, TileParamError, TileParams
 from somatile.model.files import load_yaml  # noqa: F401  (the board loader and --set read YAML with it)
 
 BOARDS_DIR = Path(__file__).resolve().parent
@@ -101,29 +106,15 @@ class Param:
     doc: str
 
 
-def _tile_profiles() -> tuple[str, ...]:
-    from somatile.hw.regmap import TILE_PROFILES
-    return TILE_PROFILES
-
-
-# Top-level parameters. Every board has all of them (base.yaml gives defaults).
+# Top-level parameters. Every board has all of them (base.yaml gives defaults); the tile's come from their
+# declaration in hw/tile_params.py.
 SCHEMA: dict[str, Param] = {
     "description": Param(str, _one_line, "one line about the board"),
     "kind": Param(str, _one_of(*KINDS), "sim: simulation only; fpga: open toolchain P&R; versal: Vivado project"),
     "clock_mhz": Param(float, _positive, "clock target of the tile logic (MHz)"),
-    "lanes": Param(int, _power_of_two(1, 256), "int8 multiply-accumulates per cycle in the tile"),
-    "hccs_lanes": Param(int, _one_of(1, 4, 8, 16, 32), "int8 lanes per beat of the HCCS normaliser"),
-    "hccs_out": Param(str, _one_of("uint8", "int16"), "HCCS output element type"),
-    "stream_width": Param(int, _one_of(32, 64, 128), "AXI4-Stream data width of a tile port (bits)"),
-    "local_memory_bytes": Param(int, _power_of_two(1024, 1 << 20), "data memory per tile (bytes)"),
-    "n_tiles": Param(int, _int_range(1, 512), "tiles in the array"),
-    "heads": Param(int, _int_range(1, 64), "attention heads mapped to one tile"),
-    "head_dim": Param(int, _int_range(1, 1024), "elements per head vector"),
-    "n_max": Param(int, _int_range(1, 65536), "longest HCCS row held on chip (elements)"),
-    "ring": Param(int, _int_range(1, 4096), "ring KV buffer entries per head"),
-    "sinks": Param(int, _int_range(0, 64), "attention-sink entries per head kept beside the ring"),
-    "profile": Param(str, lambda v: None if v in _tile_profiles() else
-                     f"one of {', '.join(_tile_profiles())} (the integer profiles the tile RTL implements; "
+    **{name: Param(p.type, p.problem, p.doc) for name, p in TILE_PARAMS.items()},
+    "profile": Param(str, lambda v: None if v in TILE_PROFILES else
+                     f"one of {', '.join(TILE_PROFILES)} (the integer profiles the tile RTL implements; "
                      f"docs/numerics.md)",
                      "integer profile of docs/numerics.md that the tile RTL implements"),
 }
@@ -196,9 +187,8 @@ SOC_SCHEMA: dict[str, Param] = {
                              "board's clock) before it reports TILE_TIMEOUT"),
 }
 
-# The parameters of one tile, named as the RTL names them (somatile.hw.regmap.TileParams).
-TILE_KEYS = ("lanes", "stream_width", "local_memory_bytes", "heads", "ring", "sinks", "head_dim", "n_max",
-             "hccs_lanes", "hccs_out", "n_tiles")
+# The parameters of one tile, named as the RTL names them (the fields of TileParams).
+TILE_KEYS = tuple(TILE_PARAMS)
 
 _SECTIONS: dict[str, tuple[str, dict[str, Param]]] = {"fpga": ("fpga", FPGA_SCHEMA), "versal": ("aie", AIE_SCHEMA)}
 _META_KEYS = ("extends", "abstract")
@@ -219,12 +209,23 @@ def _coerce(where: str, key: str, value: Any, param: Param) -> Any:
     return typed
 
 
+def _tile(where: str, values: Mapping[str, Any]) -> TileParams:
+    """The tile of a board; a rule between tile parameters that the values break is a BoardError."""
+    try:
+        return TileParams(**values)
+    except TileParamError as exc:
+        raise BoardError(f"{where}: key '{exc.name}': got {exc.value!r}, expected {exc.expected} "
+                         f"(rule of the tile RTL, somatile.hw.tile_params.TileParams)") from None
+
+
 @dataclass(frozen=True)
 class BoardConfig:
-    """A validated board: every field of :data:`SCHEMA` plus the kind's section.
+    """A validated board: every key of :data:`SCHEMA` plus the kind's section.
 
-    Frozen; derive variants with :meth:`with_overrides`, which validates like the YAML does.
-    ``source`` is the board file, ``chain`` the files merged into it (base first).
+    The tile parameters are one :class:`TileParams`, ``tile``; each can also be read as an attribute of the
+    board (``cfg.lanes`` is ``cfg.tile.lanes``). Frozen; derive variants with :meth:`with_overrides`, which
+    validates like the YAML does. ``source`` is the board file, ``chain`` the files merged into it (base
+    first).
     """
     name: str
     source: Path
@@ -232,17 +233,7 @@ class BoardConfig:
     description: str
     kind: str
     clock_mhz: float
-    lanes: int
-    hccs_lanes: int
-    hccs_out: str
-    stream_width: int
-    local_memory_bytes: int
-    n_tiles: int
-    heads: int
-    head_dim: int
-    n_max: int
-    ring: int
-    sinks: int
+    tile: TileParams
     profile: str
     fpga: Mapping[str, Any] | None = None
     aie: Mapping[str, Any] | None = None
@@ -255,8 +246,8 @@ class BoardConfig:
         return self.n_tiles * self.heads
 
     def array_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the tile array and of one tile (``somatile.hw.regmap.TileParams``)."""
-        return {k: getattr(self, k) for k in TILE_KEYS}
+        """Keyword arguments of the tile array and of one tile (the fields of :attr:`tile`)."""
+        return dataclasses.asdict(self.tile)
 
     def hccs_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the standalone HCCS unit (``hw/hccs.py``)."""
@@ -283,8 +274,11 @@ class BoardConfig:
                 raise BoardError(f"{origin} {key}={value!r}: unknown or fixed parameter '{key}'; "
                                  f"expected one of: {allowed}")
             changes[key] = _coerce(f"{origin} {key}={value!r} (board {self.name})", key, value, SCHEMA[key])
-        new = dataclasses.replace(self, **changes, overrides=MappingProxyType({**self.overrides, **changes}))
-        _check_consistency(new, f"{origin} on board {self.name}")
+        where = f"{origin} on board {self.name}"
+        tile = _tile(where, {**self.array_kwargs(), **{k: v for k, v in changes.items() if k in TILE_PARAMS}})
+        new = dataclasses.replace(self, **{k: v for k, v in changes.items() if k not in TILE_PARAMS}, tile=tile,
+                                  overrides=MappingProxyType({**self.overrides, **changes}))
+        _check_consistency(new, where)
         return new
 
     def with_soc(self, changes: Mapping[str, Any], origin: str = "soc override") -> "BoardConfig":
@@ -293,6 +287,15 @@ class BoardConfig:
             raise BoardError(f"{origin} on board {self.name}: the board has no soc section")
         soc = _check_section(f"{origin} on board {self.name}", "soc", {**self.soc, **changes}, SOC_SCHEMA)
         return dataclasses.replace(self, soc=soc)
+
+
+def _tile_attribute(param: TileParam) -> property:
+    return property(lambda cfg: getattr(cfg.tile, param.name), doc=param.doc)
+
+
+# cfg.lanes, cfg.ring, ...: each tile parameter read through the board.
+for _param in TILE_PARAMS.values():
+    setattr(BoardConfig, _param.name, _tile_attribute(_param))
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
@@ -378,19 +381,10 @@ def _check_section(where: str, section: str, raw: Any, schema: dict[str, Param])
 
 
 def _check_consistency(cfg: BoardConfig, where: str) -> None:
-    """Relations between parameters that no single key can check.
-
-    The tile's own rules (head_dim a multiple of lanes, n_max covering ring + sinks + 1, ...) live in
-    ``TileParams`` beside the RTL; they are applied here so a bad board fails at load time, not mid-build.
+    """Relations between parameters that no single key can check, beyond the tile's own rules (head_dim a
+    multiple of the memory word, n_max covering ring + sinks: ``TileParams``, applied when the board's tile
+    is made, so a bad board fails at load time, not mid-build).
     """
-    from somatile.hw.regmap import TileParams
-
-    try:
-        TileParams(**cfg.array_kwargs())
-    except ValueError as exc:
-        key = str(exc).partition("TileParams.")[2].partition(" ")[0] or "tile"
-        raise BoardError(f"{where}: key '{key}': {str(exc).partition(': ')[2] or exc} "
-                         f"(rule of the tile RTL, somatile.hw.regmap.TileParams)") from exc
     if cfg.fpga is not None and cfg.fpga["dsp_registers"] == "packed" and cfg.fpga["family"] != "ecp5":
         raise BoardError(f"{where}: key 'fpga.dsp_registers': got 'packed', expected 'fabric' for family "
                          f"{cfg.fpga['family']!r} (register packing handles the ECP5 MULT18X18D only)")
@@ -438,7 +432,8 @@ def load(name_or_path: str | Path = DEFAULT_BOARD, overrides: Mapping[str, Any] 
     elif "soc" in data:
         raise BoardError(f"{where}: key 'soc': only boards of kind {' or '.join(SOC_KINDS)} have an SoC "
                          f"(this board is kind '{values['kind']}')")
-    cfg = BoardConfig(name=path.stem, source=path, chain=chain, **values, **sections)
+    tile = _tile(where, {k: values.pop(k) for k in TILE_KEYS})
+    cfg = BoardConfig(name=path.stem, source=path, chain=chain, tile=tile, **values, **sections)
     _check_consistency(cfg, where)
     if overrides:
         cfg = cfg.with_overrides(overrides)

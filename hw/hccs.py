@@ -69,12 +69,12 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from somatile.hw.pipe import Replicated, lut_mul_pairs, reduce_levels, reduce_tree, reg
+# The unit accepts the lane counts and output types a board may give the tile: one value set for both.
+from somatile.hw.tile_params import HCCS_LANES, HCCS_OUT_TYPES
 from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
                                  MODE_CODES, OUT_CODES, OUT_INT16, OUT_UINT8, PRODUCT_BITS, S_MAX, UINT8_MAX,
                                  UINT8_NUMERATOR)
 
-LANE_CHOICES = (1, 4, 8, 16, 32)
-OUT_TYPES = ("uint8", "int16")
 BANKS = 4
 NORMALISE_PIPELINE = 12
 """Cycles from a normalise-stage memory read to its beat being taken from ``o`` (read, read register,
@@ -101,14 +101,14 @@ class HCCSConfig:
     div_bits: int = 2
 
     def __post_init__(self):
-        if self.lanes not in LANE_CHOICES:
-            raise ValueError(f"lanes: expected one of {LANE_CHOICES}, got {self.lanes!r}")
+        if self.lanes not in HCCS_LANES:
+            raise ValueError(f"lanes: expected one of {HCCS_LANES}, got {self.lanes!r}")
         if not (isinstance(self.heads, int) and 1 <= self.heads <= 256):
             raise ValueError(f"heads: expected an integer from 1 to 256, got {self.heads!r}")
         if not (isinstance(self.n_max, int) and self.n_max >= self.lanes and self.n_max % self.lanes == 0):
             raise ValueError(f"n_max: expected a positive multiple of lanes ({self.lanes}), got {self.n_max!r}")
-        if self.out_type not in OUT_TYPES:
-            raise ValueError(f"out_type: expected one of {OUT_TYPES}, got {self.out_type!r}")
+        if self.out_type not in HCCS_OUT_TYPES:
+            raise ValueError(f"out_type: expected one of {HCCS_OUT_TYPES}, got {self.out_type!r}")
         if self.div_bits not in (1, 2, 3, 4, 6, 8):
             raise ValueError(f"div_bits: expected 1, 2, 3, 4, 6 or 8 quotient bits per cycle, got {self.div_bits!r}")
 

@@ -1,9 +1,10 @@
 """The tile's register map and command layer: the one source for the RTL, the golden tile model, the
 firmware header and the host driver.
 
-Everything here is derived from a :class:`TileParams` (the elaboration parameters of one tile) and from the
-integer model's constants; nothing is declared twice. ``somatile regmap --out DIR [--board NAME]`` writes
-the C header (``somatile_regmap.h``) and JSON (``somatile_regmap.json``) that the firmware and host use.
+Everything here is derived from a :class:`TileParams` (the elaboration parameters of one tile, declared in
+``hw/tile_params.py``) and from the integer model's constants; nothing is declared twice. ``somatile regmap
+--out DIR [--board NAME]`` writes the C header (``somatile_regmap.h``) and JSON (``somatile_regmap.json``)
+that the firmware and host use, for the tile of a board (default ``sim``).
 
 Command layer (on the tile's AXI4-Stream ports)
 -----------------------------------------------
@@ -70,18 +71,14 @@ from pathlib import Path
 
 import numpy as np
 
+# TILE_PROFILES is re-exported: the host's tile driver checks a configuration's profile beside the command layer.
+from somatile.hw.tile_params import FRAME_GRANULE, TILE_PARAMS, TILE_PROFILES, TileParams  # noqa: F401
+
 API_LEVEL = 1
 FRAME_MAGIC = 0xA5
 HEADER_BYTES = 16
-# Payloads are padded to 16 bytes so that every supported stream width (4, 8, 16 bytes) sees whole beats.
-FRAME_GRANULE = 16
 REGISTER_BYTES = 4
 ID_VALUE = 0x534F4D54  # "SOMT"
-STREAM_WIDTHS = (32, 64, 128)
-TILE_PROFILES = ("paper",)
-"""The integer profiles of docs/numerics.md that the tile RTL (and with it the firmware, emu:// and Metal)
-implements: the paper profile; the wide profile follows in the backends issue. A board states its profile
-(boards/*.yaml ``profile``) and the device API refuses parameters of any other."""
 
 
 class Opcode(enum.IntEnum):
@@ -121,80 +118,6 @@ ERROR_TEXT = {
 
 
 @dataclasses.dataclass(frozen=True)
-class TileParams:
-    """Elaboration parameters of one tile (and of the array: ``n_tiles``).
-
-    The field names are those of ``BoardConfig.array_kwargs()`` (boards/config.py). lanes: int8
-    multiply-accumulates per cycle. stream_width: AXI4-Stream tdata bits (32, 64, 128). local_memory_bytes:
-    the data memory that holds the state of the tile's heads and the staging area of one command.
-    heads: heads mapped to each tile. ring, sinks, head_dim: the Soma state shape per head. n_max: the
-    longest HCCS row. hccs_lanes, hccs_out: lanes and output type of the HCCS normaliser unit.
-    n_tiles: tiles in the array (1 for a lone tile).
-    """
-
-    lanes: int = 8
-    stream_width: int = 32
-    local_memory_bytes: int = 32 * 1024
-    heads: int = 2
-    ring: int = 32
-    sinks: int = 4
-    head_dim: int = 32
-    n_max: int = 64
-    hccs_lanes: int = 8
-    hccs_out: str = "uint8"
-    n_tiles: int = 1
-
-    def __post_init__(self) -> None:
-        def need(ok: bool, field: str, expected: str) -> None:
-            if not ok:
-                raise ValueError(f"TileParams.{field} = {getattr(self, field)!r}: expected {expected}")
-
-        need(self.stream_width in STREAM_WIDTHS, "stream_width", f"one of {STREAM_WIDTHS}")
-        need(self.lanes >= 1 and self.lanes & (self.lanes - 1) == 0 and self.lanes <= 256, "lanes",
-             "a power of two from 1 to 256")
-        need(self.hccs_lanes in (1, 4, 8, 16, 32), "hccs_lanes", "one of 1, 4, 8, 16, 32")
-        need(self.hccs_out in ("uint8", "int16"), "hccs_out", "'uint8' or 'int16'")
-        need(1 <= self.heads <= 255, "heads", "1..255 (the command header carries the head in one byte)")
-        need(self.ring >= 1, "ring", ">= 1")
-        need(0 <= self.sinks, "sinks", ">= 0")
-        need(self.head_dim >= FRAME_GRANULE and self.head_dim % FRAME_GRANULE == 0, "head_dim",
-             f"a multiple of {FRAME_GRANULE} (whole payload granules)")
-        word = self.word_bytes
-        need(self.head_dim % word == 0 and word & (word - 1) == 0, "head_dim",
-             f"a multiple of the local-memory word max(16, min(lanes, head_dim)) = {word} bytes, which must be "
-             f"a power of two (one MAC operand vector per word)")
-        need(self.n_max >= self.ring + self.sinks, "n_max",
-             f">= ring + sinks = {self.ring + self.sinks} (a decode row of every slot goes through the normaliser)")
-        need(self.n_tiles >= 1, "n_tiles", ">= 1")
-        need(self.local_memory_bytes > 0, "local_memory_bytes", "> 0")
-
-    @property
-    def stream_bytes(self) -> int:
-        return self.stream_width // 8
-
-    @property
-    def mac_lanes(self) -> int:
-        """MACs the decode unit uses per cycle: ``lanes``, but at most one head vector (the MAC array of an
-        AI Engine tile is wider than a 64-element head; the lanes beyond head_dim would idle)."""
-        return min(self.lanes, self.head_dim)
-
-    @property
-    def word_bytes(self) -> int:
-        """Width of one local-memory word: one MAC operand vector, and never narrower than a granule."""
-        return max(FRAME_GRANULE, self.mac_lanes)
-
-    @property
-    def slots(self) -> int:
-        """Key/value slots per head: the sinks then the ring."""
-        return self.sinks + self.ring
-
-    @classmethod
-    def from_board(cls, board) -> "TileParams":
-        """The tile parameters of a board config (``somatile.boards.load``), via its ``array_kwargs()``."""
-        return cls(**board.array_kwargs())
-
-
-@dataclasses.dataclass(frozen=True)
 class Register:
     name: str
     address: int
@@ -215,10 +138,10 @@ GLOBAL_REGISTERS: tuple[tuple[str, str, str], ...] = (
     ("SCRATCH", "rw", "free for the host (link tests); the only register REG_WRITE accepts"),
 )
 
-# The capacity registers are the TileParams fields plus the derived state size; read-only.
-INFO_FIELDS: tuple[str, ...] = ("lanes", "stream_width", "local_memory_bytes", "heads", "ring", "sinks",
-                                "head_dim", "n_max", "hccs_lanes", "hccs_out", "n_tiles", "tile_index",
-                                "state_bytes", "staging_bytes")
+# The capacity registers (read-only): the tile parameters that INFO reports, then the tile's index in the
+# array and the derived sizes.
+INFO_FIELDS: tuple[str, ...] = (*(name for name, p in TILE_PARAMS.items() if p.info),
+                                "tile_index", "state_bytes", "staging_bytes")
 
 
 def info_values(params: TileParams, tile_index: int = 0) -> list[int]:
@@ -228,6 +151,8 @@ def info_values(params: TileParams, tile_index: int = 0) -> list[int]:
     derived = {"tile_index": tile_index, "state_bytes": state_bytes(params), "staging_bytes": staging_bytes(params),
                "hccs_out": hccs.OUT_CODES[params.hccs_out]}
     return [int(derived[f]) if f in derived else int(getattr(params, f)) for f in INFO_FIELDS]
+
+
 INFO_BASE = 0x040
 HEAD_BASE = 0x100
 HEAD_STRIDE = 0x80
@@ -465,21 +390,20 @@ def write(out_dir: str | Path, params: TileParams) -> list[Path]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from somatile import boards
+
     parser.add_argument("--out", required=True, help="folder for somatile_regmap.h and somatile_regmap.json")
-    parser.add_argument("--board", default=None,
-                        help="board name or YAML path whose tile parameters to use (default: TileParams())")
+    parser.add_argument("--board", default=boards.DEFAULT_BOARD,
+                        help=f"board name or YAML path whose tile the map describes (default: {boards.DEFAULT_BOARD})")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.board is None:
-        params = TileParams()
-    else:
-        from somatile import boards
+    from somatile import boards
 
-        try:
-            params = TileParams.from_board(boards.load(args.board))
-        except ValueError as exc:
-            raise SystemExit(f"somatile regmap: {exc}") from None
+    try:
+        params = boards.load(args.board or boards.DEFAULT_BOARD).tile
+    except ValueError as exc:
+        raise SystemExit(f"somatile regmap: {exc}") from None
     for path in write(args.out, params):
         print(path)
     return 0

@@ -1,5 +1,6 @@
 """The register map, its exports and the golden tile model (no simulator needed)."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -10,13 +11,15 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
+import somatile.boards as boards
 from somatile.hw import regmap, tile_model
 from somatile.hw.regmap import ErrorCode, Opcode, TileParams
 from somatile.model import hccs, soma
 from somatile.sim import run_soma
 
-PARAMS = TileParams(lanes=8, stream_width=32, local_memory_bytes=8192, heads=2, ring=8, sinks=2, head_dim=16,
-                    n_max=32)
+# The default board's tile, made small for quick tests.
+PARAMS = boards.load(boards.DEFAULT_BOARD, {"local_memory_bytes": 8192, "ring": 8, "sinks": 2, "head_dim": 16,
+                                            "n_max": 32}).tile
 
 
 def answer(model, frame):
@@ -62,6 +65,7 @@ def test_exports_agree_and_the_header_compiles(tmp_path):
     header = (tmp_path / "somatile_regmap.h").read_text()
     assert data["api_level"] == regmap.API_LEVEL
     assert data["state_bytes"] == regmap.state_bytes(TileParams())
+    assert data["params"] == dataclasses.asdict(boards.load(boards.DEFAULT_BOARD).tile)  # a board's tile
     for reg in data["registers"]:
         if not reg["name"].startswith("HEAD"):
             assert f"#define SOMATILE_REG_{reg['name']} 0x{reg['address']:03X}u" in header
