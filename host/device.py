@@ -63,6 +63,10 @@ class ProtocolError(RuntimeError):
 class DeviceInfo:
     """What a device reports about itself.
 
+    A field named after a tile parameter carries that parameter, except ``heads``, which counts the heads of
+    the whole device (per tile times tiles); ``hw/tile_params.py`` declares each parameter and where this
+    class reports it (``tests/hw/test_tile_params.py`` checks that they agree).
+
     ``capacity`` is the largest number of int8 elements one HCCS command may carry (the host chunks larger
     tensors); ``max_payload`` the largest wire-frame payload in bytes (0 where there is no wire).
     """
