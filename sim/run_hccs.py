@@ -1,10 +1,17 @@
 """Run the HCCS unit in RTL simulation on int8 logits and check it against the model: library and CLI.
 
 ``somatile sim hccs --vectors FILE.npz [--lanes L] [--mode div|clb] [--out uint8|int16] [--waves]``
+``somatile sim hccs --random ROWS [--cols N] [--heads H] [--chunk C] [--jobs J | --cluster ADDRESS] [--seed S]``
 FILE holds ``x`` int8 (H, R, N), ``B``, ``S``, ``dmax`` integers (H,) and optionally ``mask`` bool (H, R, N)
 (True = the element takes part). Row r of head h enters the unit as head h, heads one after another, back
 to back. The command prints the rows that differ from ``hccs_int`` and the measured against the expected
 cycle count, and exits 1 on any mismatch or framing error (2 on a bad file).
+
+``--random`` is the long regression: ROWS seeded rows (:func:`regression_rows`: uniform, peaked, constant,
+extreme and padded rows) in chunks of C, each chunk one simulation, run through the job layer
+(``somatile.eval.jobs``: in process, ``--jobs`` processes, or a Dask scheduler); every chunk checks its
+rows against the model and its cycles against ``expected_cycles``. The summary is the same however the
+chunks ran.
 
 :func:`simulate` is the one code path behind the command, the tests, the benchmark and :func:`demo`.
 """
@@ -140,9 +147,86 @@ def report(run: HCCSRun, expected_cycles: int, rows: int, *, shown: int = 10, fi
     return 0 if run.ok else 1
 
 
+def regression_rows(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` int8 rows of ``cols`` and their masks: a fifth each uniform, peaked (one large value over a
+    low background), constant, at the int8 extremes, and uniform with a padded tail (the mask's False)."""
+    kind = rng.integers(0, 5, rows)
+    x = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+    peaked = kind == 1
+    x[peaked] = rng.integers(-128, -96, (int(peaked.sum()), cols)).astype(np.int8)
+    x[peaked, rng.integers(0, cols, int(peaked.sum()))] = 127
+    constant = kind == 2
+    x[constant] = rng.integers(-128, 128, (int(constant.sum()), 1)).astype(np.int8)
+    extreme = kind == 3
+    x[extreme] = rng.choice(np.array([-128, 127], np.int8), (int(extreme.sum()), cols))
+    mask = np.ones((rows, cols), bool)
+    padded = np.flatnonzero(kind == 4)
+    for r, keep in zip(padded, rng.integers(1, cols + 1, len(padded))):
+        mask[r, keep:] = False
+    return x, mask
+
+
+def regression_job(job: dict) -> dict:
+    """One chunk of ``--random`` (a job of somatile.eval.jobs, in any process): its rows made from its seed,
+    simulated and checked; returns counts only (the rows are remade where needed from the seed)."""
+    from somatile.hw.hccs import HCCSConfig, expected_cycles
+
+    rng = np.random.default_rng(job["seed"])
+    heads, cols = job["heads"], job["cols"]
+    x, mask = regression_rows(rng, job["rows"], cols)
+    head_of_row = np.arange(job["rows"]) % heads
+    unit = {"lanes": job["lanes"], "heads": heads, "n_max": -(-cols // job["lanes"]) * job["lanes"],
+            "out_type": job["out"]}
+    run = simulate(x, head_of_row, job["B"], job["S"], job["dmax"], modes=[job["mode"]] * heads,
+                   outs=[job["out"]] * heads, mask=mask, unit=unit)
+    return {"rows": job["rows"], "mismatches": len(run.mismatches), "framing": len(run.framing_errors),
+            "first": (run.mismatches + run.framing_errors)[:3], "cycles": run.cycles,
+            "expected_cycles": expected_cycles(HCCSConfig(**unit), job["rows"], cols, mode=job["mode"],
+                                               out=job["out"]), "seconds": run.wall_seconds,
+            "loop_seconds": run.loop_seconds}
+
+
+def regression(rows: int, *, cols: int = 256, heads: int = 2, lanes: int = 8, mode: str = "div",
+               out: str = "uint8", chunk: int = 20000, seed: int = 0, n_jobs: int | None = 1,
+               cluster: str | None = None) -> dict:
+    """``rows`` seeded rows through the HCCS unit in chunks (see the module docstring); returns the totals and
+    the per-chunk results in chunk order. The per-head parameters are calibrated once on rows of another
+    seed, so every chunk uses the same ones."""
+    from somatile.eval import jobs as joblayer
+    from somatile.model import calibrate, hccs
+
+    if rows < 1 or chunk < 1:
+        raise ValueError(f"--random {rows} --chunk {chunk}: expected positive row and chunk counts")
+    calib_x, calib_mask = regression_rows(np.random.default_rng([seed, 1 << 20]), 512, cols)
+    logits = np.where(calib_mask, calib_x.astype(np.float32) / 16.0, -np.inf)
+    params = calibrate.calibrate_params(np.repeat(logits[None], heads, 0), np.repeat(calib_mask[None], heads, 0),
+                                        mode=mode)
+    hccs.check_params(params.B, params.S, params.dmax, cols, heads)
+    starts = range(0, rows, chunk)
+    work = [{"rows": min(chunk, rows - a), "cols": cols, "heads": heads, "lanes": lanes, "mode": mode, "out": out,
+             "seed": [seed, i], "B": params.B.tolist(), "S": params.S.tolist(), "dmax": params.dmax.tolist()}
+            for i, a in enumerate(starts)]
+    results = joblayer.run(regression_job, work, n_jobs=n_jobs, cluster=cluster,
+                           labels=[f"rows {a}..{a + w['rows'] - 1}" for a, w in zip(starts, work)],
+                           desc="hccs regression")
+    total = {k: sum(r[k] for r in results) for k in ("rows", "mismatches", "framing", "cycles", "expected_cycles")}
+    return {**total, "chunks": results, "first": [line for r in results for line in r["first"]][:10]}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--vectors", required=True, metavar="FILE.npz",
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--vectors", metavar="FILE.npz",
                         help="x int8 (H, R, N); B, S, dmax (H,); optional mask bool (H, R, N)")
+    source.add_argument("--random", type=int, metavar="ROWS",
+                        help="the long regression: ROWS seeded rows in chunks, on the job layer")
+    parser.add_argument("--cols", type=int, default=256, help="--random: elements per row (default 256)")
+    parser.add_argument("--heads", type=int, default=2, help="--random: heads the rows cycle through (default 2)")
+    parser.add_argument("--chunk", type=int, default=20000, help="--random: rows per simulation (default 20000)")
+    parser.add_argument("--seed", type=int, default=0, help="--random: seed of the rows (default 0)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="--random: chunks run in this many processes (default 1; each is a simulator)")
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="--random: run the chunks on a Dask distributed scheduler, e.g. tcp://HOST:8786")
     parser.add_argument("--lanes", type=int, default=8, choices=(1, 4, 8, 16, 32), help="int8 lanes per beat")
     parser.add_argument("--mode", choices=("div", "clb"), default="div", help="normalisation (default div)")
     parser.add_argument("--out", choices=("uint8", "int16"), default="uint8", help="output type (default uint8)")
@@ -151,7 +235,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--waves", action="store_true", help="write a VCD of the run and print its path")
 
 
+def run_regression(args: argparse.Namespace) -> int:
+    try:
+        result = regression(args.random, cols=args.cols, heads=args.heads, lanes=args.lanes, mode=args.mode,
+                            out=args.out, chunk=args.chunk, seed=args.seed, n_jobs=args.jobs, cluster=args.cluster)
+    except ValueError as exc:
+        print(f"somatile sim hccs: {exc}", file=sys.stderr)
+        return 2
+    for line in result["first"]:
+        print("MISMATCH " + line)
+    seconds = sum(c["seconds"] for c in result["chunks"])
+    streaming = sum(c["loop_seconds"] for c in result["chunks"])
+    print(f"rows: {result['rows']} in {len(result['chunks'])} chunks, mismatching rows: {result['mismatches']}, "
+          f"framing errors: {result['framing']}")
+    print(f"cycles: measured {result['cycles']}, expected {result['expected_cycles']} "
+          f"({result['cycles'] / result['expected_cycles']:.3f}x); simulators ran {seconds:.1f} s, of which "
+          f"{streaming:.1f} s streaming rows ({result['rows'] / max(streaming, 1e-9):.0f} rows/s per simulator)")
+    return 0 if result["mismatches"] == result["framing"] == 0 and result["cycles"] == result["expected_cycles"] \
+        else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.random is not None:
+        return run_regression(args)
     try:
         vectors = load_vectors(args.vectors)
         sim, expected = run_vectors(vectors, lanes=args.lanes, mode=args.mode, out=args.out, waves=args.waves,

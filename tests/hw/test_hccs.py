@@ -270,3 +270,17 @@ def test_icarus_runs_the_same_unit_bit_exact(rng):
     run = simulate(x, rng.integers(0, SMALL["heads"], rows), B, S, dmax, modes=modes, outs=outs,
                    mask=rng.random(x.shape) < 0.8, unit=SMALL, idle=0.2, backpressure=0.3, simulator="icarus")
     assert_bit_exact(run)
+
+
+def test_the_chunked_regression_gives_the_same_counts_serially_and_on_two_processes():
+    from somatile.sim.run_hccs import regression
+
+    serial = regression(240, cols=BOARD["n_max"], heads=BOARD["heads"], lanes=BOARD["lanes"], chunk=80, seed=5,
+                        n_jobs=1)
+    parallel = regression(240, cols=BOARD["n_max"], heads=BOARD["heads"], lanes=BOARD["lanes"], chunk=80, seed=5,
+                          n_jobs=2)
+    assert serial["rows"] == 240 and len(serial["chunks"]) == 3
+    assert serial["mismatches"] == serial["framing"] == 0
+    assert serial["cycles"] == serial["expected_cycles"]
+    keys = ("rows", "mismatches", "framing", "cycles", "expected_cycles")
+    assert [[c[k] for k in keys] for c in serial["chunks"]] == [[c[k] for k in keys] for c in parallel["chunks"]]
