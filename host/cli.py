@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capture": ("somatile.eval.onnx_capture", "attention logits, mask and values of an ONNX model, per layer"),
     "eval": ("somatile.eval.cli", "measure HCCS and Soma on real models (MiniLM, SmolLM2)"),
     "sim": ("somatile.sim.cli", "run an RTL unit in Verilator on vectors and check it bit-exact"),
-    "regmap": ("somatile.hw.regmap", "export the tile register map as C header and JSON"),
+    "regmap": ("somatile.hw.regmap", "export the register map of a board's tile as C header and JSON"),
     "build": ("somatile.boards.build", "generate RTL for a board, synthesise and place-and-route"),
     "device": ("somatile.host.device_cli", "talk to a device (emu://, sim://, tcp://, serial://, metal://)"),
     "demo": ("somatile.eval.demo", "the main job on the embedded default (what `make demo` runs)"),
