@@ -199,10 +199,12 @@ def test_inputs_that_do_not_match(tmp_path, capsys, change, expected):
     assert expected in out and "in.npz" in out, out
 
 
-def tiny_decoder(path, weights, *, heads, head_dim):
+def tiny_decoder(path, weights, *, heads, head_dim, lm=None):
     """A synthetic causal decoder: per layer x += softmax(where(causal, q k^T / sqrt(D), -inf)) v wo with one
     shared value head broadcast over ``heads`` query heads (multi-query attention). Input ``hidden`` float32
-    (1, sequence, C); the causal mask is built in the graph (Trilu) at run time."""
+    (1, sequence, C); the causal mask is built in the graph (Trilu) at run time. With ``lm`` = (embedding
+    (V, C), head (C, V)) a language model: input ``input_ids`` int64 (batch, sequence), output ``logits``
+    (batch, sequence, V)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     nodes, inits = [], []
@@ -215,11 +217,11 @@ def tiny_decoder(path, weights, *, heads, head_dim):
         nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
         return output
 
-    n_seq = node("Gather", [node("Shape", ["hidden"], "shape"), const("one", np.int64(1))], "seq", axis=0)
+    x = node("Gather", [const("embedding", lm[0]), "input_ids"], "hidden") if lm else "hidden"
+    n_seq = node("Gather", [node("Shape", [x], "shape"), const("one", np.int64(1))], "seq", axis=0)
     square = node("Concat", [node("Unsqueeze", [n_seq, const("ax0", np.array([0]))], "seq1"), "seq1"], "tt", axis=0)
     ones = node("ConstantOfShape", [square], "ones", value=numpy_helper.from_array(np.ones(1, np.float32)))
     causal = node("Cast", [node("Trilu", [ones], "lower", upper=0)], "causal", to=TensorProto.BOOL)
-    x = "hidden"
     for i, (wq, wk, wv, wo) in enumerate(weights):
         p = f"layer{i}/"
         q = node("Transpose", [node("Reshape", [node("MatMul", [x, const(p + "wq", wq)], p + "q"),
@@ -235,11 +237,16 @@ def tiny_decoder(path, weights, *, heads, head_dim):
         ctx = node("Reshape", [node("Transpose", [ctx], p + "ctx_t", perm=[0, 2, 1, 3]),
                                const(p + "cs", np.array([0, 0, heads * head_dim]))], p + "ctx_flat")
         x = node("Add", [x, node("MatMul", [ctx, const(p + "wo", wo)], p + "o")], p + "x")
-    nodes.append(helper.make_node("Identity", [x], ["out"], name="out"))
     C = weights[0][0].shape[0]
-    graph = helper.make_graph(nodes, "tiny_decoder",
-                              [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, "sequence", C])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], initializer=inits)
+    if lm:
+        node("MatMul", [x, const("lm_head", lm[1])], "logits")
+        graph_io = ([helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+                    [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)])
+    else:
+        nodes.append(helper.make_node("Identity", [x], ["out"], name="out"))
+        graph_io = ([helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, "sequence", C])],
+                    [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(nodes, "tiny_decoder", *graph_io, initializer=inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -267,3 +274,52 @@ def test_capture_of_a_causal_decoder(tmp_path):
         p = np.exp(np.where(causal, logits - logits.max(axis=-1, keepdims=True), -np.inf))
         p /= p.sum(axis=-1, keepdims=True)
         x = x + (p @ v).transpose(1, 0, 2).reshape(T, heads * D) @ wo
+
+
+def test_capture_from_text_in_batches(minilm, minilm_onnx, tmp_path):
+    # --text with the model's own tokenizer.json gives the rows batch_inputs builds, run 2 at a time; a batch of
+    # more than one writes a file per item whose values are that sequence's alone.
+    from somatile.eval.text import load_text, sentences
+    from somatile.host.cli import main
+    from somatile.model.logits import load_npz
+    chosen = sentences(load_text(), 3)
+    (tmp_path / "text.txt").write_text("\n\n".join(chosen) + "\n")
+    out = tmp_path / "capture"
+    assert main(["capture", "--onnx", str(minilm_onnx), "--text", str(tmp_path / "text.txt"), "--tokenizer",
+                 str(minilm.path / "tokenizer.json"), "--batch", "2", "--out", str(out)]) == 0
+    inputs = batch_inputs(minilm, chosen)
+    T = inputs["input_ids"].shape[1]
+    index = __import__("json").loads((out / "index.json").read_text())
+    assert index["layers"][0]["items"] == [f"layer0_item{b}.npz" for b in range(3)]
+    whole = np.load(out / "layer2.npz")
+    assert whole["logits"].shape == (minilm.n_heads, 3 * T, T) and "values" not in whole
+    for b, sentence in enumerate(chosen):
+        n = len(minilm.encode(sentence))
+        _, ref_values = numpy_layers(minilm, sentence)
+        item = load_npz(out / f"layer2_item{b}.npz")
+        assert np.array_equal(item.logits, whole["logits"][:, b * T:(b + 1) * T])
+        assert item.mask[:, :, :n].all() and not item.mask[:, :, n:].any()
+        # Float32 against float64, as in test_captured_layer_loads_and_calibrates.
+        assert np.abs(item.values[:, :n] - ref_values[2]).max() <= 1e-5 * np.abs(ref_values[2]).max()
+
+
+def test_text_that_cannot_feed_the_graph(minilm_onnx, tmp_path, capsys):
+    from somatile.host.cli import main
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    text = tmp_path / "text.txt"
+    text.write_text("Four words at least here.\n")
+    big = Tokenizer(models.WordLevel({"[UNK]": 40000, "Four": 1}, unk_token="[UNK]"))
+    big.pre_tokenizer = pre_tokenizers.Whitespace()
+    big.save(str(tmp_path / "big.json"))
+
+    def fails(model, *extra):
+        code = main(["capture", "--onnx", str(model), "--text", str(text), *extra, "--out", str(tmp_path / "o")])
+        out = capsys.readouterr().out.strip()
+        assert code == 2 and len(out.splitlines()) == 1 and not (tmp_path / "o").exists(), out
+        return out
+    assert "also pass --tokenizer" in fails(minilm_onnx)
+    assert "missing.json: no such file" in fails(minilm_onnx, "--tokenizer", str(tmp_path / "missing.json"))
+    out = fails(minilm_onnx, "--tokenizer", str(tmp_path / "big.json"))
+    assert "big.json: token id 40000 is outside the 30522-row embedding" in out, out
+    out = fails(tiny_attention(tmp_path / "tiny.onnx"), "--tokenizer", str(tmp_path / "big.json"))
+    assert "tiny.onnx: --text needs a graph input 'input_ids'" in out and "'scores'" in out, out
