@@ -31,13 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from somatile.model import aie_exp
+from somatile.model import aie_exp, hccs
 from somatile.model.params import HccsParams
 
 from .config import BoardConfig
 
 AIE_TOP = "aie"
+AIE_NEAR_TOP = "aie-near"
 PROJECT = "somatile_attention"
+NEAR_PROJECT = "somatile_near_field"
+QKV_FRAC = 4
+"""The near field's q, K and V enter as int8 at 2^-4 (aie4ml's QDQ scales are powers of two)."""
 DEFAULT_ROWS = 16
 ITERATIONS = 8
 """Graph runs the generated app performs (and input samples written to ``data/``); aie4ml's own default."""
@@ -102,7 +106,8 @@ def load_params(path: Path | str) -> HccsParams:
             if params.out != "uint8":
                 raise AieError(f"{path}: head {h}: key 'out': {params.out!r} with a fallback head; aie4ml's "
                                f"exact-exp kernel normalises int16 output with floor(32767 / sum) of Q14 terms "
-                               f"(sum >= 16384), so every probability would be 0 or 1 LSB: use out: uint8")
+                               f"(sum >= 16384): inv is 0 or 1 and the output the raw terms or zeros; use out: "
+                               f"uint8")
             continue
         try:
             validate_hccs_params(_hccs_values(params, h), cols=params.cols, param_sets=1)
@@ -114,7 +119,7 @@ def load_params(path: Path | str) -> HccsParams:
 
 def _hccs_values(params: HccsParams, h: int) -> dict[str, Any]:
     return {"B": int(params.B[h]), "S": int(params.S[h]), "Dmax": int(params.dmax[h]), "param_sets": 1,
-            "inv_shift": 15, "use_clb": params.mode == "clb"}
+            "inv_shift": hccs.INV_SHIFT, "use_clb": params.mode == "clb"}
 
 
 def softmax_node(h: int) -> str:
@@ -123,7 +128,7 @@ def softmax_node(h: int) -> str:
 
 def head_of(text: str) -> int | None:
     """The head an aie4ml message is about (it names the Softmax node or its kernel instance)."""
-    match = re.search(r"softmax_h(\d+)", text)
+    match = re.search(r"(?:softmax|qk|pv)_h(\d+)", text)
     return int(match.group(1)) if match else None
 
 
@@ -159,60 +164,64 @@ def normaliser_graph(params: HccsParams, rows: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
 
 
-def directives(params: HccsParams, layout: str | None) -> dict[str, dict]:
-    """aie4ml ``LayerDirectives``: the HCCS integers of each calibrated head, the exact-exp kernel for
-    fallback heads; ``layout`` pins the layout of every Softmax (None: aie4ml's default, tiled)."""
-    out = {}
-    for h in range(params.heads):
-        d: dict[str, Any] = {"approximation": "exp"} if params.fallback[h] else {
-            "approximation": "hccs", "hccs": _hccs_values(params, h)}
-        if layout is not None:
-            d["layout"] = layout
-        out[softmax_node(h)] = d
-    return out
+def directives(params: HccsParams, heads=None) -> dict[str, dict]:
+    """aie4ml ``LayerDirectives`` of the Softmax of each head in ``heads`` (default all): the HCCS integers of a
+    calibrated head, the exact-exp kernel for a fallback head."""
+    return {softmax_node(h): {"approximation": "exp"} if params.fallback[h] else
+            {"approximation": "hccs", "hccs": _hccs_values(params, h)}
+            for h in (range(params.heads) if heads is None else heads)}
 
 
-def _lower(params: HccsParams, rows: int, platform: str, out_dir: Path, layout: str | None):
-    """aie4ml's ONNX frontend and pipeline on the graph, the project written to ``out_dir``; its progress lines
-    are returned rather than printed."""
+def _lower(graph, layer_directives: dict, platform: str, out_dir: Path, layout: str | None):
+    """aie4ml's ONNX frontend and pipeline on ``graph``, the project written to ``out_dir``, every Softmax's
+    layout pinned to ``layout`` (None: aie4ml's default); its progress lines are returned rather than
+    printed."""
     aie4ml = _aie4ml()
-    config = {"Part": platform, "AIEConfig": {"Iterations": ITERATIONS},
-              "LayerDirectives": directives(params, layout)}
+    pinned = {node: {**d, "layout": layout} if layout is not None and "approximation" in d else d
+              for node, d in layer_directives.items()}
+    config = {"Part": platform, "AIEConfig": {"Iterations": ITERATIONS}, "LayerDirectives": pinned}
     chatter = io.StringIO()
     with contextlib.redirect_stdout(chatter):
-        model = aie4ml.from_onnx(normaliser_graph(params, rows), config, output_dir=out_dir, project_name=PROJECT)
+        model = aie4ml.from_onnx(graph, config, output_dir=out_dir, project_name=graph.graph.name)
         model.write()
     return model, chatter.getvalue()
 
 
-def _reason(exc: Exception) -> str:
-    """One line of an aie4ml refusal: the first option it refused and the first design it could not build, or
-    its message."""
+def _reason(exc: Exception, most: int = 3) -> str:
+    """aie4ml's refusal in one line: up to ``most`` distinct options it refused (they differ in kind: a tiling,
+    a connection, a memory bank) and the first design it could not build, or its message."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    details = [next((line for line in lines if marker in line), "") for marker in ("refused: ", "not built: ")]
-    return "; ".join(d for d in details if d) or lines[0]
+    kinds: dict[str, str] = {}  # one refusal of each kind: the same text but for its numbers
+    for line in lines:
+        if "refused: " in line:
+            text = line.partition("refused: ")[2]
+            kinds.setdefault(re.sub(r"\d+", "#", text), text)
+    refusals = list(kinds.values())
+    built = [line for line in lines if "not built: " in line][:1]
+    return " | ".join(refusals[:most] + built) or lines[0]
 
 
-def _lower_any_layout(params: HccsParams, rows: int, platform: str, out_dir: Path, params_path):
+def _lower_any_layout(graph, layer_directives: dict, rows: int, platform: str, out_dir: Path, params_path,
+                      what: str = "the normaliser"):
     """aie4ml's default (tiled) layout, else the linear one where the tiled is refused; returns (model, log,
-    layout, why the tiled layout was refused or None). Errors name the head aie4ml names."""
+    layout, why the tiled layout was refused or None). Errors name the head aie4ml names and ``what`` failed."""
     from aie4ml.errors import ConfigRefused
     from aie4ml.passes.choose_parallelism import SearchLimit
 
     def refused(exc: Exception, before: str = "") -> AieError:
         h = head_of(str(exc))
         where = f"head {h}: " if h is not None else ""
-        return AieError(f"{params_path}: {where}aie4ml cannot build the normaliser for rows={rows}: "
+        return AieError(f"{params_path}: {where}aie4ml cannot build {what} for rows={rows}: "
                         f"{before}{_reason(exc)}")
 
     try:
-        return (*_lower(params, rows, platform, out_dir, None), TILED_LAYOUT, None)
+        return (*_lower(graph, layer_directives, platform, out_dir, None), TILED_LAYOUT, None)
     except (ConfigRefused, SearchLimit) as exc:
         tiled = _reason(exc)
     except ValueError as exc:
         raise refused(exc) from exc
     try:
-        return (*_lower(params, rows, platform, out_dir, LINEAR_LAYOUT), LINEAR_LAYOUT, tiled)
+        return (*_lower(graph, layer_directives, platform, out_dir, LINEAR_LAYOUT), LINEAR_LAYOUT, tiled)
     except (ConfigRefused, SearchLimit, ValueError) as exc:
         raise refused(exc, f"the tiled layout refused it ({tiled}), the linear layout too: ") from exc
 
@@ -226,11 +235,31 @@ def generate(cfg: BoardConfig, out_dir: Path, params_path: Path | str, rows: int
     shutil.rmtree(out_dir, ignore_errors=True)  # the build's own folder: no file of an earlier project stays
     out_dir.mkdir(parents=True)
     started = time.perf_counter()
-    model, chatter, layout, tiled_refusal = _lower_any_layout(params, rows, platform, out_dir, params_path)
+    model, chatter, layout, tiled_refusal = _lower_any_layout(normaliser_graph(params, rows), directives(params),
+                                                              rows, platform, out_dir, params_path)
     seconds = time.perf_counter() - started
     data = _write_inputs(model, params, rows)
+    files, record = _record(cfg, AIE_TOP, out_dir, params, params_path, rows, layout, platform, model, chatter,
+                            seconds)
+    record["inputs"] = str(data.relative_to(out_dir))
+    return _finish(out_dir, files, record, rows, tiled_refusal)
+
+
+def _finish(out_dir: Path, files: list[Path], record: dict, rows: int, tiled_refusal: str | None):
+    """The note on the layout and report.md with the cost table; returns (files, record)."""
+    if tiled_refusal is not None:
+        record["note"] = (f"rows={rows}: aie4ml's tiled layout refused it ({tiled_refusal}); generated with "
+                          f"\"layout\": \"linear\" instead. {record['note']}")
+    report = out_dir / "report.md"
+    report.write_text(f"# AI Engine cost beside the PL tile\n\n{cost_table(record)}")
+    return [*files, report], record
+
+
+def _record(cfg: BoardConfig, top: str, out_dir: Path, params: HccsParams, params_path, rows: int, layout: str,
+            platform: str, model, chatter: str, seconds: float) -> tuple[list[Path], dict]:
+    """The project's files and the record of a build (manifest and report)."""
     files = sorted(p for p in out_dir.rglob("*") if p.is_file() and p.name != "manifest.json")
-    record = {"board": cfg.name, "top": AIE_TOP, "kind": cfg.kind, "out": str(out_dir), "clock_mhz": cfg.clock_mhz,
+    record = {"board": cfg.name, "top": top, "kind": cfg.kind, "out": str(out_dir), "clock_mhz": cfg.clock_mhz,
               "overrides": dict(cfg.overrides), "rows": rows, "cols": params.cols, "layout": layout,
               "hccs_lanes": cfg.hccs_lanes,
               "params": {"path": str(params_path), "sha256": hashlib.sha256(Path(params_path).read_bytes()).hexdigest(),
@@ -238,16 +267,10 @@ def generate(cfg: BoardConfig, out_dir: Path, params_path: Path | str, rows: int
               "aie4ml": {"version": aie4ml_version(), "platform": platform, "generation": cfg.aie["generation"],
                          "log": chatter.strip().splitlines()},
               "heads": kernel_rows(model, params), "cost": cost_rows(model, params, cfg, rows),
-              "inputs": str(data.relative_to(out_dir)),
               "generate_seconds": round(seconds, 3), "project_files": len(files),
               "project_bytes": sum(p.stat().st_size for p in files),
               "vendor_tools_run": False, "note": VITIS_NOTE}
-    if tiled_refusal is not None:
-        record["note"] = (f"rows={rows}: aie4ml's tiled layout refused it ({tiled_refusal}); generated with "
-                          f"\"layout\": \"linear\" instead. {VITIS_NOTE}")
-    report = out_dir / "report.md"
-    report.write_text(f"# AI Engine cost beside the PL tile\n\n{cost_table(record)}")
-    return [*files, report], record
+    return files, record
 
 
 def _write_inputs(model, params: HccsParams, rows: int) -> Path:
@@ -263,10 +286,14 @@ def _write_inputs(model, params: HccsParams, rows: int) -> Path:
     return data / "logits.npz"
 
 
+def softmax_instances(model) -> list:
+    return [inst for inst in model.context.ir.execution.instances.values() if inst.op_type == "softmax"]
+
+
 def kernel_rows(model, params: HccsParams) -> list[dict]:
     """Per head: the kernel aie4ml chose, the integers it was given and the tiles it spans."""
     rows = []
-    for inst in model.context.ir.execution.instances.values():
+    for inst in softmax_instances(model):
         h = head_of(inst.name)
         config = inst.config
         row = {"head": h, "node": inst.name, "variant": inst.variant.variant_id,
@@ -294,13 +321,14 @@ def cost_rows(model, params: HccsParams, cfg: BoardConfig, rows: int) -> list[di
     for inst in model.context.ir.execution.instances.values():
         h = head_of(inst.name)
         tiles = int(inst.config.parallelism.cas_num)
+        softmax = inst.op_type == "softmax"
         cycles = kernel_cycles(inst, inst.variant.work(inst.node, inst.config), model.context.device)
-        row = {"head": h, "kernel": inst.variant.variant_id, "aie_tiles": tiles, "aie_cycles": cycles,
-               "aie_cycles_per_row": round(cycles / rows, 1),
-               "aie_elements_per_cycle_per_tile": round(rows * params.cols / cycles / tiles, 3),
+        row = {"head": h, "node": inst.name, "kernel": inst.variant.variant_id, "aie_tiles": tiles,
+               "aie_cycles": cycles, "aie_cycles_per_row": round(cycles / rows, 1),
+               "aie_elements_per_cycle_per_tile": round(rows * params.cols / cycles / tiles, 3) if softmax else None,
                "aie_ns_per_row": round(cycles / rows * 1e3 / cfg.aie["clock_mhz"], 1),
                "pl_cycles": None, "pl_cycles_per_row": None, "pl_elements_per_cycle": None, "pl_ns_per_row": None}
-        if not params.fallback[h] and params.cols <= unit.n_max:
+        if softmax and not params.fallback[h] and params.cols <= unit.n_max:
             pl = expected_cycles(unit, rows, params.cols, mode=params.mode, out=params.out)
             row.update(pl_cycles=pl, pl_cycles_per_row=round(pl / rows, 1),
                        pl_elements_per_cycle=round(rows * params.cols / pl, 3),
@@ -309,7 +337,7 @@ def cost_rows(model, params: HccsParams, cfg: BoardConfig, rows: int) -> list[di
     return out
 
 
-COST_COLUMNS = (("head", "head"), ("kernel", "aie4ml kernel"), ("aie_tiles", "AIE tiles"),
+COST_COLUMNS = (("head", "head"), ("node", "node"), ("kernel", "aie4ml kernel"), ("aie_tiles", "AIE tiles"),
                 ("aie_cycles", "AIE cycles/call (estimate)"), ("aie_cycles_per_row", "AIE cycles/row"),
                 ("aie_elements_per_cycle_per_tile", "AIE elements/cycle/tile"), ("aie_ns_per_row", "AIE ns/row"),
                 ("pl_cycles", "PL HCCS cycles/call"), ("pl_cycles_per_row", "PL cycles/row"),
@@ -327,3 +355,89 @@ def cost_table(record: dict) -> str:
     for row in record["cost"]:
         lines.append("| " + " | ".join("" if row[k] is None else str(row[k]) for k, _ in COST_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
+
+
+def logit_frac(scale: float) -> int:
+    """Fraction bits of the power of two nearest the head's logit scale: the near field's requantised scores."""
+    return int(-np.rint(np.log2(scale)))
+
+
+def near_field_graph(params: HccsParams, heads: list[int], head_dim: int):
+    """The QDQ ONNX model of one decode step's near field for the calibrated ``heads``: per head q int8 [1, D],
+    K^T int8 [D, slots] and V int8 [slots, D] (slots = params.cols), all at 2^-QKV_FRAC;
+    q.K^T requantised to int8 logits at the power of two nearest the head's scale; the head's HCCS Softmax with
+    int16 (Q15) probabilities, since aie4ml's MatMul takes int8 or int16 operands and not uint8; P.V to int8
+    at 2^-QKV_FRAC."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def scalar(name, value, dtype):
+        return numpy_helper.from_array(np.array(value, dtype), name)
+
+    slots = params.cols
+    inits = [scalar("qkv_scale", 2.0 ** -QKV_FRAC, np.float32), scalar("zero8", 0, np.int8),
+             scalar("p_scale", 2.0 ** -15, np.float32), scalar("zero16", 0, np.int16)]
+    nodes, inputs, outputs = [], [], []
+    for h in heads:
+        shapes = {f"q_h{h}": [1, head_dim], f"kt_h{h}": [head_dim, slots], f"v_h{h}": [slots, head_dim]}
+        for name, shape in shapes.items():
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT8, shape))
+            nodes.append(helper.make_node("DequantizeLinear", [name, "qkv_scale", "zero8"], [f"{name}_f"],
+                                          name=f"dq_{name}"))
+        inits.append(scalar(f"logit_scale_h{h}", 2.0 ** -logit_frac(params.scale[h]), np.float32))
+
+        def requantised(src, scale, zero, tag):
+            return [helper.make_node("QuantizeLinear", [src, scale, zero], [f"{tag}_q"], name=f"q_{tag}"),
+                    helper.make_node("DequantizeLinear", [f"{tag}_q", scale, zero], [f"{tag}_dq"], name=f"dq_{tag}")]
+
+        nodes += [helper.make_node("MatMul", [f"q_h{h}_f", f"kt_h{h}_f"], [f"s_h{h}"], name=f"qk_h{h}"),
+                  *requantised(f"s_h{h}", f"logit_scale_h{h}", "zero8", f"logits_h{h}"),
+                  helper.make_node("Softmax", [f"logits_h{h}_dq"], [f"p_h{h}"], name=softmax_node(h), axis=-1),
+                  *requantised(f"p_h{h}", "p_scale", "zero16", f"probs_h{h}"),
+                  helper.make_node("MatMul", [f"probs_h{h}_dq", f"v_h{h}_f"], [f"o_h{h}"], name=f"pv_h{h}"),
+                  *requantised(f"o_h{h}", "qkv_scale", "zero8", f"near_h{h}")]
+        outputs.append(helper.make_tensor_value_info(f"near_h{h}_dq", TensorProto.FLOAT, [1, head_dim]))
+    graph = helper.make_graph(nodes, NEAR_PROJECT, inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+NEAR_NOTE = ("The near field of one decode step on the AI Engine (q.K^T, HCCS, P.V per calibrated head); the "
+             "ring and sink writes, the recency bias, the masks of empty slots, the far field (the linear-attention "
+             "state and its gate) and fallback heads stay on the PL tile: aie4ml has no stateful buffers, "
+             "broadcast adds or masked Softmax, and its MatMul takes no uint8 probabilities. ")
+
+
+def generate_near_field(cfg: BoardConfig, out_dir: Path, params_path: Path | str, rows: int = 1):
+    """Write the near-field project of ``params_path`` for the board (slots = sinks + ring, head_dim) into
+    ``out_dir``; ``rows`` is ignored (a decode step has one query row per head). Returns (files, record)."""
+    platform = platform_for(cfg)
+    params = load_params(params_path)
+    slots = cfg.sinks + cfg.ring
+    if params.cols != slots:
+        raise AieError(f"{params_path}: key 'cols': {params.cols}, the board {cfg.name}'s near field has sinks + "
+                       f"ring = {cfg.sinks} + {cfg.ring} = {slots} slots (keys 'sinks', 'ring'): calibrate for rows "
+                       f"of {slots}, or --set ring={params.cols - cfg.sinks}")
+    heads = [h for h in range(params.heads) if not params.fallback[h]]
+    if not heads:
+        raise AieError(f"{params_path}: key 'fallback': every head keeps the exponential; the near field runs "
+                       f"calibrated (HCCS) heads only")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    started = time.perf_counter()
+    # One tile per product: the step's matrices are small, and aie4ml's search over splitting them outgrows its
+    # 50,000-state limit from four heads on.
+    one_tile = {"parallelism": {"cas_num": 1, "cas_length": 1}}
+    layer_directives = {**directives(params, heads), **{f"{k}_h{h}": one_tile for h in heads for k in ("qk", "pv")}}
+    model, chatter, layout, tiled_refusal = _lower_any_layout(
+        near_field_graph(params, heads, cfg.head_dim), layer_directives, 1, platform, out_dir, params_path,
+        "the near field")
+    seconds = time.perf_counter() - started
+    files, record = _record(cfg, AIE_NEAR_TOP, out_dir, params, params_path, 1, layout, platform, model, chatter,
+                            seconds)
+    record.update(slots=slots, head_dim=cfg.head_dim, near_heads=heads,
+                  logit_frac={h: logit_frac(params.scale[h]) for h in heads},
+                  note=NEAR_NOTE + VITIS_NOTE)
+    return _finish(out_dir, files, record, 1, tiled_refusal)
+
+
+GENERATORS = {AIE_TOP: generate, AIE_NEAR_TOP: generate_near_field}
+"""``somatile build --top`` name -> the function that writes its project."""

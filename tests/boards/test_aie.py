@@ -243,8 +243,8 @@ def test_cost_rows_put_aie4mls_estimate_beside_the_pl_unit_in_the_reports(tmp_pa
     assert all(row["pl_cycles"] > 0 and row["pl_elements_per_cycle"] <= boards.load("vek280").hccs_lanes
                for row in cost[:2])
     for text in ((project / "report.md").read_text(), report.read_text()):
-        assert "| head | aie4ml kernel | AIE tiles |" in text
-        assert all(f"| {h} | softmax." in text for h in range(4))
+        assert "| head | node | aie4ml kernel | AIE tiles |" in text
+        assert all(f"| {h} | softmax_h{h}_aie | softmax." in text for h in range(4))
 
 
 @pytest.mark.parametrize("board", VERSAL_BOARDS)
@@ -276,3 +276,49 @@ def test_the_processing_system_firmware_cross_builds_for_the_cortex_r5f(tmp_path
     assert sections[".vectors"][1] == 0 and sections[".text"][0] > 1000
     print(f"{board}: Cortex-R5F firmware {sum(sections[s][0] for s in ('.vectors', '.text', '.rodata'))} B code, "
           f"{sections['.bss'][0]} B data, {sections['.dma'][0]} B DMA buffers")
+
+
+def test_the_near_field_of_a_decode_step_is_generated_for_the_calibrated_heads(tmp_path, capsys):
+    board = "vek280"
+    path = params_file(tmp_path)  # cols 64: sinks 4 + ring 60
+    assert cli(["build", "--board", board, "--top", "aie-near", "--params", str(path), "--set", "ring=60",
+                "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "The near field of one decode step on the AI Engine" in printed and "stay on the PL tile" in printed
+    params = HccsParams.from_yaml(path)
+    project = tmp_path / board / "aie-near-ring60"
+    heads = read_parameters_h(project)
+    calibrated = [h for h in range(params.heads) if not params.fallback[h]]
+    assert sorted(heads) == calibrated  # the fallback head's near field stays on the PL tile
+    for h in calibrated:
+        n = heads[h]["cas_num"]
+        assert (heads[h]["B"], heads[h]["S"], heads[h]["Dmax"]) == ([int(params.B[h])] * n,
+                                                                    [int(params.S[h])] * n, [int(params.dmax[h])] * n)
+        assert (heads[h]["rows"], heads[h]["cols"], heads[h]["output_t"]) == (1, 64, "int16_t")
+    execution = json.loads((project / "aie_pipeline.json").read_text())["execution"]
+    assert [(e["node"], e["op_type"]) for e in execution if e["node"].endswith("h0_aie")] == [
+        ("qk_h0_aie", "matmul"), ("softmax_h0_aie", "softmax"), ("pv_h0_aie", "matmul")]
+    result = json.loads((project / "manifest.json").read_text())["result"]
+    assert result["top"] == "aie-near" and result["slots"] == 64 and result["near_heads"] == calibrated
+    assert result["head_dim"] == boards.load(board).head_dim
+    assert {row["node"] for row in result["cost"]} == {f"{k}_h{h}_aie" for h in calibrated
+                                                       for k in ("qk", "softmax", "pv")}
+
+
+def test_a_near_field_whose_slots_are_not_the_calibrated_row_length_names_the_keys(tmp_path, capsys):
+    path = params_file(tmp_path)
+    assert cli(["build", "--board", "vek280", "--top", "aie-near", "--params", str(path), "--out", str(tmp_path)]) == 1
+    line = one_line_error(capsys)
+    assert "key 'cols': 64, the board vek280's near field has sinks + ring = 4 + 64 = 68 slots" in line
+    assert "--set ring=60" in line
+
+
+def test_aie4ml_cannot_chain_the_near_field_on_the_first_generation_ai_engine(tmp_path, capsys):
+    # The scores leave q.K^T in another order than the Softmax reads; AIE-ML re-lays them out in a memory tile,
+    # the VC1902 has none (aie4ml 0.2.1).
+    path = params_file(tmp_path)
+    assert cli(["build", "--board", "vck190", "--top", "aie-near", "--params", str(path), "--set", "ring=60",
+                "--out", str(tmp_path)]) == 1
+    line = one_line_error(capsys)
+    assert "head 0: aie4ml cannot build the near field for rows=1" in line
+    assert "cannot connect directly" in line and "the device has no memory tile" in line
