@@ -15,6 +15,10 @@ aie4ml's ONNX frontend then writes the project (ADF graph, AIE API kernels, ``sr
 ``aie_pipeline.json``) into the build folder, with seeded simulator inputs in ``data/`` and beside them the
 outputs :func:`somatile.model.aie_exp.predict_aie` says the AI Engine returns for them (``data/expected.npz``).
 Vitis is not run here.
+
+``--top aie-near`` (:func:`generate_near_field`) puts Soma's near field of one decode step on the AI Engine:
+q.K^T, the HCCS Softmax and P.V per calibrated head for the board's sinks + ring slots
+(:func:`near_field_graph`); what stays on the PL tile is in :data:`NEAR_NOTE`.
 """
 
 from __future__ import annotations
@@ -235,10 +239,11 @@ def generate(cfg: BoardConfig, out_dir: Path, params_path: Path | str, rows: int
     shutil.rmtree(out_dir, ignore_errors=True)  # the build's own folder: no file of an earlier project stays
     out_dir.mkdir(parents=True)
     started = time.perf_counter()
-    model, chatter, layout, tiled_refusal = _lower_any_layout(normaliser_graph(params, rows), directives(params),
-                                                              rows, platform, out_dir, params_path)
+    graph = normaliser_graph(params, rows)
+    model, chatter, layout, tiled_refusal = _lower_any_layout(graph, directives(params), rows, platform, out_dir,
+                                                              params_path)
     seconds = time.perf_counter() - started
-    data = _write_inputs(model, params, rows)
+    data = _write_inputs(model, graph, params, rows)
     files, record = _record(cfg, AIE_TOP, out_dir, params, params_path, rows, layout, platform, model, chatter,
                             seconds)
     record["inputs"] = str(data.relative_to(out_dir))
@@ -273,15 +278,24 @@ def _record(cfg: BoardConfig, top: str, out_dir: Path, params: HccsParams, param
     return files, record
 
 
-def _write_inputs(model, params: HccsParams, rows: int) -> Path:
-    """Seeded int8 logits for every head, ITERATIONS samples, into the simulator's input files (``data/``), and
-    the output codes the model predicts for them (``data/expected.npz``, probs_h<i>: (ITERATIONS, rows, cols))."""
+def _seeded_inputs(model, graph, saved_as: str) -> dict[str, np.ndarray]:
+    """Seeded int8 values for every graph input, ITERATIONS samples, written into the simulator's input files
+    (``data/``) and as arrays into ``data/<saved_as>``."""
     rng = np.random.default_rng(INPUT_SEED)
-    x = rng.integers(-128, 128, (params.heads, ITERATIONS, rows, params.cols), dtype=np.int8)
-    model.write_inputs({f"logits_h{h}": x[h] for h in range(params.heads)}, quantize_in=False)
+    values = {vi.name: rng.integers(-128, 128, (ITERATIONS, *(d.dim_value for d in vi.type.tensor_type.shape.dim)),
+                                    dtype=np.int8) for vi in graph.graph.input}
+    model.write_inputs(values, quantize_in=False)
+    np.savez(Path(model.context.project_config.output_dir) / "data" / saved_as, **values)
+    return values
+
+
+def _write_inputs(model, graph, params: HccsParams, rows: int) -> Path:
+    """Seeded logits for every head (:func:`_seeded_inputs`, ``data/logits.npz``) and the output codes the model
+    predicts for them (``data/expected.npz``, probs_h<i>: (ITERATIONS, rows, cols))."""
+    logits = _seeded_inputs(model, graph, "logits.npz")
+    x = np.stack([logits[f"logits_h{h}"] for h in range(params.heads)])
     expected = aie_exp.predict_aie(params, x.reshape(params.heads, ITERATIONS * rows, params.cols)).reshape(x.shape)
     data = Path(model.context.project_config.output_dir) / "data"
-    np.savez(data / "logits.npz", **{f"logits_h{h}": x[h] for h in range(params.heads)})
     np.savez(data / "expected.npz", **{f"probs_h{h}": expected[h] for h in range(params.heads)})
     return data / "logits.npz"
 
@@ -427,10 +441,11 @@ def generate_near_field(cfg: BoardConfig, out_dir: Path, params_path: Path | str
     # 50,000-state limit from four heads on.
     one_tile = {"parallelism": {"cas_num": 1, "cas_length": 1}}
     layer_directives = {**directives(params, heads), **{f"{k}_h{h}": one_tile for h in heads for k in ("qk", "pv")}}
-    model, chatter, layout, tiled_refusal = _lower_any_layout(
-        near_field_graph(params, heads, cfg.head_dim), layer_directives, 1, platform, out_dir, params_path,
-        "the near field")
+    graph = near_field_graph(params, heads, cfg.head_dim)
+    model, chatter, layout, tiled_refusal = _lower_any_layout(graph, layer_directives, 1, platform, out_dir,
+                                                              params_path, "the near field")
     seconds = time.perf_counter() - started
+    _seeded_inputs(model, graph, "inputs.npz")
     files, record = _record(cfg, AIE_NEAR_TOP, out_dir, params, params_path, 1, layout, platform, model, chatter,
                             seconds)
     record.update(slots=slots, head_dim=cfg.head_dim, near_heads=heads,

@@ -298,6 +298,9 @@ def test_the_near_field_of_a_decode_step_is_generated_for_the_calibrated_heads(t
     execution = json.loads((project / "aie_pipeline.json").read_text())["execution"]
     assert [(e["node"], e["op_type"]) for e in execution if e["node"].endswith("h0_aie")] == [
         ("qk_h0_aie", "matmul"), ("softmax_h0_aie", "softmax"), ("pv_h0_aie", "matmul")]
+    inputs = np.load(project / "data" / "inputs.npz")
+    assert inputs["kt_h0"].shape == (aie.ITERATIONS, boards.load(board).head_dim, 64)
+    assert sorted(p.name for p in (project / "data").glob("ifm_c*.txt"))
     result = json.loads((project / "manifest.json").read_text())["result"]
     assert result["top"] == "aie-near" and result["slots"] == 64 and result["near_heads"] == calibrated
     assert result["head_dim"] == boards.load(board).head_dim
