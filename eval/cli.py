@@ -1,6 +1,6 @@
 """The command lines of the evaluation harness.
 
-``somatile eval minilm|smollm2`` (:func:`add_arguments` / :func:`run`, registered in somatile.host.cli) writes
+``somatile eval minilm|smollm2|onnx`` (:func:`add_arguments` / :func:`run`, registered in somatile.host.cli) writes
 ``results.json``, ``results.md`` and PNG plots to ``--out`` and prints the table. ``--quick`` runs a small
 subset (a few sentences; one short window) for the test suite; ``--text FILE`` evaluates any UTF-8 text.
 
@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from somatile.eval import onnx_eval
 from somatile.eval import text as textmod
 from somatile.eval.minilm import MINILM_COLS, evaluate_minilm
 from somatile.eval.results import write_results
@@ -37,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="write one layer's real logits (logits (12, R, cols) float32, mask) for somatile compare")
     p.add_argument("--layer", type=int, default=0, help="layer for --dump-logits (default 0)")
     p.add_argument("--dump-rows", type=int, default=None, help="keep only the first N rows in --dump-logits")
+    p = sub.add_parser("onnx", help="integer normalisers in place of the Softmax nodes of an ONNX model")
+    p.add_argument("--out", default=None, help="folder for results.json and results.md (default build/eval/onnx)")
+    onnx_eval.add_arguments(p)
     p = sub.add_parser("smollm2", parents=[common], help="Soma, HCCS and SFA on SmolLM2-135M (perplexity)")
     p.add_argument("--chars", type=int, default=textmod.REFERENCE_CHARS,
                    help="evaluate the first N characters of the text (default 40000)")
@@ -101,12 +105,16 @@ def run(args: argparse.Namespace) -> int:
     args.out = args.out or f"build/eval/{args.model}"
     try:
         _check_args(args)
-        results = (evaluate_minilm if args.model == "minilm" else evaluate_smollm2)(args, command_line(args))
+        if args.model == "onnx":
+            results = onnx_eval.evaluate_onnx(args, onnx_eval.command_line(args))
+        else:
+            results = (evaluate_minilm if args.model == "minilm" else evaluate_smollm2)(args, command_line(args))
     except (FileNotFoundError, ValueError) as exc:
         print(f"somatile eval {args.model}: {exc}", file=sys.stderr)
         return 2
     print((Path(args.out) / "results.md").read_text())
-    print(f"wrote {args.out}/results.json, results.md and plots ({results['seconds']:.0f} s)")
+    plots = "" if args.model == "onnx" else " and plots"
+    print(f"wrote {args.out}/results.json, results.md{plots} ({results['seconds']:.0f} s)")
     return 0
 
 

@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("somatile.model.compare", "fixed-point HCCS against float softmax on the host"),
     "calibrate": ("somatile.model.calibrate", "calibrate per-head HCCS parameters on logits"),
     "capture": ("somatile.eval.onnx_capture", "attention logits, mask and values of an ONNX model, per layer"),
-    "eval": ("somatile.eval.cli", "measure HCCS and Soma on real models (MiniLM, SmolLM2)"),
+    "eval": ("somatile.eval.cli", "measure HCCS and Soma on real models (MiniLM, SmolLM2, your ONNX model)"),
     "sim": ("somatile.sim.cli", "run an RTL unit in Verilator on vectors and check it bit-exact"),
     "regmap": ("somatile.hw.regmap", "export the register map of a board's tile as C header and JSON"),
     "build": ("somatile.boards.build", "generate RTL for a board, synthesise and place-and-route"),
