@@ -31,7 +31,7 @@ import operator
 from types import SimpleNamespace
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -64,6 +64,24 @@ def normaliser_cycles(n: int) -> int:
     return 1 + (n + 2) + (n + NORM_SUM_DEPTH) + (NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1) + (n + NORM_OUT_DEPTH) + 1
 
 
+class NormaliserSignature(wiring.Signature):
+    """The ports of a :class:`RowNormaliser` as the normaliser sees them (commands ``In``, ``done`` and
+    ``prob`` ``Out``); a unit that drives one has ``In(NormaliserSignature(n_max))`` (the flipped view)."""
+
+    def __init__(self, n_max: int):
+        super().__init__({
+            "start": In(1), "done": Out(1), "count": In(range(n_max + 1)),
+            "use_exp": In(1), "clb": In(1), "out16": In(1),
+            "B": In(16), "S": In(8), "dmax": In(8), "exp_mult": In(16),
+            "row_we": In(1), "row_index": In(range(n_max)), "row_x": In(signed(8)), "row_valid": In(1),
+            "prob_index": In(range(n_max)), "prob": Out(16),
+        })
+
+
+HEAD_PARAMS_LAYOUT = data.StructLayout({hp.name: range(hp.hi + 1) for hp in HEAD_PARAMS})
+"""One head's parameter registers (``regmap.HEAD_PARAMS``) as one port: the decode unit's ``head``."""
+
+
 class RowNormaliser(wiring.Component):
     """Integer HCCS (div/clb) or integer-exp softmax over one row of up to ``n_max`` int8 logits.
 
@@ -78,13 +96,7 @@ class RowNormaliser(wiring.Component):
 
     def __init__(self, n_max: int):
         self.n_max = n_max
-        super().__init__({
-            "start": In(1), "done": Out(1), "count": In(range(n_max + 1)),
-            "use_exp": In(1), "clb": In(1), "out16": In(1),
-            "B": In(16), "S": In(8), "dmax": In(8), "exp_mult": In(16),
-            "row_we": In(1), "row_index": In(range(n_max)), "row_x": In(signed(8)), "row_valid": In(1),
-            "prob_index": In(range(n_max)), "prob": Out(16),
-        })
+        super().__init__(NormaliserSignature(n_max))
 
     def elaborate(self, platform):
         m = Module()
@@ -230,11 +242,6 @@ class RowNormaliser(wiring.Component):
         return m
 
 
-def head_param_ports() -> dict:
-    """Ports of the decode unit that carry the head's parameter registers (one per HEAD_PARAMS entry)."""
-    return {f"p_{p.name}": In(range(p.hi + 1)) for p in HEAD_PARAMS}
-
-
 def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig":
     """Configuration of the streaming HCCS unit (hw/hccs.py) that normalises the decode row of HCCS heads:
     ``hccs_lanes`` lanes, one head (loaded with the current head's parameters before each row), rows of up
@@ -361,15 +368,15 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
 class SomaDecode(wiring.Component):
     """One head's integer decode step over the tile's local memory (see the module docstring).
 
-    Ports: ``start`` (pulse; the head's parameters on ``p_<name>`` and the three base addresses are sampled
+    Ports: ``start`` (pulse; the head's parameters on ``head`` (:data:`HEAD_PARAMS_LAYOUT`) and the three base addresses are sampled
     in that cycle), ``state_base`` (word address of the head's state), ``stage_base`` (word address of q, k,
     v: three vectors of head_dim bytes), ``out_base`` (word address for the int8 output); memory ports
     ``rd_addr -> rd_data`` (synchronous read: the word arrives the cycle after ``rd_addr``) and
     ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit per byte); all four outputs come from registers. ``busy``
     is high from the cycle after ``start`` through the ``done`` cycle (the last store is written in the done
     cycle); while it is high the unit owns the memory ports and drives the :class:`RowNormaliser` through
-    ``n_*`` (its parameters ``n_B``, ``n_S``, ``n_dmax``, ``n_exp_mult`` from the head's parameters sampled at
-    ``start``, so ``p_<name>`` may change from the cycle after ``start`` on).
+    ``norm`` (:class:`NormaliserSignature`, flipped; its ``B``, ``S``, ``dmax``, ``exp_mult`` from the head's
+    parameters sampled at ``start``, so ``head`` may change from the cycle after ``start`` on).
     """
 
     def __init__(self, params: TileParams, mem_words: int):
@@ -382,12 +389,8 @@ class SomaDecode(wiring.Component):
             "rd_addr": Out(range(mem_words)), "rd_data": In(8 * word),
             "wr_addr": Out(range(mem_words)), "wr_data": Out(8 * word), "wr_en": Out(word),
             # The normaliser's ports, driven by this unit while busy.
-            "n_start": Out(1), "n_done": In(1), "n_count": Out(range(params.n_max + 1)),
-            "n_use_exp": Out(1), "n_clb": Out(1), "n_out16": Out(1),
-            "n_row_we": Out(1), "n_row_index": Out(range(params.n_max)), "n_row_x": Out(signed(8)),
-            "n_row_valid": Out(1), "n_prob_index": Out(range(params.n_max)), "n_prob": In(16),
-            "n_B": Out(16), "n_S": Out(8), "n_dmax": Out(8), "n_exp_mult": Out(16),
-            **head_param_ports(),
+            "norm": In(NormaliserSignature(params.n_max)),
+            "head": In(HEAD_PARAMS_LAYOUT),
         })
         self.mem_words = mem_words
 
@@ -407,7 +410,7 @@ class SomaDecode(wiring.Component):
         state_base, stage_base, out_base = (Signal(range(self.mem_words), name=n)
                                             for n in ("state_base", "stage_base", "out_base"))
         with m.If(self.start):
-            m.d.sync += [par[hp.name].eq(getattr(self, f"p_{hp.name}")) for hp in HEAD_PARAMS]
+            m.d.sync += [par[hp.name].eq(self.head[hp.name]) for hp in HEAD_PARAMS]
             m.d.sync += [state_base.eq(self.state_base), stage_base.eq(self.stage_base),
                          out_base.eq(self.out_base)]
         gated = par["gating"] == HEAD_PARAMS[HEAD_INDEX["gating"]].choices.index("query")
@@ -461,10 +464,10 @@ class SomaDecode(wiring.Component):
                     target.write_word(load_word, rd_word)
                     m.d.sync += load_word.eq(Mux(load_word == target.words - 1, 0, load_word + 1))
         counter = Signal(range(max(len(load_targets) + READ_LATENCY, 5 * words + 1) + 1))
-        m.d.comb += self.n_count.eq(slots)
-        m.d.comb += [self.n_use_exp.eq(use_exp), self.n_clb.eq(par["hccs_mode"] == 1), self.n_out16.eq(0),
-                     self.n_B.eq(par["hccs_B"]), self.n_S.eq(par["hccs_S"]), self.n_dmax.eq(par["hccs_dmax"]),
-                     self.n_exp_mult.eq(par["exp_mult"])]
+        m.d.comb += self.norm.count.eq(slots)
+        m.d.comb += [self.norm.use_exp.eq(use_exp), self.norm.clb.eq(par["hccs_mode"] == 1), self.norm.out16.eq(0),
+                     self.norm.B.eq(par["hccs_B"]), self.norm.S.eq(par["hccs_S"]), self.norm.dmax.eq(par["hccs_dmax"]),
+                     self.norm.exp_mult.eq(par["exp_mult"])]
 
         # Slot n's chunk c of K or V: word row_addr(n) + (c * L) // W, lane group (c * L % W) // L. Slots are
         # issued in order (sinks, then the ring), so the row address advances in a register (by `words`, or to
@@ -572,8 +575,8 @@ class SomaDecode(wiring.Component):
         s += 7
         assert s == score_depth(p)
         row_we, row_last, row_slot, row_slot_valid = row_tags[0], row_tags[1], row_tags[2:2 + n_bits], row_tags[-1]
-        m.d.comb += [self.n_row_index.eq(row_slot), self.n_row_valid.eq(row_slot_valid),
-                     self.n_row_x.eq(row_x), self.n_row_we.eq(row_we)]
+        m.d.comb += [self.norm.row_index.eq(row_slot), self.norm.row_valid.eq(row_slot_valid),
+                     self.norm.row_x.eq(row_x), self.norm.row_we.eq(row_we)]
 
         # HCCS heads normalise through the streaming HCCS unit (hw/hccs.py): the row is kept in registers as
         # it is scored, fed in beats of hccs_lanes, and the probabilities come back in beats.
@@ -652,8 +655,8 @@ class SomaDecode(wiring.Component):
         _, _, n_prob_read, _ = at(READ_LATENCY - 1, PHASE_WEIGHTED)
         # The normaliser's probability (a block RAM, over half a cycle from clock to output on the ECP5) is
         # addressed a cycle earlier and registered as it leaves the RAM.
-        m.d.comb += self.n_prob_index.eq(at(READ_LATENCY - 2, PHASE_WEIGHTED)[2])
-        n_prob = reg(m, self.n_prob[:8], "n_prob")
+        m.d.comb += self.norm.prob_index.eq(at(READ_LATENCY - 2, PHASE_WEIGHTED)[2])
+        n_prob = reg(m, self.norm.prob[:8], "n_prob")
         # The HCCS probability of slot n in two registered steps (a group of 8 slots addressed a stage early,
         # then the slot): in one step, a 72:1 byte select behind the tag line's index does not fit a cycle.
         group_bits = 3
@@ -884,7 +887,7 @@ class SomaDecode(wiring.Component):
                     m.d.sync += [gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0), *feed_index.eq(0), drain_sel.eq(1),
                                  feeding.eq(~use_exp), *gate_index.eq(0)]
                     begin_issue(PHASE_GATE)
-                    m.d.comb += [self.n_start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]
+                    m.d.comb += [self.norm.start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
                 m.d.comb += last_issue.eq(n_issue == D - 1)
@@ -896,7 +899,7 @@ class SomaDecode(wiring.Component):
                 v_gate_done, last_gate_done, _, _ = at(GATE_DEPTH, PHASE_GATE)
                 with m.If(v_gate_done & last_gate_done):
                     m.d.sync += gate_busy.eq(0)
-                with m.If(Mux(use_exp, self.n_done, near_unit.o.valid & near_unit.o.payload.last)):
+                with m.If(Mux(use_exp, self.norm.done, near_unit.o.valid & near_unit.o.payload.last)):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate_busy & ~norm_busy):
                     m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), *d_issue.eq(0)]

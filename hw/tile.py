@@ -444,11 +444,7 @@ class Tile(wiring.Component):
         next_row_addr = reg(m, stage_word + (next_row_start >> log2(W)), "next_row_addr", range(mem_words + 1))
         fetched_lane = reg(m, fetch_elem[:log2(W)], "fetched_lane")
 
-        # Normaliser: driven by the decode unit, or by the HCCS command.
-        for name in ("start", "count", "use_exp", "clb", "out16", "row_we", "row_index", "row_x", "row_valid",
-                     "prob_index"):
-            m.d.comb += getattr(norm, name).eq(Mux(hccs_active, 0, getattr(dec, f"n_{name}")))
-        m.d.comb += [dec.n_done.eq(norm.done), dec.n_prob.eq(norm.prob)]
+        # Normaliser: driven by the decode unit, or by the HCCS command (the members it drives, below).
         hccs_start = Signal()
         hccs_row_we = Signal()
         hccs_prob_index = Signal(range(p.n_max + 1))
@@ -459,20 +455,22 @@ class Tile(wiring.Component):
         late_x = reg(m, fetched_word.word_select(delay(m, fetched_lane, 1), 8), "late_x")
         late_start, late_we = (delay(m, v, 2, reset_less=False) for v in (hccs_start, hccs_row_we))
         late_index = delay(m, row_index, 2)
-        with m.If(hccs_active):
-            m.d.comb += [norm.start.eq(late_start), norm.count.eq(arg1), norm.use_exp.eq(0),
-                         norm.clb.eq(head_field(head, "hccs_mode") == 1), norm.out16.eq(out_bytes == 2),
-                         norm.row_we.eq(late_we), norm.row_index.eq(late_index), norm.row_x.eq(late_x),
-                         norm.row_valid.eq(1), norm.prob_index.eq(hccs_prob_index)]
         # The HCCS command's parameters from the registers its rule check reads (the exp head is never asked for
-        # there), a decode step's from the decode unit: no head multiplexer in front of the normaliser.
-        for name in ("B", "S", "dmax"):
-            m.d.comb += getattr(norm, name).eq(Mux(hccs_active, selected[name], getattr(dec, f"n_{name}")))
-        m.d.comb += norm.exp_mult.eq(dec.n_exp_mult)
+        # there), a decode step's from the decode unit: no head multiplexer in front of the normaliser. The
+        # exp multiplier is a decode step's only.
+        hccs_drive = {"start": late_start, "count": arg1, "use_exp": 0, "clb": head_field(head, "hccs_mode") == 1,
+                      "out16": out_bytes == 2, "row_we": late_we, "row_index": late_index, "row_x": late_x,
+                      "row_valid": 1, "prob_index": hccs_prob_index, **selected}
+        for name, member in norm.signature.members.items():
+            if member.flow == wiring.In:  # into the normaliser
+                source = getattr(dec.norm, name)
+                m.d.comb += getattr(norm, name).eq(Mux(hccs_active, hccs_drive[name], source)
+                                                   if name in hccs_drive else source)
+            else:
+                m.d.comb += getattr(dec.norm, name).eq(getattr(norm, name))
 
         # Decode unit: parameters of the current head, addresses, memory ports.
-        for hp in HEAD_PARAMS:
-            m.d.comb += getattr(dec, f"p_{hp.name}").eq(cur_params[hp.name])
+        m.d.comb += [dec.head[hp.name].eq(cur_params[hp.name]) for hp in HEAD_PARAMS]
         # The current head's addresses advance with cur (no multiplier between cur and the decode unit).
         dec_state_base = Signal(range(mem_words))
         dec_stage_base = Signal(range(mem_words))
