@@ -130,3 +130,58 @@ def test_same_cosines_as_the_numpy_harness(minilm, minilm_files):
         # an int8 logit rounded the other way in one head moves a cosine by about that much, a misplaced block
         # or a key left in by 1e-3 and more.
         assert np.abs(np.array(ours) - harness).max() <= 1e-5, (name, ours, harness)
+
+
+def parallel_attention(path):
+    """Two attention branches whose scores (x and 2 x) are both computed before the first Softmax:
+    out = softmax(x) @ v + softmax(2 x) @ v, inputs x (2, 3, 4, 5) and v (2, 3, 5, 2)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    nodes = [helper.make_node("Mul", ["x", "two"], ["x2"], name="scores2"),
+             helper.make_node("Identity", ["x"], ["x1"], name="scores1"),
+             helper.make_node("Softmax", ["x1"], ["p1"], name="softmax1", axis=-1),
+             helper.make_node("MatMul", ["p1", "v"], ["o1"], name="ctx1"),
+             helper.make_node("Softmax", ["x2"], ["p2"], name="softmax2", axis=-1),
+             helper.make_node("MatMul", ["p2", "v"], ["o2"], name="ctx2"),
+             helper.make_node("Add", ["o1", "o2"], ["out"], name="out")]
+    graph = helper.make_graph(
+        nodes, "parallel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5]),
+                            helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 3, 5, 2])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.float32(2), "two")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_cut_when_scores_come_before_an_earlier_softmax(tmp_path):
+    # The second layer's scores are computed in the first segment: the cut must keep them until its Softmax.
+    import onnx
+    import onnxruntime as ort
+
+    from somatile.eval.onnx_capture import find_attention
+    from somatile.eval.onnx_eval import SoftmaxCut, by_mask_blocks, float_softmax
+    path = parallel_attention(tmp_path / "parallel.onnx")
+    rng = np.random.default_rng(2)
+    inputs = {"x": rng.normal(size=(2, 3, 4, 5)).astype(np.float32), "v": rng.normal(size=(2, 3, 5, 2)).astype(np.float32)}
+    inputs["x"][1, :, :, 3:] = -np.inf   # item 1 attends over its first 3 keys only
+    model = onnx.load(str(path))
+    out = SoftmaxCut(model, find_attention(model)).run(
+        inputs, lambda layer, scores: by_mask_blocks(float_softmax, layer, scores))["out"]
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["out"], inputs)[0]
+    # Float64 softmax rounded to float32 against onnxruntime's float32 (outputs of size ~2): a few ulps.
+    assert np.abs(out - ref).max() <= 1e-6 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--variants", "softmax", "int8"], "--variants: unknown 'int8'"),
+    (["--calibration-rows", "2"], "--calibration-rows: expected 1..1 of the 2 rows"),
+    (["--calibration-rows", "1", "--calibrate-inputs", "CAL"], "does not go with --calibrate-inputs"),
+])
+def test_bad_eval_options(tmp_path, capsys, extra, expected):
+    path = parallel_attention(tmp_path / "parallel.onnx")
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, x=np.zeros((2, 3, 4, 5), np.float32), v=np.zeros((2, 3, 5, 2), np.float32))
+    extra = [str(inputs) if e == "CAL" else e for e in extra]
+    code = main(["eval", "onnx", "--onnx", str(path), "--inputs", str(inputs), "--out", str(tmp_path / "o")] + extra)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
