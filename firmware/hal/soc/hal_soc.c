@@ -4,6 +4,7 @@
 #include "hal.h"
 
 #include "fw.h"
+#include "hal_uart.h"
 #include "somatile_soc.h"
 
 #ifndef FW_CLOCK_HZ
@@ -29,24 +30,15 @@ static uint64_t deadline_after(uint32_t timeout_ms)
     return now_cycles() + (uint64_t)timeout_ms * (FW_CLOCK_HZ / 1000u);
 }
 
+static int take_byte(void)
+{
+    uint32_t v = REG(SOC_UART_DATA);
+    return v == SOC_UART_EMPTY ? -1 : (int)(v & 0xFFu);
+}
+
 int hal_link_read(uint8_t *buf, size_t cap, uint32_t timeout_ms)
 {
-    uint64_t deadline = deadline_after(timeout_ms);
-    size_t n = 0;
-
-    for (;;) {
-        uint32_t v = REG(SOC_UART_DATA);
-        if (v != SOC_UART_EMPTY) {
-            buf[n++] = (uint8_t)v;
-            if (n == cap)
-                return (int)n;
-            continue;
-        }
-        if (n > 0)
-            return (int)n;
-        if (now_cycles() >= deadline)
-            return 0;
-    }
+    return hal_uart_read(buf, cap, deadline_after(timeout_ms), take_byte, now_cycles);
 }
 
 int hal_link_write(const uint8_t *buf, size_t n)

@@ -12,6 +12,7 @@
 #include "hal.h"
 
 #include "fw.h"
+#include "hal_uart.h"
 #include "hal_versal.h"
 
 #ifndef FW_CPU_HZ
@@ -90,23 +91,14 @@ void hal_versal_init(void)
     REG(DMA_S2MM_CR) = DMA_CR_RUN;
 }
 
+static int take_byte(void)
+{
+    return (REG(UART_FR) & UART_FR_RXFE) ? -1 : (int)(REG(UART_DR) & 0xFFu);
+}
+
 int hal_link_read(uint8_t *buf, size_t cap, uint32_t timeout_ms)
 {
-    uint64_t deadline = deadline_after(timeout_ms);
-    size_t n = 0;
-
-    for (;;) {
-        if (!(REG(UART_FR) & UART_FR_RXFE)) {
-            buf[n++] = (uint8_t)REG(UART_DR);
-            if (n == cap)
-                return (int)n;
-            continue;
-        }
-        if (n > 0)
-            return (int)n;
-        if (now_cycles() >= deadline)
-            return 0;
-    }
+    return hal_uart_read(buf, cap, deadline_after(timeout_ms), take_byte, now_cycles);
 }
 
 int hal_link_write(const uint8_t *buf, size_t n)
