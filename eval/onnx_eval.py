@@ -32,8 +32,8 @@ its rows equals an evaluation row, trailing zeros ignored so that padding does n
 (last axis; tokens of padding excluded where the graph takes an ``attention_mask`` (B, T) and the output is
 (B, T, C)), for such outputs the cosine of the mean over the attention mask (an encoder's pooled embedding),
 top-1 agreement over the last axis for the outputs named by ``--top1`` (default: outputs whose name contains
-"logits"), and with ``--window`` (token windows of ``--text``) the perplexity of the next token from the
-output ``logits``. ``OUT/results.json`` and ``OUT/results.md``.
+"logits"), and with ``--causal`` or ``--window`` (token windows of ``--text``) the perplexity of the next
+token from the output ``logits`` (padding, ``attention_mask`` 0, not scored). ``OUT/results.json`` and ``OUT/results.md``.
 """
 
 from __future__ import annotations
@@ -340,7 +340,10 @@ def evaluate_onnx(args, command: str) -> dict:
     normalisers = {SOFTMAX: float_softmax, **{MINILM_FIELDS[name]["key"]: f
                                               for name, f in minilm_normalisers(cal, cols).items()}}
     top1 = args.top1 if args.top1 is not None else [n for n in out_names if "logits" in n.lower()]
-    lm_output = "logits" if getattr(args, "window", None) and "logits" in out_names else None
+    lm_output = "logits" if (args.window or args.causal) else None
+    if lm_output and ("logits" not in out_names or "input_ids" not in eval_inputs):
+        raise ValueError(f"{args.onnx}: perplexity (--causal or --window) needs a graph output 'logits' and an "
+                         f"input 'input_ids' (outputs: {out_names}, inputs: {sorted(eval_inputs)})")
     variants = {}
     for key in chosen:
         outputs = through_cut if key == SOFTMAX else run_all(
@@ -402,6 +405,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="normalisers to evaluate (default all: " + " ".join(variant_keys()) + ")")
     parser.add_argument("--cols", type=int, default=None,
                         help="row length of the integer kernels (default: the longest key axis seen)")
+    parser.add_argument("--causal", action="store_true",
+                        help="a causal LM: report the next-token perplexity of output 'logits' (implied by --window)")
     parser.add_argument("--top1", nargs="*", default=None, metavar="OUTPUT",
                         help="outputs with a class axis last (default: outputs named like *logits*)")
 
@@ -416,6 +421,8 @@ def command_line(args) -> str:
     for name, default in (("max_tokens", 128), ("batch", 8)):
         if getattr(args, name) != default:
             parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    if args.causal:
+        parts.append("--causal")
     for name in ("variants", "top1"):
         if getattr(args, name) is not None:
             parts.append(f"--{name} {' '.join(getattr(args, name))}".rstrip())

@@ -98,6 +98,13 @@ def test_causal_lm_perplexity(tmp_path):
     assert abs(out["wide_exp"]["perplexity"] / ref - 1) <= 0.02, out["wide_exp"]
     assert out["wide_exp"]["top1_agreement"] > out["hccs"]["top1_agreement"] - 1e-12
     assert out["hccs"]["perplexity"] != ref   # HCCS is a different normaliser: it must move the result
+    # The same windows as arrays: --causal gives the perplexity without --window.
+    from somatile.eval.onnx_capture import text_inputs
+    import onnx
+    np.savez(tmp_path / "windows.npz", **text_inputs(onnx.load(str(model)), tmp_path / "text.txt", tokenizer, window=24))
+    again = run_eval(["--onnx", str(model), "--inputs", str(tmp_path / "windows.npz"), "--causal",
+                      "--calibration-rows", "4", "--variants", "softmax"], tmp_path / "again")
+    assert again["variants"]["softmax"]["outputs"]["logits"]["reference_perplexity"] == ref
 
 
 def test_same_cosines_as_the_numpy_harness(minilm, minilm_files):
