@@ -379,7 +379,7 @@ def write_capture(layers: list[dict], out_dir, *, model_path, inputs_path, opset
     return written + [index]
 
 
-def add_input_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """--inputs, or --text with --tokenizer (and their options): shared with `somatile eval onnx`."""
     parser.add_argument("--inputs", metavar="FILE.npz", default=None,
                         help="one array per graph input, named like the input (rows on axis 0)")
