@@ -301,8 +301,30 @@ def code_of(table: dict, name: str, value: str) -> int:
     return table[value]
 
 
+def row_chunks(rows: int, threads: int) -> list[slice]:
+    """``threads`` contiguous slices covering ``rows`` rows (fewer when there are fewer rows)."""
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads: expected a positive integer, got {threads!r}")
+    bounds = np.linspace(0, rows, min(threads, max(rows, 1)) + 1).astype(int)
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def run_threaded(kernel, jobs: list[tuple], threads: int) -> None:
+    """Call ``kernel(*args)`` for every args tuple of ``jobs``, on ``threads`` threads: the row kernels are
+    ``nogil`` numba functions writing disjoint output rows, so threads run them side by side."""
+    if threads == 1:
+        for args in jobs:
+            kernel(*args)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        for future in [pool.submit(kernel, *args) for args in jobs]:
+            future.result()
+
+
 def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8", mask=None,
-             impl: str = "numba", allow_zero_floor: bool = False) -> np.ndarray:
+             impl: str = "numba", allow_zero_floor: bool = False, threads: int = 1) -> np.ndarray:
     """Integer HCCS of int8 logits; bit-exact contract of docs/numerics.md (section HCCS).
 
     x: int8 (R, N) for one head or (H, R, N); B, S, dmax: ints (shared by all heads) or length-H sequences;
@@ -311,7 +333,9 @@ def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8"
     (255 = probability 1) or "int16" (shift 0, saturated at 32767); mask: bool of x's shape, True = element
     takes part (masked elements take no part in the max and output 0; a fully-masked row outputs all zeros);
     impl: "numba" (fast path) or "numpy" (readable spec), bit-identical; allow_zero_floor: see
-    :func:`check_params`. Returns uint8 or int16 of x's shape. Rounding is floor throughout.
+    :func:`check_params`; threads: the numba path splits each head's rows over this many threads (the same
+    bits; the speed-up is in bench/results.md). Returns uint8 or int16 of x's shape. Rounding is floor
+    throughout.
     """
     mode_code = code_of(MODE_CODES, "mode", mode)
     out_code = code_of(OUT_CODES, "out", out)
@@ -323,8 +347,8 @@ def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8"
         result = np.empty(x3.shape, OUT_DTYPES[out])
         x3 = np.ascontiguousarray(x3)
         valid = np.empty(x3.shape[:2] + (0,), np.bool_) if valid3 is None else np.ascontiguousarray(valid3)
-        for h in range(x3.shape[0]):
-            hccs_rows2(x3[h], valid[h], B[h], S[h], dmax[h], mode_code, out_code, result[h])
+        run_threaded(hccs_rows2, [(x3[h, c], valid[h, c], B[h], S[h], dmax[h], mode_code, out_code, result[h, c])
+                                  for h in range(x3.shape[0]) for c in row_chunks(x3.shape[1], threads)], threads)
     else:
         raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")
     return result[0] if squeeze else result

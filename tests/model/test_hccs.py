@@ -250,3 +250,15 @@ def test_property_numba_equals_spec(case, mode_out, use_mask):
     x, mask, b, s, d, zero_floor = case
     mode, out = mode_out
     both(x, b, s, d, mode=mode, out=out, mask=mask if use_mask else None, allow_zero_floor=zero_floor)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_rows_split_over_threads_give_the_same_bits(rng, threads):
+    x = rng.integers(-128, 128, (2, 301, 65)).astype(np.int8)
+    mask = rng.random(x.shape) > 0.2
+    for mode in ("div", "clb"):
+        one = hccs.hccs_int(x, [60, 90], [1, 2], [40, 30], mode=mode, mask=mask)
+        assert np.array_equal(hccs.hccs_int(x, [60, 90], [1, 2], [40, 30], mode=mode, mask=mask, threads=threads), one)
+    assert np.array_equal(hccs.hccs_int(x[:, :2], 60, 1, 40, threads=threads), hccs.hccs_int(x[:, :2], 60, 1, 40))
+    with pytest.raises(ValueError, match="threads: expected a positive integer, got 0"):
+        hccs.hccs_int(x, 60, 1, 40, threads=0)
