@@ -34,8 +34,9 @@ TILE_STATUS     r      bit 0: room for a beat; bit 1: an output beat waits; bit 
                        array's error output
 =============== ====== ===========================================================================
 
-Bus timing: every access takes two cycles (address decoded and the block RAM read in the first, the CPU's
-``mem_ready`` in the second), except UART_DATA writes, which wait for the transmitter.
+Bus timing: every access takes three cycles (address decoded, the block RAM read and a register's side
+effect in the first; the read value selected into a register in the second; the CPU's ``mem_ready`` in the
+third), except UART_DATA writes, which wait for the transmitter in the first.
 
 ``hold`` (input) keeps the array's output stream from being read while it is high: a stalled tile for the
 fault tests; boards tie it low.
@@ -105,13 +106,14 @@ class _CpuBus:
         self.addr, self.wdata, self.wstrb, self.rdata = Signal(32), Signal(32), Signal(4), Signal(32)
         self.region = self.addr[28:32]
         self.offset = self.addr[:28]
-        self.ack = Signal()           # the second cycle of an access: mem_ready
-        self.start = Signal()         # the first cycle of an access
+        self.start = Signal()         # the first cycle of an access: decode, block RAM read, register side effects
+        self.second = Signal()        # the second: the read value selected into a register
+        self.done = Signal()          # the third: mem_ready
         self.reg_rdata = Signal(32)   # a register's read value, latched in the first cycle
         self.stall = Signal()         # a register that cannot complete this cycle (UART transmitter busy)
         self.mem_reads: list[tuple[int, Signal]] = []
-        m.d.comb += self.start.eq(self.valid & ~self.ack)
-        m.d.sync += self.ack.eq(self.start & ~self.stall)
+        m.d.comb += self.start.eq(self.valid & ~self.second & ~self.done)
+        m.d.sync += [self.second.eq(self.start & ~self.stall), self.done.eq(self.second)]
         stack_top = DATA_BASE + soc.data_bytes
         m.submodules.cpu = Instance(
             "picorv32",
@@ -140,10 +142,15 @@ class _CpuBus:
         self.mem_reads.append((was, rd.data))
 
     def finish(self, m: Module) -> None:
+        # The selected value is registered before it reaches the CPU: a block RAM's clock-to-output, the
+        # selection and PicoRV32's decode of mem_rdata in one cycle were the SoC's longest path.
         out = self.reg_rdata
         for was, value in self.mem_reads:
             out = Mux(was, value, out)
-        m.d.comb += [self.rdata.eq(out), self.ready.eq(self.ack)]
+        rdata = Signal(32, name="mem_rdata_reg")
+        with m.If(self.second):
+            m.d.sync += rdata.eq(out)
+        m.d.comb += [self.rdata.eq(rdata), self.ready.eq(self.done)]
 
 
 def _ram(m: Module, name: str, size: int, init: list[int]) -> Memory:
