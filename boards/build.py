@@ -587,6 +587,15 @@ def _write_manifest(cfg: BoardConfig, top: str, files: list[Path], out_dir: Path
     return record
 
 
+def _firmware_line(r: dict) -> str:
+    fw = r["firmware"]
+    data = sum(v for k, v in fw["sections"].items() if k in (".bss", ".sbss"))
+    return (f"- {r['board']} / {r['top']}" + "".join(f" {k}={v}" for k, v in r.get("overrides", {}).items())
+            + f": image {fw['image_bytes']:,} bytes of {fw['code_kib']} KiB code memory, .bss {data:,} bytes of "
+              f"{fw['data_kib']} KiB data memory (max_payload {fw['max_payload']}), UART {fw['baud']:,} bit/s "
+              f"(divider {fw['uart_div']} at {fw['clock_hz'] / 1e6:g} MHz)")
+
+
 def _soc_files(unit, out_dir: Path) -> list[Path]:
     """The packaged CPU and UART Verilog beside the SoC's, and the firmware image it holds."""
     copies = []
@@ -721,7 +730,8 @@ def write_summary(records: list[dict], path: Path) -> list[Path]:
             "`fpga.dsp_registers: packed` the flip-flops moved into the multiplier blocks after synthesis "
             "(`boards/dsp_pack.py`) are not placed in the fabric. The harness adds exactly in_bits + out_bits "
             "flip-flops (listed below) to drive the "
-            "unit's ports from one serial pin and read them on another. Fmax is nextpnr's final (post-route) "
+            "unit's ports from one serial pin and read them on another; rows of top `soc` are the SoC a board runs "
+            "(CPU, firmware, UART on its pins, the tile array: `harness.SocBoard`, no shift harness). Fmax is nextpnr's final (post-route) "
             "figure for the PLL-made clock; the target is the board's `clock_mhz`. P&R seconds are wall-clock "
             "time on the machine named below, which was shared with other jobs. Where a target is missed, the "
             "critical path is nextpnr's; the count of late endpoints and their largest groups (by the registers "
@@ -740,6 +750,10 @@ def write_summary(records: list[dict], path: Path) -> list[Path]:
     body = markdown_table(records)
     if harness:
         body += "\nHarness overhead and PLL output per build:\n\n" + "\n".join(harness) + "\n"
+    firmware = [_firmware_line(r) for r in records if r.get("firmware")]
+    if firmware:
+        body += ("\nSoC firmware (PicoRV32, cross-built with gcc-riscv64-unknown-elf + picolibc, -Os) per build:\n\n"
+                 + "\n".join(firmware) + "\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(head) + "\n" + body)
     js = path.with_suffix(".json")
