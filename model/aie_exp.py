@@ -30,7 +30,8 @@ import numba
 import numpy as np
 
 from somatile.model import hccs, nbcache
-from somatile.model.hccs import INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, code_of, per_head
+from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, code_of,
+                                 per_head_in_range)
 
 # Its kernels compile in constants of hccs.py: a change there must reach this module's numba cache.
 nbcache.drop_stale(__file__, ("aie_exp.py", "hccs.py"))
@@ -145,11 +146,7 @@ def aie_exp_softmax(x: np.ndarray, kq, *, out: str = "uint8", impl: str = "numba
     x3, _, squeeze = as_heads(x, None)
     if x3.shape[-1] > MAX_COLS:
         raise ValueError(f"x: rows of {x3.shape[-1]} elements exceed the int32 row sum ({MAX_COLS} max)")
-    kq = per_head("kq", kq, x3.shape[0])
-    bad = (kq < KQ_MIN) | (kq > KQ_MAX)
-    if bad.any():
-        h = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"kq: head {h} KQ = {kq[h]} is outside {KQ_MIN}..{KQ_MAX}")
+    kq = per_head_in_range("kq", kq, x3.shape[0], KQ_MIN, KQ_MAX, "KQ")
     if impl == "numpy":
         result = _spec(x3, kq, out_code).astype(OUT_DTYPES[out])
     elif impl == "numba":

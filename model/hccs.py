@@ -86,6 +86,17 @@ def per_head(name: str, value, heads: int) -> np.ndarray:
     return arr
 
 
+def per_head_in_range(name: str, value, heads: int, lo: int, hi: int, symbol: str) -> np.ndarray:
+    """:func:`per_head`, each value within ``lo..hi``; the error names the first head outside as
+    ``"<name>: head h <symbol> = v is outside lo..hi"``."""
+    arr = per_head(name, value, heads)
+    bad = (arr < lo) | (arr > hi)
+    if bad.any():
+        h = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}: head {h} {symbol} = {arr[h]} is outside {lo}..{hi}")
+    return arr
+
+
 def check_params(B, S, dmax, cols: int, heads: int = 1, *, allow_zero_floor: bool = False):
     """Validate per-head HCCS integers for rows of ``cols`` elements; return (B, S, dmax) as int64 (heads,).
 

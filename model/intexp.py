@@ -23,7 +23,7 @@ import numpy as np
 
 from somatile.model import nbcache
 from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, code_of,
-                                 floor_log2, leading_bit, masked_max_at, per_head)
+                                 floor_log2, leading_bit, masked_max_at, per_head_in_range)
 
 # Its kernels inline @njit code of these files: a change there must reach this module's numba cache.
 nbcache.drop_stale(__file__, ("intexp.py", "hccs.py"))
@@ -191,11 +191,7 @@ def intexp_softmax(x: np.ndarray, mult, *, out: str = "uint8", mask=None, impl: 
     x3, valid3, squeeze = as_heads(x, mask)
     if x3.shape[-1] > MAX_COLS:
         raise ValueError(f"x: rows of {x3.shape[-1]} elements exceed the int32 row sum ({MAX_COLS} max)")
-    mult = per_head("mult", mult, x3.shape[0])
-    bad = (mult < EXP_MULT_MIN) | (mult > EXP_MULT_MAX)
-    if bad.any():
-        h = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"mult: head {h} M = {mult[h]} is outside {EXP_MULT_MIN}..{EXP_MULT_MAX}")
+    mult = per_head_in_range("mult", mult, x3.shape[0], EXP_MULT_MIN, EXP_MULT_MAX, "M")
     if impl == "numpy":
         result = _intexp_spec(x3, valid3, mult, out_code).astype(OUT_DTYPES[out])
     elif impl == "numba":
