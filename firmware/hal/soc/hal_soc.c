@@ -64,16 +64,28 @@ static int wait_status(uint32_t bit, uint64_t deadline)
  * answer, never taken for it. */
 static unsigned owed_answers;
 
-static int drop_frame(uint64_t deadline)
+/* Read one answer frame up to its tlast beat into buf (at most cap bytes; the rest of a longer frame is read
+ * and dropped, HAL_POP_OVERFLOW), *got the bytes stored; HAL_POP_TIMEOUT when a beat does not come before the
+ * deadline. */
+static int read_frame(uint8_t *buf, size_t cap, uint64_t deadline, size_t *got)
 {
+    int overflow = 0;
+
+    *got = 0;
     for (;;) {
-        uint32_t status;
+        uint32_t status, word;
         if (wait_status(SOC_TILE_STATUS_OUT, deadline) < 0)
-            return -1;
+            return HAL_POP_TIMEOUT;
         status = REG(SOC_TILE_STATUS);
-        (void)REG(SOC_TILE_RX);
+        word = REG(SOC_TILE_RX);
+        if (*got + 4 <= cap && !overflow) {
+            fw_put_u32(buf + *got, word);
+            *got += 4;
+        } else {
+            overflow = 1;
+        }
         if (status & SOC_TILE_STATUS_LAST)
-            return 0;
+            return overflow ? HAL_POP_OVERFLOW : HAL_POP_OK;
     }
 }
 
@@ -81,8 +93,10 @@ static int drop_frame(uint64_t deadline)
  * must leave before the next command goes in: a tile that still streams it accepts no new beats. */
 static int drop_owed(uint64_t deadline)
 {
+    size_t dropped;
+
     while (owed_answers > 0) {
-        if (drop_frame(deadline) < 0)
+        if (read_frame(NULL, 0, deadline, &dropped) == HAL_POP_TIMEOUT)
             return -1;
         owed_answers--;
     }
@@ -110,26 +124,10 @@ int hal_stream_push(unsigned tile, const uint8_t *frame, size_t n)
 
 int hal_stream_pop(unsigned tile, uint8_t *buf, size_t cap, uint32_t timeout_ms, size_t *got)
 {
-    uint64_t deadline = deadline_after(timeout_ms);
-    int overflow = 0;
+    int r = read_frame(buf, cap, deadline_after(timeout_ms), got);
 
     (void)tile;
-    *got = 0;
-    for (;;) {
-        uint32_t status, word;
-        if (wait_status(SOC_TILE_STATUS_OUT, deadline) < 0) {
-            owed_answers++;
-            return HAL_POP_TIMEOUT;
-        }
-        status = REG(SOC_TILE_STATUS);
-        word = REG(SOC_TILE_RX);
-        if (*got + 4 <= cap && !overflow) {
-            fw_put_u32(buf + *got, word);
-            *got += 4;
-        } else {
-            overflow = 1; /* the rest of the frame is read and dropped */
-        }
-        if (status & SOC_TILE_STATUS_LAST)
-            return overflow ? HAL_POP_OVERFLOW : HAL_POP_OK;
-    }
+    if (r == HAL_POP_TIMEOUT)
+        owed_answers++;
+    return r;
 }
