@@ -15,13 +15,15 @@ import time
 
 import numpy as np
 
+from somatile.host.device import Transport
+
 TOKENS = 12
 
 
-class Counting:
+class Counting(Transport):
     """A transport that counts the bytes each way (the wire cost of a token)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: Transport):
         self.inner, self.sent, self.received = inner, 0, 0
 
     def write(self, data):
@@ -33,37 +35,35 @@ class Counting:
         self.received += len(data)
         return data
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def close(self):
+        self.inner.close()
 
 
 def run() -> list[dict]:
     import somatile.host
     from somatile import boards
-    from somatile.host.device import Transport
     from somatile.host.device_cli import demo_config, demo_tensors
     from somatile.host.tile_driver import open_transport
     from somatile.host.transport_serial import SerialTransport
     from somatile.model import soma
 
-    Transport.register(Counting)
     cfg = boards.load("sim")
     with somatile.host.open("sim://?board=sim&top=soc") as sim:
         simulation = sim.simulation
         bit_cycles = simulation.build.bit_cycles
-        counting = Counting(SerialTransport(simulation.pty))
-        with open_transport(counting, "soc-bench", timeout=30.0) as dev:
+        counting_link = Counting(SerialTransport(simulation.pty))
+        with open_transport(counting_link, "soc-bench", timeout=30.0) as dev:
             info = dev.info()
             model_cfg = demo_config(info)
             dev.configure(model_cfg)
             dev.reset()
             q, k, v, _ = demo_tensors(info, TOKENS, seed=3)
-            sent, received = counting.sent, counting.received
+            sent, received = counting_link.sent, counting_link.received
             c0, t0 = simulation.cycles(), time.perf_counter()
             out = dev.decode(q, k, v)
             wall = time.perf_counter() - t0
             cycles = simulation.cycles() - c0
-            wire = (counting.sent - sent + counting.received - received) / TOKENS
+            wire = (counting_link.sent - sent + counting_link.received - received) / TOKENS
     expected = soma.prefill(model_cfg, q, k, v)[0]
     if not np.array_equal(out, expected):
         raise AssertionError("the SoC's decode differs from the model's integer decode")

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from somatile.boards.config import BoardConfig
-from somatile.boards.soc import UART_EXTRA_CYCLES, Firmware, build_firmware, make_soc
+from somatile.boards.soc import UART_EXTRA_CYCLES, Firmware, soc_unit
 from somatile.sim import runner
 
 BENCH = Path(__file__).resolve().parent / "soc_tb.cpp"
@@ -34,13 +34,11 @@ class SocBuild:
 
 
 def build(cfg: BoardConfig, board_arg: str | None = None, timeout_s: float = 1800) -> SocBuild:
-    """Cross-build the firmware for ``cfg`` at its ``clock_mhz``, elaborate the SoC and compile it with
-    Verilator (unless an identical build exists under ``build/sim/``)."""
+    """The SoC of ``cfg`` as the board build makes it (boards/soc.py ``soc_unit``: the firmware cross-built
+    for the board's clock), compiled with Verilator unless an identical build exists under ``build/sim/``."""
     runner.prepare_environment()
-    clock_hz = cfg.clock_mhz * 1e6
-    stem = f"soc-{cfg.name}-" + hashlib.sha256(repr(cfg.parameters()).encode()).hexdigest()[:8]
-    firmware = build_firmware(cfg, clock_hz, runner.build_root() / stem / "firmware", board_arg)
-    soc = make_soc(cfg, firmware)
+    soc = soc_unit(cfg, board_arg)
+    firmware = soc.firmware
     verilog = runner.verilog_for(soc, TOPLEVEL)
     sources = [*soc.sources, BENCH]
     digest = hashlib.sha256(verilog.encode() + b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
