@@ -56,6 +56,14 @@ def board_clock(m: Module, platform, setting: PllSetting) -> None:
         m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="sync")
 
 
+def uart_pins(m: Module, platform):
+    """Buffers of the board's UART receive and transmit pins (resource ``uart`` 0): (``.i``, ``.o``)."""
+    uart = platform.request("uart", 0, dir="-")
+    m.submodules.serial_in = serial_in = io.Buffer("i", uart.rx)
+    m.submodules.serial_out = serial_out = io.Buffer("o", uart.tx)
+    return serial_in, serial_out
+
+
 class ShiftHarness(Elaboratable):
     """``unit`` on a board: PLL-made ``sync`` clock at ``pll.achieved_mhz``, reset held until the PLL locks,
     ports reached through one serial-in and one serial-out pin (see the module docstring)."""
@@ -67,10 +75,7 @@ class ShiftHarness(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         board_clock(m, platform, self.pll)
-
-        uart = platform.request("uart", 0, dir="-")
-        m.submodules.serial_in = serial_in = io.Buffer("i", uart.rx)
-        m.submodules.serial_out = serial_out = io.Buffer("o", uart.tx)
+        serial_in, serial_out = uart_pins(m, platform)
         m.submodules.unit = unit = self.unit
         ins, outs = _split_ports(unit)
         inputs, outputs = Cat(*ins), Cat(*outs)
@@ -103,9 +108,7 @@ class SocBoard(Elaboratable):
         m = Module()
         board_clock(m, platform, self.pll)
         m.submodules.soc = soc = self.soc
-        uart = platform.request("uart", 0, dir="-")
-        m.submodules.serial_in = serial_in = io.Buffer("i", uart.rx)
-        m.submodules.serial_out = serial_out = io.Buffer("o", uart.tx)
+        serial_in, serial_out = uart_pins(m, platform)
         # The receive pin crosses from the USB bridge's clock: two flip-flops before the UART samples it.
         m.submodules.rx_sync = FFSynchronizer(serial_in.i, soc.uart_rx, init=1)
         m.d.comb += [serial_out.o.eq(soc.uart_tx), soc.hold.eq(0)]
