@@ -11,7 +11,8 @@ Both take the module they drive (``mlx.core`` or PyObjC's ``Metal``) as an argum
 stand-ins of somatile.host.metal_emu and run this dispatch code on Linux.
 
 Kernel calls mirror the model's entry points and validate with the model's own checks: `hccs` (hccs_int),
-`intexp` (intexp_softmax), `soma_prefill` / `soma_decode_step` (integer Soma), `sfa_apply` (float SFA).
+`intexp` (intexp_softmax), `wide_softmax` (the wide profile's normalisers), `soma_prefill` /
+`soma_decode_step` (integer Soma, both profiles), `sfa_apply` (float SFA).
 Integer results are bit-identical to somatile.model, SFA floats agree within float32 rounding (tests/metal).
 
 The device (`somatile.host.open`) is the host driver of every backend, `TileDevice`, over the firmware's
@@ -176,37 +177,36 @@ def make_runner(api: str = "mlx", *, emulate: bool = False, order: str = "forwar
     return MlxRunner(module) if api == "mlx" else PyObjCRunner(module)
 
 
-def _rows_kernel(runner, family: str, x3: np.ndarray, valid3, shape_words: list[int], head_params: np.ndarray,
-                 out: str) -> np.ndarray:
-    from somatile.model.hccs import OUT_DTYPES
-
+def _rows_kernel(runner, family: str, entry: str, x3: np.ndarray, valid3, shape_words: list[int],
+                 head_params: np.ndarray, out_dtype) -> np.ndarray:
+    """One threadgroup per row of x3 (heads, rows, cols): the calling convention of the row kernels."""
     heads, rows, cols = x3.shape
     valid = np.ones(1, np.uint8) if valid3 is None else np.ascontiguousarray(valid3, np.uint8)
     threads = row_threads(cols)
-    (result,) = runner.run(family, f"{family}_{out}",
-                           [np.ascontiguousarray(x3), valid, np.array(shape_words, np.int32), head_params],
-                           [(x3.shape, OUT_DTYPES[out])], (threads, heads * rows, 1), (threads, 1, 1))
+    inputs = [np.ascontiguousarray(x3), valid, np.array(shape_words, np.int32), head_params]
+    (result,) = runner.run(family, entry, inputs, [(x3.shape, out_dtype)], (threads, heads * rows, 1),
+                           (threads, 1, 1))
     return result
 
 
 def hccs(runner, x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8", mask=None,
          allow_zero_floor: bool = False) -> np.ndarray:
     """Integer HCCS on the GPU; the contract (arguments, errors, result) of somatile.model.hccs.hccs_int."""
-    from somatile.model.hccs import MODE_CODES, OUT_CODES, as_heads, check_params, code_of
+    from somatile.model.hccs import MODE_CODES, OUT_CODES, OUT_DTYPES, as_heads, check_params, code_of
 
     mode_code = code_of(MODE_CODES, "mode", mode)
     code_of(OUT_CODES, "out", out)
     x3, valid3, squeeze = as_heads(x, mask)
     B, S, dmax = check_params(B, S, dmax, x3.shape[-1], x3.shape[0], allow_zero_floor=allow_zero_floor)
     head_params = np.ascontiguousarray(np.stack([B, S, dmax], axis=1), np.int32)
-    result = _rows_kernel(runner, "hccs", x3, valid3, [x3.shape[2], x3.shape[1], mode_code, valid3 is not None],
-                          head_params, out)
+    result = _rows_kernel(runner, "hccs", f"hccs_{out}", x3, valid3,
+                          [x3.shape[2], x3.shape[1], mode_code, valid3 is not None], head_params, OUT_DTYPES[out])
     return result[0] if squeeze else result
 
 
 def intexp(runner, x: np.ndarray, mult, *, out: str = "uint8", mask=None) -> np.ndarray:
     """Integer-exp softmax on the GPU; the contract of somatile.model.intexp.intexp_softmax."""
-    from somatile.model.hccs import OUT_CODES, as_heads, code_of, per_head
+    from somatile.model.hccs import OUT_CODES, OUT_DTYPES, as_heads, code_of, per_head
     from somatile.model.intexp import EXP_MULT_MAX, EXP_MULT_MIN, MAX_COLS
 
     code_of(OUT_CODES, "out", out)
@@ -217,8 +217,24 @@ def intexp(runner, x: np.ndarray, mult, *, out: str = "uint8", mask=None) -> np.
     if np.any((mult < EXP_MULT_MIN) | (mult > EXP_MULT_MAX)):
         h = int(np.flatnonzero((mult < EXP_MULT_MIN) | (mult > EXP_MULT_MAX))[0])
         raise ValueError(f"mult: head {h} M = {mult[h]} is outside {EXP_MULT_MIN}..{EXP_MULT_MAX}")
-    result = _rows_kernel(runner, "intexp", x3, valid3, [x3.shape[2], x3.shape[1], valid3 is not None],
-                          np.ascontiguousarray(mult, np.int32), out)
+    result = _rows_kernel(runner, "intexp", f"intexp_{out}", x3, valid3,
+                          [x3.shape[2], x3.shape[1], valid3 is not None], np.ascontiguousarray(mult, np.int32),
+                          OUT_DTYPES[out])
+    return result[0] if squeeze else result
+
+
+def wide_softmax(runner, x: np.ndarray, normaliser: str = "exp", B=0, S=256, dmax=None, *, mask=None) -> np.ndarray:
+    """The wide profile's normaliser on the GPU; the contract (arguments, defaults, errors, uint16 Q15 result) of
+    somatile.model.wide.wide_softmax: int16 logits (R, N) or (H, R, N), N <= 65535, normaliser "exp", "hccs"
+    or "pwl2" with per-head B, S, dmax (``dmax`` None: the model's default, no clip)."""
+    from somatile.model import wide
+
+    x3, valid3, squeeze = wide.as_wide_logits(x, mask)
+    B, S, dmax = wide.check_params(normaliser, B, S, wide.DMAX_MAX if dmax is None else dmax, x3.shape[0])
+    head_params = np.ascontiguousarray(np.stack([B, S, dmax], axis=1), np.int32)
+    result = _rows_kernel(runner, "wide", "wide_softmax", x3, valid3,
+                          [x3.shape[2], x3.shape[1], wide.NORM_CODES[normaliser], valid3 is not None], head_params,
+                          np.uint16)
     return result[0] if squeeze else result
 
 
@@ -228,35 +244,36 @@ def _dummy_if_empty(a: np.ndarray) -> np.ndarray:
 
 
 def soma_run(runner, cfg, state, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """T integer Soma decode steps on the GPU, one dispatch per token; the contract of
-    somatile.model.soma_int.run: q int8 (T, H, D), k, v int8 (T, Hkv, D) -> int8 (T, H, D), ``state`` (a
+    """T integer Soma decode steps on the GPU, one dispatch per token; the contract of the model's integer run
+    (somatile.model.soma.prefill with ``integer=True``) in either profile: q int8 (T, H, D), k, v int8
+    (T, Hkv, D) -> (T, H, D) of ``soma_fixed.out_dtype(cfg)`` (int8 "paper", int16 "wide"), ``state`` (a
     SomaState of ``cfg``) updated in place. Needs ``cfg.integer`` and sinks + ring <= SOMA_MAX_SLOTS."""
     from somatile.model import hccs as hccs_model
-    from somatile.model import soma, soma_int
+    from somatile.model import soma, soma_fixed, soma_int
 
     if not cfg.integer:
         raise ValueError("SomaConfig.integer: the Metal Soma kernel runs the integer decode step; expected True")
-    if cfg.profile != "paper":
-        raise ValueError(f"SomaConfig.profile: the Metal Soma kernel implements profile 'paper' (the wide profile "
-                         f"follows in the backends issue), got {cfg.profile!r}")
     if cfg.slots > metal_kernels.SOMA_MAX_SLOTS:
         raise ValueError(f"SomaConfig.ring: sinks + ring = {cfg.slots} exceeds the {metal_kernels.SOMA_MAX_SLOTS} "
                          f"slots the Metal kernel keeps in threadgroup memory")
     soma.check_state(cfg, state, None)
     words = {"heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads, "dim": cfg.head_dim, "ring": cfg.ring,
              "sinks": cfg.sinks, "include_self": cfg.include_self, "gated": cfg.gated,
-             "field_keys": cfg.field_source == "keys", "normaliser": soma_int.NORM_CODES[cfg.normaliser],
+             "field_keys": cfg.field_source == "keys", "profile": soma_fixed.PROFILE_CODES[cfg.profile],
              "hccs_clb": hccs_model.MODE_CODES[cfg.hccs_mode], "gamma_q15": cfg.gamma_q15}
     geometry = np.array([int(words[name]) for name in metal_kernels.SOMA_GEOMETRY], np.int32)
-    params = np.ascontiguousarray(soma_int.param_table(cfg), np.int32)
+    rows = {"norm_code": soma_int.norm_codes(cfg)}
+    params = np.ascontiguousarray(np.vstack([soma_int.param_table(cfg),
+                                             *(rows[name] for name in metal_kernels.SOMA_PARAM_ROWS)]), np.int32)
     threads = row_threads(max(cfg.slots, cfg.head_dim))
     names = ("ring_k", "ring_v", "sink_k", "sink_v", "field", "gate_field")
-    out = np.empty(q.shape, np.int8)
+    # The kernel writes int16 in both profiles; the paper profile's values are int8 by its last saturation.
+    out = np.empty(q.shape, soma_fixed.out_dtype(cfg))
     for t in range(q.shape[0]):
         arrays = [_dummy_if_empty(getattr(state, name)) for name in names]
         counters = np.array([state.write_pos, state.fill, state.step], np.int32)
         results = runner.run("soma", "soma_decode", [q[t], k[t], v[t], *arrays, counters, geometry, params],
-                             [(q.shape[1:], np.int8), *((a.shape, a.dtype) for a in arrays), ((3,), np.int32)],
+                             [(q.shape[1:], np.int16), *((a.shape, a.dtype) for a in arrays), ((3,), np.int32)],
                              (threads, cfg.n_kv_heads, 1), (threads, 1, 1))
         out[t] = results[0]
         for name, new in zip(names, results[1:7]):
@@ -267,7 +284,8 @@ def soma_run(runner, cfg, state, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
 
 
 def soma_prefill(runner, cfg, q, k, v, *, state=None):
-    """somatile.model.soma.prefill for integer configs, on the GPU: returns (out int8 (T, H, D), state)."""
+    """somatile.model.soma.prefill for integer configs, on the GPU: returns (out (T, H, D), state); out is
+    int8 in profile "paper" and int16 in "wide", as the model's."""
     from somatile.model import soma
 
     q, k, v = soma.check_inputs(cfg, q, k, v, seq=True)
@@ -276,7 +294,8 @@ def soma_prefill(runner, cfg, q, k, v, *, state=None):
 
 
 def soma_decode_step(runner, cfg, state, q, k, v):
-    """somatile.model.soma.decode_step for integer configs, on the GPU: returns (out int8 (H, D), state)."""
+    """somatile.model.soma.decode_step for integer configs, on the GPU: returns (out (H, D), state), int8
+    ("paper") or int16 ("wide")."""
     from somatile.model import soma
 
     q, k, v = soma.check_inputs(cfg, q, k, v, seq=False)
@@ -351,38 +370,32 @@ def sfa_apply(runner, cfg, state, layer: int, x):
 
 def tile_class():
     """`MetalTile`: the golden tile model of somatile.hw.tile_model with its two compute steps (the Soma
-    decode step of one head, HCCS rows) running on a Metal runner. Everything else (frames, parameter
-    registers, state bytes, error codes) is the tile model's own, so metal:// answers every command exactly
-    as emu:// does. Built on first use: the tile model is not loaded for kernel-only use of this module."""
-    from somatile.hw import regmap
-    from somatile.hw.tile_model import TileModel, arrays_to_state, state_to_arrays
+    decode step of one head, the HCCS command's rows) running on a Metal runner. Everything else (frames,
+    parameter registers, state bytes, error codes) is the tile model's own, so metal:// answers every command
+    exactly as emu:// does. Built on first use: the tile model is not loaded for kernel-only use of this
+    module."""
+    from somatile.hw.tile_model import TileModel
 
     class MetalTile(TileModel):
         def __init__(self, params, tile_index: int, runner):
+            if params.profile not in METAL_PROFILES:
+                raise ValueError(f"metal://: TileParams.profile = {params.profile!r}: the Metal tile implements "
+                                 f"{', '.join(METAL_PROFILES)}")
             super().__init__(params, tile_index)
             self.runner = runner
 
-        def decode_head(self, head: int, q, k, v) -> bytes:
-            from somatile.model import soma
+        def decode_step(self, cfg, state, q, k, v):
+            return soma_decode_step(self.runner, cfg, state, q, k, v)
 
-            cfg = self._configs[head]
-            record = self.heads[head]
-            state = soma.SomaState.from_arrays(cfg, state_to_arrays(self.params, record.state, cfg.gated))
-            out, state = soma_decode_step(self.runner, cfg, state, q[None], k[None], v[None])
-            arrays_to_state(self.params, state.to_arrays(), into=record.state)
-            return out.astype(np.int8).tobytes()
-
-        def hccs_rows(self, head: int, rows: int, n: int, payload: bytes) -> bytes:
-            values = self.hccs_params(head, n)
-            n_pad = regmap.padded(n)
-            x = np.ascontiguousarray(np.frombuffer(payload, np.int8).reshape(rows, n_pad)[:, :n])
-            probs = hccs(self.runner, x, values["hccs_B"], values["hccs_S"], values["hccs_dmax"],
-                         mode=values["hccs_mode"], out=self.params.hccs_out)
-            padded = np.zeros((rows, n_pad), probs.dtype.newbyteorder("<"))
-            padded[:, :n] = probs
-            return padded.tobytes()
+        def normalise_rows(self, values, x):
+            return hccs(self.runner, x, values["hccs_B"], values["hccs_S"], values["hccs_dmax"],
+                        mode=values["hccs_mode"], out=self.params.hccs_out)
 
     return MetalTile
+
+
+METAL_PROFILES = ("paper",)
+"""The tile profiles metal:// computes (TileParams.profile)."""
 
 
 METAL_URL_OPTIONS = ("api", "emulate", "order", "seed")

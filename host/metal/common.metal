@@ -38,11 +38,13 @@ T threadgroup_sum(T value, Scratch scratch, RowThreads t) {
   return result;
 }
 
-// Max of the valid int8 elements of a row of `cols` at x (HCCS_NO_MAX when none is valid), shared by every
-// thread of the threadgroup; valid[c] != 0 marks the elements that take part when `masked`.
+// Max of the valid elements of a row of `cols` at x (`none` when no element is valid), shared by every
+// thread of the threadgroup; valid[c] != 0 marks the elements that take part when `masked`. `none` is at or
+// below the logits' minimum: HCCS_NO_MAX for int8 rows, WIDE_LOGIT_MIN for the wide profile's int16 rows.
 template <typename XPtr, typename ValidPtr, typename Scratch>
-int masked_row_max(XPtr x, ValidPtr valid, bool masked, int cols, Scratch scratch, RowThreads t) {
-  int m = HCCS_NO_MAX;
+int masked_row_max(XPtr x, ValidPtr valid, bool masked, int cols, Scratch scratch, RowThreads t,
+                   int none = HCCS_NO_MAX) {
+  int m = none;
   for (uint c = t.index; c < uint(cols); c += t.count)
     if (!masked || valid[c]) m = max(m, int(x[c]));
   return threadgroup_max(m, scratch, t);

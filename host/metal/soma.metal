@@ -1,7 +1,12 @@
-// One integer Soma decode step (docs/numerics.md, section "Soma"), bit-exact with somatile.model.soma
-// (integer=True: soma_int's spec and soma_nb's fast path). The SOMA_* constants and parameter-row indices
-// come from the model modules through the prelude; common.metal, hccs.metal and intexp.metal are assembled
-// before this file (the near-field normaliser is their row code, run on threadgroup memory).
+// One integer Soma decode step (docs/numerics.md, sections "Soma" and "Two integer profiles"), bit-exact with
+// somatile.model.soma (integer=True: soma_int's spec and soma_nb's fast path) in both profiles, chosen by
+// the geometry word SOMA_G_PROFILE: "paper" (int8 logits, HCCS or integer exp with uint8 probabilities, int8
+// output) and "wide" (int16 logits, the wide normaliser with Q15 probabilities, int16 output); state, field
+// and gate are the same code. One entry point serves both, so its threadgroup rows and its output buffer
+// have the wide profile's types, which hold the paper profile's values exactly. The SOMA_* constants and
+// parameter-row indices come from the model modules through the prelude; common.metal, hccs.metal,
+// intexp.metal and wide.metal are assembled before this file (the near-field normaliser is their row code,
+// run on threadgroup memory).
 //
 // One threadgroup per KV head: the threadgroup owns that head's slice of the state, so the ring write and
 // the field update need no cross-threadgroup ordering, and the query heads of its group (grouped-query
@@ -16,7 +21,8 @@
 // Buffers: q int8 (H, D); k, v int8 (Hkv, D); ring_k, ring_v int8 (Hkv, ring, D); sink_k, sink_v int8
 // (Hkv, sinks, D) (one dummy byte when sinks = 0); field int16 (Hkv, D); gate_field int16 (Hkv, D) (dummy
 // when ungated); counters int32 [write_pos, fill, step]; geometry int32 (SOMA_G_* indices); params int32
-// (SOMA_PARAM_ROWS, H) = soma_int.param_table; then the outputs: out int8 (H, D) and the new state.
+// (SOMA_P_* rows, H) = soma_int.param_table and the per-head normaliser code of the profile (paper:
+// soma_fixed.NORM_CODES, wide: wide.NORM_CODES); then the outputs: out int16 (H, D) and the new state.
 // Dispatch: grid (T, Hkv, 1), threadgroup (T, 1, 1), T a multiple of 32 in 32..1024.
 
 inline long rshift_round(long x, int shift) { return (x + ((long(1) << shift) >> 1)) >> shift; }
@@ -66,15 +72,15 @@ void soma_decode_kv_head(const device char* q, const device char* k, const devic
                          const device char* ring_k, const device char* ring_v, const device char* sink_k,
                          const device char* sink_v, const device short* field, const device short* gate_field,
                          const device int* counters, const device int* geometry, const device int* params,
-                         device char* out, device char* ring_k_out, device char* ring_v_out,
+                         device short* out, device char* ring_k_out, device char* ring_v_out,
                          device char* sink_k_out, device char* sink_v_out, device short* field_out,
                          device short* gate_field_out, device int* counters_out, uint kv, Scratch scratch,
                          Logits logits, Valid valid, Prob prob, RowThreads t) {
   const int heads = geometry[SOMA_G_HEADS], kv_heads = geometry[SOMA_G_KV_HEADS], dim = geometry[SOMA_G_DIM];
   const int ring = geometry[SOMA_G_RING], sinks = geometry[SOMA_G_SINKS];
   const bool include_self = geometry[SOMA_G_INCLUDE_SELF] != 0, gated = geometry[SOMA_G_GATED] != 0;
-  const bool field_keys = geometry[SOMA_G_FIELD_KEYS] != 0, exp_norm = geometry[SOMA_G_NORMALISER] != 0;
-  const bool clb = geometry[SOMA_G_HCCS_CLB] != 0;
+  const bool field_keys = geometry[SOMA_G_FIELD_KEYS] != 0, clb = geometry[SOMA_G_HCCS_CLB] != 0;
+  const bool wide = geometry[SOMA_G_PROFILE] == SOMA_PROFILE_WIDE;
   const int gamma_q15 = geometry[SOMA_G_GAMMA_Q15];
   const int group = heads / kv_heads, slots = sinks + ring;
   const uint ring_base = kv * uint(ring * dim), sink_base = kv * uint(sinks * dim), row = kv * uint(dim);
@@ -96,6 +102,10 @@ void soma_decode_kv_head(const device char* q, const device char* k, const devic
   }
   const int sink_fill = min(c.step, sinks);
   const int lag = include_self ? 0 : 1;
+  const long logit_min = wide ? SOMA_WIDE_LOGIT_MIN : SOMA_PAPER_LOGIT_MIN;
+  const long logit_max = wide ? SOMA_WIDE_LOGIT_MAX : SOMA_PAPER_LOGIT_MAX;
+  const long out_min = wide ? SOMA_WIDE_OUT_MIN : SOMA_PAPER_OUT_MIN;
+  const long out_max = wide ? SOMA_WIDE_OUT_MAX : SOMA_PAPER_OUT_MAX;
 
   for (int h = int(kv) * group; h < (int(kv) + 1) * group; ++h) {
     const uint qh = uint(h * dim);
@@ -110,16 +120,19 @@ void soma_decode_kv_head(const device char* q, const device char* k, const devic
       const long logit = rshift_round(long(score) * params[SOMA_P_SCORE_MULT * heads + h],
                                       params[SOMA_P_SCORE_SHIFT * heads + h]) -
                          long(params[SOMA_P_RECENCY_INT * heads + h]) * distance;
-      logits[j] = ok ? char(clamp_long(logit, SOMA_INT8_MIN, SOMA_INT8_MAX)) : char(0);
+      logits[j] = ok ? short(clamp_long(logit, logit_min, logit_max)) : short(0);
       valid[j] = ok ? 1 : 0;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (exp_norm)
+    const int code = params[SOMA_P_NORM_CODE * heads + h];
+    const int B = params[SOMA_P_HCCS_B * heads + h], S = params[SOMA_P_HCCS_S * heads + h];
+    const int dmax = params[SOMA_P_HCCS_DMAX * heads + h];
+    if (wide)
+      wide_normalise(logits, valid, true, slots, code, B, S, dmax, prob, scratch, t);
+    else if (code == SOMA_NORM_EXP)
       intexp_normalise<true>(logits, valid, true, slots, params[SOMA_P_EXP_MULT * heads + h], prob, scratch, t);
     else
-      hccs_normalise<true>(logits, valid, true, slots, params[SOMA_P_HCCS_B * heads + h],
-                           params[SOMA_P_HCCS_S * heads + h], params[SOMA_P_HCCS_DMAX * heads + h], clb, prob,
-                           scratch, t);
+      hccs_normalise<true>(logits, valid, true, slots, B, S, dmax, clb, prob, scratch, t);
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
     long gate = SOMA_GATE_ONE;
@@ -142,7 +155,7 @@ void soma_decode_kv_head(const device char* q, const device char* k, const devic
       const long far = clamp_long(rshift_round(long(field[row + d]) * params[SOMA_P_ALPHA_MULT * heads + h] * gate,
                                                params[SOMA_P_ALPHA_SHIFT * heads + h] + SOMA_GATE_FRAC_BITS),
                                   SOMA_INT16_MIN, SOMA_INT16_MAX);
-      out[qh + d] = char(clamp_long(near + far, SOMA_INT8_MIN, SOMA_INT8_MAX));
+      out[qh + d] = short(clamp_long(near + far, out_min, out_max));
     }
     // The next head rewrites logits, valid and prob.
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -170,7 +183,7 @@ kernel void soma_decode(const device char* q [[buffer(0)]], const device char* k
                         const device char* sink_v [[buffer(6)]], const device short* field [[buffer(7)]],
                         const device short* gate_field [[buffer(8)]], const device int* counters [[buffer(9)]],
                         const device int* geometry [[buffer(10)]], const device int* params [[buffer(11)]],
-                        device char* out [[buffer(12)]], device char* ring_k_out [[buffer(13)]],
+                        device short* out [[buffer(12)]], device char* ring_k_out [[buffer(13)]],
                         device char* ring_v_out [[buffer(14)]], device char* sink_k_out [[buffer(15)]],
                         device char* sink_v_out [[buffer(16)]], device short* field_out [[buffer(17)]],
                         device short* gate_field_out [[buffer(18)]], device int* counters_out [[buffer(19)]],
@@ -178,9 +191,9 @@ kernel void soma_decode(const device char* q [[buffer(0)]], const device char* k
                         uint index [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],
                         uint simd_group [[simdgroup_index_in_threadgroup]]) {
   threadgroup int scratch[32];
-  threadgroup char logits[SOMA_MAX_SLOTS];
+  threadgroup short logits[SOMA_MAX_SLOTS];
   threadgroup uchar valid[SOMA_MAX_SLOTS];
-  threadgroup uchar prob[SOMA_MAX_SLOTS];
+  threadgroup ushort prob[SOMA_MAX_SLOTS];
   soma_decode_kv_head(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, geometry, params, out,
                       ring_k_out, ring_v_out, sink_k_out, sink_v_out, field_out, gate_field_out, counters_out,
                       group.y, scratch, logits, valid, prob, RowThreads{index, size.x, lane, simd_group});

@@ -92,9 +92,6 @@ def test_soma_bad_input_names_the_field(runner, rng):
                                  normaliser="exp_int")
     with pytest.raises(ValueError, match="exceeds the 4096 slots"):
         metal_backend.soma_prefill(runner, big, *tokens(rng, big, 1))
-    wide = soma.SomaConfig.preset("default", integer=True, **GEOMETRY)     # the presets' default profile
-    with pytest.raises(ValueError, match="SomaConfig.profile: the Metal Soma kernel implements profile 'paper'"):
-        metal_backend.soma_prefill(runner, wide, *tokens(rng, wide, 1))
 
 
 def test_edge_shifts_and_gate_saturation(runner, rng):
