@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from somatile.hw.pipe import REPLICA_ATTR
+from somatile.hw.tile_params import RTL_PROFILES
 
 from . import aie
 from . import config as board_config
@@ -129,6 +130,9 @@ def source_hash() -> str:
 
 def make_unit(cfg: BoardConfig, top: str):
     """Elaborate-ready Amaranth component of ``top`` with the board's parameters (no toolchain needed)."""
+    if cfg.profile not in RTL_PROFILES:
+        raise BoardError(f"board {cfg.name} ({cfg.source}): key 'profile': {cfg.profile!r} has no RTL yet (the tile "
+                         f"RTL implements {', '.join(RTL_PROFILES)}; emu://?board={cfg.name} and the firmware run it)")
     if top == SOC_TOP:
         from .soc import soc_unit
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from somatile.hw.tile_params import TILE_PARAMS, TILE_PROFILES, TileParam, TileParamError, TileParams
+from somatile.hw.tile_params import TILE_PARAMS, TileParam, TileParamError, TileParams
 from somatile.model.files import load_yaml  # noqa: F401  (the board loader and --set read YAML with it)
 
 BOARDS_DIR = Path(__file__).resolve().parent
@@ -113,10 +113,6 @@ SCHEMA: dict[str, Param] = {
     "kind": Param(str, _one_of(*KINDS), "sim: simulation only; fpga: open toolchain P&R; versal: Vivado project"),
     "clock_mhz": Param(float, _positive, "clock target of the tile logic (MHz)"),
     **{name: Param(p.type, p.problem, p.doc) for name, p in TILE_PARAMS.items()},
-    "profile": Param(str, lambda v: None if v in TILE_PROFILES else
-                     f"one of {', '.join(TILE_PROFILES)} (the integer profiles the tile RTL implements; "
-                     f"docs/numerics.md)",
-                     "integer profile of docs/numerics.md that the tile RTL implements"),
 }
 
 # Section for boards of kind "fpga": how the open toolchain reaches the part.
@@ -234,7 +230,6 @@ class BoardConfig:
     kind: str
     clock_mhz: float
     tile: TileParams
-    profile: str
     fpga: Mapping[str, Any] | None = None
     aie: Mapping[str, Any] | None = None
     soc: Mapping[str, Any] | None = None

@@ -67,7 +67,7 @@ class DeviceInfo:
     the whole device (per tile times tiles); ``hw/tile_params.py`` declares each parameter and where this
     class reports it (``tests/hw/test_tile_params.py`` checks that they agree).
 
-    ``capacity`` is the largest number of int8 elements one HCCS command may carry (the host chunks larger
+    ``capacity`` is the largest number of logits one HCCS command may carry (the host chunks larger
     tensors); ``max_payload`` the largest wire-frame payload in bytes (0 where there is no wire).
     """
 
@@ -82,6 +82,7 @@ class DeviceInfo:
     sinks: int
     n_max: int
     capacity: int
+    profile: str = "paper"
     max_payload: int = 0
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -125,21 +126,30 @@ class Device(abc.ABC):
         self.close()
 
 
-def as_int8(name: str, x: Any, ndim: tuple[int, ...], shape_tail: tuple[int, ...] = ()) -> np.ndarray:
-    """Check that tensor ``name`` is integer with values in int8 range and one of ``ndim`` dimensions.
+def as_integers(name: str, x: Any, ndim: tuple[int, ...], dtype, shape_tail: tuple[int, ...] = ()) -> np.ndarray:
+    """Check that tensor ``name`` is integer with values in the range of ``dtype`` (a signed integer type)
+    and one of ``ndim`` dimensions.
 
-    ``shape_tail`` (if given) must equal the trailing dimensions. Returns a C-contiguous int8 copy or view.
+    ``shape_tail`` (if given) must equal the trailing dimensions. Returns a C-contiguous copy or view of
+    type ``dtype``.
     """
+    dtype = np.dtype(dtype)
+    info = np.iinfo(dtype)
     a = np.asarray(x)
     if a.dtype.kind not in "iu":
-        raise TypeError(f"tensor {name}: expected int8 values, got dtype {a.dtype}")
+        raise TypeError(f"tensor {name}: expected {dtype} values, got dtype {a.dtype}")
     if a.ndim not in ndim:
         raise ValueError(f"tensor {name}: expected {' or '.join(map(str, ndim))} dimensions, got shape {a.shape}")
     if shape_tail and tuple(a.shape[-len(shape_tail):]) != tuple(shape_tail):
         raise ValueError(f"tensor {name}: expected trailing shape {tuple(shape_tail)}, got shape {a.shape}")
-    if a.size and (a.min() < -128 or a.max() > 127):
-        raise ValueError(f"tensor {name}: values outside int8 range [-128, 127]")
-    return np.ascontiguousarray(a, dtype=np.int8)
+    if a.size and (a.min() < info.min or a.max() > info.max):
+        raise ValueError(f"tensor {name}: values outside {dtype} range [{info.min}, {info.max}]")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def as_int8(name: str, x: Any, ndim: tuple[int, ...], shape_tail: tuple[int, ...] = ()) -> np.ndarray:
+    """:func:`as_integers` for int8 (the tile's q, k, v and the paper profile's logits)."""
+    return as_integers(name, x, ndim, np.int8, shape_tail)
 
 
 class Transport(abc.ABC):

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from somatile.host import protocol, url_options
-from somatile.host.device import Device, DeviceError, DeviceInfo, ProtocolError, Transport, as_int8
+from somatile.host.device import Device, DeviceError, DeviceInfo, ProtocolError, Transport, as_int8, as_integers
 from somatile.hw import regmap
+from somatile.hw.tile_params import TILE_PARAMS
 
 
 def link_options(parts: urllib.parse.SplitResult, allowed: set[str], options: dict) -> tuple[dict, dict]:
@@ -58,24 +59,6 @@ def open_transport(transport: Transport, backend: str, **options) -> "TileDevice
         raise
 
 
-def head_register_values(cfg, head: int) -> list[int]:
-    """The head parameter registers (``somatile.hw.regmap.HEAD_PARAMS`` order) of query head ``head`` of an
-    integer ``somatile.model.soma.SomaConfig``; fields the config leaves at None take the power-on value."""
-    values = []
-    for p in regmap.HEAD_PARAMS:
-        value = getattr(cfg, p.name)
-        if isinstance(value, (tuple, list)):
-            value = value[head]
-        if value is None:
-            value = p.default
-        elif p.choices:
-            if value not in p.choices:
-                raise ValueError(f"SomaConfig.{p.name} = {value!r}: the tile supports {', '.join(map(str, p.choices))}")
-            value = p.choices.index(value)
-        values.append(int(value))
-    return values
-
-
 class TileDevice(Device):
     """The host driver of the tile command layer over the wire protocol (`somatile.host.protocol.WireLink`).
 
@@ -95,16 +78,20 @@ class TileDevice(Device):
         self.heads = info["heads"] * info["n_tiles"]
         self.tile_heads = info["heads"]
         self.head_dim = info["head_dim"]
-        self._values = [[p.default for p in regmap.HEAD_PARAMS] for _ in range(self.heads)]
+        self.profile = TILE_PARAMS["profile"].value_of(info["profile"])
+        self._head_params = regmap.PROFILE_HEAD_PARAMS[self.profile]
+        self._values = [[p.default for p in self._head_params] for _ in range(self.heads)]
         self._configured: list[bool] = [False] * self.heads
-        self._hccs_dtype = np.dtype(["uint8", "int16"][info["hccs_out"]]).newbyteorder("<")
+        self._hccs_dtype = regmap.hccs_out_dtype(self.tile_params())
+        self._out_dtype = np.dtype("<i2" if self.profile == "wide" else np.int8)
 
     def info(self) -> DeviceInfo:
         i = self._info
         room = i["max_payload"] - 4 - regmap.HEADER_BYTES
         return DeviceInfo(backend=self.backend, board=i["board"], api_level=i["api_level"], lanes=i["lanes"],
                           heads=self.heads, kv_heads=self.heads, head_dim=i["head_dim"], ring=i["ring"],
-                          sinks=i["sinks"], n_max=i["n_max"], capacity=min(i["staging_bytes"], room),
+                          sinks=i["sinks"], n_max=i["n_max"], profile=self.profile,
+                          capacity=min(i["staging_bytes"], room) // regmap.element_bytes(self.tile_params()),
                           max_payload=i["max_payload"],
                           extra={k: i[k] for k in ("stream_width", "n_tiles", "state_bytes", "staging_bytes")})
 
@@ -154,10 +141,10 @@ class TileDevice(Device):
         if isinstance(params, (str, bytes, os.PathLike)):
             params = HccsParams.from_yaml(params)
         profile = getattr(params, "profile", None)
-        if profile is not None and profile not in regmap.TILE_PROFILES:
-            raise ValueError(f"configure: the parameters are for integer profile {profile!r}; this device implements "
-                             f"{' and '.join(repr(p) for p in regmap.TILE_PROFILES)} (docs/numerics.md; calibrate "
-                             f"with --profile paper, or SomaConfig(profile='paper'))")
+        if profile is not None and profile != self.profile:
+            raise ValueError(f"configure: the parameters are for integer profile {profile!r}; this device "
+                             f"({self._info['board']}) was built for profile {self.profile!r} (docs/numerics.md; "
+                             f"calibrate with --profile {self.profile}, or SomaConfig(profile={self.profile!r}))")
         updates = self._parameter_updates(params)
         blocks = []
         for head in range(self.heads):
@@ -194,7 +181,7 @@ class TileDevice(Device):
         """ValueError naming ``head`` unless ``values`` (HEAD_PARAMS order) is a block the tile accepts."""
         from somatile.hw import tile_model
 
-        for p, value in zip(regmap.HEAD_PARAMS, values):
+        for p, value in zip(self._head_params, values):
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"configure: head {head}: register {p.name} = {value!r}: expected an integer "
                                  f"{p.lo}..{p.hi}" + (f" or one of {', '.join(p.choices)}" if p.choices else ""))
@@ -219,23 +206,30 @@ class TileDevice(Device):
                     raise ValueError(f"SomaConfig.{field} = {getattr(params, field)}: this device has {want}")
             if not params.integer or params.n_kv_heads != params.n_heads:
                 raise ValueError("SomaConfig: the tile runs integer configs with n_kv_heads == n_heads")
-            blocks = [head_register_values(params, h) for h in range(self.heads)]
-            return {p.name: [b[i] for b in blocks] for i, p in enumerate(regmap.HEAD_PARAMS)}
+            from somatile.hw import tile_model
+
+            blocks = [tile_model.head_values(params, h) for h in range(self.heads)]
+            return {p.name: [b[i] for b in blocks] for i, p in enumerate(self._head_params)}
         if isinstance(params, HccsParams):
             if params.heads != self.heads:
                 raise ValueError(f"HccsParams: {params.heads} heads, this device has {self.heads}")
             fallback = np.asarray(params.fallback)
-            return {"hccs_B": list(params.B), "hccs_S": list(params.S), "hccs_dmax": list(params.dmax),
-                    "hccs_mode": [regmap.HEAD_PARAMS[regmap.HEAD_INDEX["hccs_mode"]].choices.index(params.mode)]
-                    * self.heads,
-                    "normaliser": [1 if f else 0 for f in fallback], "exp_mult": list(params.exp_mult)}
+            choices = {p.name: p.choices for p in self._head_params}
+            normaliser = [choices["normaliser"].index("exp_int" if f else params.normaliser + "_int")
+                          for f in fallback]
+            updates = {"hccs_B": list(params.B), "hccs_S": list(params.S), "hccs_dmax": list(params.dmax),
+                       "hccs_mode": [choices["hccs_mode"].index(params.mode)] * self.heads,
+                       "normaliser": normaliser}
+            if self.profile == "paper":  # the wide integer exp takes no input scale
+                updates["exp_mult"] = list(params.exp_mult)
+            return updates
         if isinstance(params, Mapping):
             out = {}
             for name, value in params.items():
                 if name not in regmap.HEAD_INDEX:
                     raise ValueError(f"configure: unknown head parameter {name!r}; expected one of "
                                      f"{', '.join(regmap.HEAD_INDEX)}")
-                p = regmap.HEAD_PARAMS[regmap.HEAD_INDEX[name]]
+                p = self._head_params[regmap.HEAD_INDEX[name]]
                 per_head = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * self.heads
                 if len(per_head) != self.heads:
                     raise ValueError(f"configure: {name} has {len(per_head)} values, expected 1 or {self.heads}")
@@ -246,23 +240,26 @@ class TileDevice(Device):
         raise TypeError(f"configure: expected SomaConfig, HccsParams, a YAML path or a mapping, got {type(params)}")
 
     def hccs(self, x: np.ndarray, head: int = 0, mask: np.ndarray | None = None) -> np.ndarray:
-        """Integer HCCS of int8 rows with the parameters of ``head``; chunked to the tile's staging memory."""
+        """The tile's row normaliser with the parameters of ``head``, chunked to the tile's staging memory:
+        integer HCCS of int8 rows (profile paper), or the head's wide normaliser of int16 rows into Q15
+        uint16 (profile wide)."""
         if mask is not None:
             raise ValueError("hccs: mask is not supported by the tile's HCCS command (API level "
                              f"{self._info['api_level']}); pass rows without masked elements")
         if not 0 <= head < self.heads:
             raise ValueError(f"hccs: head {head} outside 0..{self.heads - 1}")
-        rows = as_int8("x", x, (1, 2))
+        rows = as_integers("x", x, (1, 2), np.int16 if self.profile == "wide" else np.int8)
         flat = rows.reshape(-1, rows.shape[-1])
         n = flat.shape[1]
         if not 1 <= n <= self._info["n_max"]:
             raise ValueError(f"tensor x: rows of {n} elements; the device takes 1..{self._info['n_max']}")
-        n_pad = regmap.padded(n)
+        row_bytes = regmap.hccs_row_bytes(self.tile_params(), n)
+        n_pad = row_bytes // rows.itemsize
         out_row = n_pad * self._hccs_dtype.itemsize
         room = self._info["max_payload"] - 4 - regmap.HEADER_BYTES
-        per_chunk = max(1, min(self._info["staging_bytes"] // n_pad, room // n_pad, room // out_row))
+        per_chunk = max(1, min(self._info["staging_bytes"] // row_bytes, room // row_bytes, room // out_row))
         tile, local = divmod(head, self.tile_heads)
-        padded = np.zeros((flat.shape[0], n_pad), np.int8)
+        padded = np.zeros((flat.shape[0], n_pad), rows.dtype.newbyteorder("<"))
         padded[:, :n] = flat
         out = np.empty((flat.shape[0], n), self._hccs_dtype.newbyteorder("="))
         for start in self._chunks(range(0, flat.shape[0], per_chunk), "hccs"):
@@ -273,20 +270,22 @@ class TileDevice(Device):
         return out.reshape(rows.shape)
 
     def decode(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """One decode step per token for every head: q, k, v int8 (heads, head_dim) or (T, heads, head_dim)."""
+        """One decode step per token for every head: q, k, v int8 (heads, head_dim) or (T, heads, head_dim);
+        the output int8 (profile paper) or int16 (profile wide) of the same shape."""
         shape = (self.heads, self.head_dim)
         q8, k8, v8 = (as_int8(name, t, (2, 3), shape) for name, t in (("q", q), ("k", k), ("v", v)))
         if not q8.shape == k8.shape == v8.shape:
             raise ValueError(f"tensors q, k, v: shapes {q8.shape}, {k8.shape}, {v8.shape} differ")
         steps = q8.reshape(-1, *shape), k8.reshape(-1, *shape), v8.reshape(-1, *shape)
-        out = np.empty_like(steps[0])
+        out = np.empty(steps[0].shape, self._out_dtype.newbyteorder("="))
         n_tiles, th = self._info["n_tiles"], self.tile_heads
         qkv = np.stack(steps, axis=2)  # (T, heads, 3, D): the DECODE payload order per head
         for t in self._chunks(range(len(out)), "decode"):
             for tile in range(n_tiles):
                 heads = slice(tile * th, (tile + 1) * th)
                 response = self.tile_command(tile, regmap.Opcode.DECODE, 0, th, qkv[t, heads].tobytes())
-                out[t, heads] = np.frombuffer(response.payload[:th * self.head_dim], np.int8).reshape(th, -1)
+                got = response.payload[:th * self.head_dim * self._out_dtype.itemsize]
+                out[t, heads] = np.frombuffer(got, self._out_dtype).reshape(th, -1)
         return out.reshape(q8.shape)
 
     def read_state(self) -> dict[str, np.ndarray]:
@@ -373,11 +372,10 @@ class TileDevice(Device):
         self.link.request(protocol.Opcode.RESET)
 
     def _gated(self, head: int) -> bool:
-        gating = regmap.HEAD_PARAMS[regmap.HEAD_INDEX["gating"]]
+        gating = self._head_params[regmap.HEAD_INDEX["gating"]]
         return gating.choices[self._values[head][regmap.HEAD_INDEX["gating"]]] != "none"
 
     def tile_params(self) -> regmap.TileParams:
         """The tile parameters the device reported at HELLO."""
-        fields = {f.name: self._info[f.name] for f in dataclasses.fields(regmap.TileParams)}
-        fields["hccs_out"] = ["uint8", "int16"][fields["hccs_out"]]
+        fields = {f.name: TILE_PARAMS[f.name].value_of(self._info[f.name]) for f in dataclasses.fields(regmap.TileParams)}
         return regmap.TileParams(**fields)

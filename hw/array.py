@@ -22,7 +22,7 @@ from __future__ import annotations
 from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 
-from somatile.hw.regmap import TileParams
+from somatile.hw.regmap import RTL_PROFILES, TileParams
 from somatile.hw.pipe import skid_buffer
 from somatile.hw.tile import Tile, stream_ports
 
@@ -32,6 +32,9 @@ class TileArray(wiring.Component):
 
     def __init__(self, *, n_tiles: int = 1, **tile_kwargs):
         self.params = TileParams(n_tiles=n_tiles, **tile_kwargs)
+        if self.params.profile not in RTL_PROFILES:
+            raise ValueError(f"TileParams.profile = {self.params.profile!r}: the tile RTL implements "
+                             f"{', '.join(RTL_PROFILES)} (emu:// computes every profile)")
         self.tiles = [Tile(tile_index=i, n_tiles=n_tiles, **tile_kwargs) for i in range(n_tiles)]
         super().__init__(stream_ports(self.params.stream_width))
 

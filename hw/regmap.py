@@ -39,7 +39,11 @@ consumes every beat up to ``tlast``, returns a response with the error code and 
 code in ``ERROR_CODE``/``STATUS`` (sticky until CLEAR_ERROR) and then accepts the next frame as usual.
 The state of the heads is unchanged by a faulting command.
 
-Payloads, by opcode (``D`` = head_dim, ``n_pad`` = n rounded up to 16):
+Payloads, by opcode (``D`` = head_dim, ``n_pad`` = n rounded up to 16). A tile built for the wide profile
+(``TileParams.profile``) carries int16 where the table says int8 for a normaliser logit and an output, and Q15
+uint16 probabilities: its DECODE answer is D int16 per head and its HCCS rows are ``padded(2 n)`` bytes of int16
+logits in and uint16 probabilities out, normalised by the head's ``normaliser`` (hccs_int, pwl2_int or
+exp_int, docs/numerics.md "Wide normalisers"):
 
 ============== ============================================ ==============================================
 opcode         command payload                               response payload
@@ -72,9 +76,9 @@ from pathlib import Path
 import numpy as np
 
 # TILE_PROFILES is re-exported: the host's tile driver checks a configuration's profile beside the command layer.
-from somatile.hw.tile_params import FRAME_GRANULE, TILE_PARAMS, TILE_PROFILES, TileParams  # noqa: F401
+from somatile.hw.tile_params import FRAME_GRANULE, RTL_PROFILES, TILE_PARAMS, TILE_PROFILES, TileParams  # noqa: F401
 
-API_LEVEL = 1
+API_LEVEL = 2
 FRAME_MAGIC = 0xA5
 HEADER_BYTES = 16
 REGISTER_BYTES = 4
@@ -145,12 +149,10 @@ INFO_FIELDS: tuple[str, ...] = (*(name for name, p in TILE_PARAMS.items() if p.i
 
 
 def info_values(params: TileParams, tile_index: int = 0) -> list[int]:
-    """The INFO registers' values, in INFO_FIELDS order (hccs_out as its somatile.model.hccs OUT_CODES code)."""
-    from somatile.model import hccs
-
-    derived = {"tile_index": tile_index, "state_bytes": state_bytes(params), "staging_bytes": staging_bytes(params),
-               "hccs_out": hccs.OUT_CODES[params.hccs_out]}
-    return [int(derived[f]) if f in derived else int(getattr(params, f)) for f in INFO_FIELDS]
+    """The INFO registers' values, in INFO_FIELDS order (a named choice as its index: ``TileParam.code``; for
+    hccs_out that is its somatile.model.hccs OUT_CODES code)."""
+    derived = {"tile_index": tile_index, "state_bytes": state_bytes(params), "staging_bytes": staging_bytes(params)}
+    return [int(derived[f]) if f in derived else TILE_PARAMS[f].code(getattr(params, f)) for f in INFO_FIELDS]
 
 
 INFO_BASE = 0x040
@@ -172,8 +174,8 @@ class HeadParam:
     choices: tuple = ()
 
 
-def _head_params() -> tuple[HeadParam, ...]:
-    from somatile.model import hccs, intexp, soma
+def _head_params(profile: str) -> tuple[HeadParam, ...]:
+    from somatile.model import hccs, intexp, soma, wide
 
     # Power-on values are the SomaConfig field defaults (read without building a config: the defaults of one
     # field may only be valid together with a ring size).
@@ -191,23 +193,35 @@ def _head_params() -> tuple[HeadParam, ...]:
         default = lo_hi[0] if defaults[name] is None else int(defaults[name])
         return HeadParam(name, lo_hi[0], lo_hi[1], default, doc)
 
+    # The wide profile has the same registers in the same order; the normaliser gains pwl2_int (code 2) and
+    # the logit-unit registers are as wide as its 2^-8 bit units. B may be 0 there (pwl2 and exp ignore it;
+    # the HCCS rule of the model refuses 0 for hccs_int).
+    if profile == "wide":
+        normalisers, recency = soma.PROFILE_NORMALISERS["wide"], (0, wide.LOGIT_MAX)
+        B, S, dmax = (0, wide.B_MAX), (wide.S_MIN, wide.S_MAX), (wide.DMAX_MIN, wide.DMAX_MAX)
+        units = "2^-8 bit units"
+    else:
+        normalisers, recency = soma.PROFILE_NORMALISERS["paper"], (0, 127)
+        B, S, dmax = (hccs.B_MIN, hccs.B_MAX), (hccs.S_MIN, hccs.S_MAX), (hccs.DMAX_MIN, hccs.DMAX_MAX)
+        units = "int8 logit units"
     return (
-        enum("normaliser", ("hccs_int", "exp_int"), "near-field normaliser: 0 integer HCCS, 1 integer exp"),
-        enum("hccs_mode", soma.HCCS_MODES, "HCCS normalisation: 0 div, 1 clb"),
+        enum("normaliser", normalisers,
+             "near-field normaliser: " + ", ".join(f"{i} {name}" for i, name in enumerate(normalisers))),
+        enum("hccs_mode", soma.HCCS_MODES, "HCCS normalisation: 0 div, 1 clb (profile paper)"),
         HeadParam("include_self", 0, 1, int(defaults["include_self"]), "1: the token attends to itself (written first)"),
         enum("field_source", soma.FIELD_SOURCES, "far field: 0 EMA of keys, 1 EMA of values"),
         enum("gating", soma.GATINGS, "far field: 0 ungated, 1 gated by the query (needs values)"),
         HeadParam("gamma_q15", 0, soma.GAMMA_Q15_ONE - 1, int(round(defaults["gamma"] * soma.GAMMA_Q15_ONE)),
                   "field EMA decay gamma in Q15"),
-        num("score_mult", mult, "q.k int32 -> normaliser int8: multiplier"),
-        num("score_shift", shift, "q.k int32 -> normaliser int8: shift"),
-        num("recency_int", (0, 127), "recency bias: int8 logit units per token of ring distance"),
-        num("hccs_B", (hccs.B_MIN, hccs.B_MAX), "HCCS intercept B"),
-        num("hccs_S", (hccs.S_MIN, hccs.S_MAX), "HCCS slope S"),
-        num("hccs_dmax", (hccs.DMAX_MIN, hccs.DMAX_MAX), "HCCS distance cap Dmax"),
-        num("exp_mult", (intexp.EXP_MULT_MIN, intexp.EXP_MULT_MAX), "integer exp input scale M"),
-        num("out_mult", mult, "P.V int32 -> int8 output: multiplier"),
-        num("out_shift", shift, "P.V int32 -> int8 output: shift"),
+        num("score_mult", mult, "q.k int32 -> normaliser logit: multiplier"),
+        num("score_shift", shift, "q.k int32 -> normaliser logit: shift"),
+        num("recency_int", recency, f"recency bias: {units} per token of ring distance"),
+        num("hccs_B", B, "HCCS intercept B"),
+        num("hccs_S", S, "HCCS (wide: and pwl2) slope S"),
+        num("hccs_dmax", dmax, "HCCS (wide: and pwl2) distance cap Dmax"),
+        num("exp_mult", (intexp.EXP_MULT_MIN, intexp.EXP_MULT_MAX), "integer exp input scale M (profile paper)"),
+        num("out_mult", mult, "P.V int32 -> output: multiplier"),
+        num("out_shift", shift, "P.V int32 -> output: shift"),
         num("alpha_mult", mult, "far-field weight: multiplier"),
         num("alpha_shift", shift, "far-field weight: shift"),
         num("gate_mult", mult, "query gate logit -> Q7 gate: multiplier"),
@@ -215,20 +229,25 @@ def _head_params() -> tuple[HeadParam, ...]:
     )
 
 
-HEAD_PARAMS: tuple[HeadParam, ...] = _head_params()
-"""The per-head parameter registers, in register order (index i at HEAD_BASE + head*HEAD_STRIDE + 4*i)."""
+PROFILE_HEAD_PARAMS: dict[str, tuple[HeadParam, ...]] = {profile: _head_params(profile) for profile in TILE_PROFILES}
+"""The per-head parameter registers of each profile, in register order (index i at HEAD_BASE + head*HEAD_STRIDE
++ 4*i). Every profile has the same registers in the same order; ranges and choices differ."""
+
+HEAD_PARAMS: tuple[HeadParam, ...] = PROFILE_HEAD_PARAMS["paper"]
+"""The paper profile's head parameter registers: those the tile RTL implements (``RTL_PROFILES``)."""
 
 HEAD_INDEX = {p.name: i for i, p in enumerate(HEAD_PARAMS)}
+assert all([p.name for p in table] == list(HEAD_INDEX) for table in PROFILE_HEAD_PARAMS.values())
 
 
-def head_fields(values) -> dict:
-    """A head parameter block (register values in HEAD_PARAMS order) as {name: value}, enumerated fields
-    as their names; raises ValueError naming the first value outside its register's range."""
+def head_fields(values, profile: str = "paper") -> dict:
+    """A head parameter block (register values in the profile's HEAD_PARAMS order) as {name: value},
+    enumerated fields as their names; raises ValueError naming the first value outside its register's range."""
     fields = {}
-    for p, value in zip(HEAD_PARAMS, values, strict=True):
+    for p, value in zip(PROFILE_HEAD_PARAMS[profile], values, strict=True):
         value = int(value)
         if not p.lo <= value <= p.hi:
-            raise ValueError(f"head parameter {p.name} = {value}: expected {p.lo}..{p.hi}")
+            raise ValueError(f"head parameter {p.name} = {value}: expected {p.lo}..{p.hi} (profile {profile})")
         fields[p.name] = p.choices[value] if p.choices else value
     return fields
 
@@ -256,10 +275,31 @@ def state_bytes(params: TileParams) -> int:
     return offset + -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // params.word_bytes) * params.word_bytes
 
 
+def element_bytes(params: TileParams) -> int:
+    """Bytes of one normaliser logit, probability and output element in the tile's profile: the paper profile's
+    int8/uint8 (HCCS output: ``hccs_out``), the wide profile's int16/uint16."""
+    return 2 if params.profile == "wide" else 1
+
+
+def hccs_row_bytes(params: TileParams, n: int) -> int:
+    """Bytes of one row of ``n`` logits in an HCCS command's payload, padded to the granule."""
+    return padded(n * element_bytes(params))
+
+
+def hccs_out_dtype(params: TileParams) -> np.dtype:
+    """The HCCS command's output element (little-endian): Q15 uint16 in the wide profile, else ``hccs_out``."""
+    return np.dtype("uint16" if params.profile == "wide" else params.hccs_out).newbyteorder("<")
+
+
+def decode_out_bytes(params: TileParams) -> int:
+    """Bytes of one head's DECODE output (head_dim elements of int8, or int16 in the wide profile)."""
+    return params.head_dim * element_bytes(params)
+
+
 def staging_bytes(params: TileParams) -> int:
     """Local memory that holds one command's payload before it is executed: q, k, v and out of every head
     for DECODE, or the rows of one HCCS command (at least one row of n_max)."""
-    need = max(4 * params.heads * params.head_dim, padded(params.n_max))
+    need = max(params.heads * (3 * params.head_dim + decode_out_bytes(params)), hccs_row_bytes(params, params.n_max))
     return -(-need // params.word_bytes) * params.word_bytes
 
 
@@ -281,7 +321,7 @@ def registers(params: TileParams) -> list[Register]:
              for i, f in enumerate(INFO_FIELDS)]
     for h in range(params.heads):
         regs += [Register(f"HEAD{h}_{p.name.upper()}", head_register(h, i), "ro", p.doc)
-                 for i, p in enumerate(HEAD_PARAMS)]
+                 for i, p in enumerate(PROFILE_HEAD_PARAMS[params.profile])]
     return regs
 
 
@@ -341,7 +381,8 @@ def to_json(params: TileParams) -> dict:
         "opcodes": {o.name: int(o) for o in Opcode},
         "errors": {e.name: {"code": int(e), "text": ERROR_TEXT[e]} for e in ErrorCode},
         "head_params": [{"name": p.name, "index": i, "lo": p.lo, "hi": p.hi, "default": p.default,
-                         "choices": list(p.choices), "doc": p.doc} for i, p in enumerate(HEAD_PARAMS)],
+                         "choices": list(p.choices), "doc": p.doc}
+                        for i, p in enumerate(PROFILE_HEAD_PARAMS[params.profile])],
         "staging_bytes": staging_bytes(params),
         "info": dict(zip(INFO_FIELDS, info_values(params))),
         "head_base": HEAD_BASE,
@@ -374,7 +415,7 @@ def to_c_header(params: TileParams) -> str:
               f"#define SOMATILE_HEAD_BASE 0x{HEAD_BASE:03X}u", f"#define SOMATILE_HEAD_STRIDE 0x{HEAD_STRIDE:02X}u",
               "#define SOMATILE_REG_HEAD(h, index) (SOMATILE_HEAD_BASE + (h) * SOMATILE_HEAD_STRIDE + (index) * 4u)"]
     lines += [f"#define SOMATILE_HEAD_{p.name.upper()} {i}u /* {p.doc} */"
-              for i, p in enumerate(HEAD_PARAMS)]
+              for i, p in enumerate(PROFILE_HEAD_PARAMS[params.profile])]
     lines += [f"#define SOMATILE_HEAD_PARAM_COUNT {len(HEAD_PARAMS)}u", "", f"#endif /* {guard} */", ""]
     return "\n".join(lines)
 

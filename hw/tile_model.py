@@ -50,16 +50,20 @@ class CommandError(Exception):
 
 
 def head_config(params: TileParams, values) -> "soma.SomaConfig":
-    """The one-head integer SomaConfig that a head parameter block (HEAD_PARAMS order) describes.
+    """The one-head integer SomaConfig (in the tile's profile) that a head parameter block (the profile's
+    HEAD_PARAMS order) describes.
 
     Raises ValueError (from SomaConfig) when the combination is not valid for the tile's geometry."""
     from somatile.model import soma
 
-    fields = regmap.head_fields(values)
+    fields = regmap.head_fields(values, params.profile)
     fields["include_self"] = bool(fields["include_self"])
     gamma_q15 = fields.pop("gamma_q15")
+    if params.profile == "wide":
+        fields.pop("exp_mult")  # the wide integer exp takes no input scale
     return soma.SomaConfig(n_heads=1, head_dim=params.head_dim, ring=params.ring, sinks=params.sinks,
-                           integer=True, gamma=gamma_q15 / soma.GAMMA_Q15_ONE, gamma_q15=gamma_q15, **fields)
+                           integer=True, gamma=gamma_q15 / soma.GAMMA_Q15_ONE, gamma_q15=gamma_q15,
+                           profile=params.profile, **fields)
 
 
 def state_to_arrays(params: TileParams, data: bytes, gated: bool = True) -> dict[str, np.ndarray]:
@@ -134,7 +138,8 @@ class TileModel:
 
     def reset(self) -> None:
         """Power-on / reset: every head unconfigured with default parameters and a cleared state."""
-        self.heads = [_Head([p.default for p in regmap.HEAD_PARAMS], False, bytearray(self._state_bytes))
+        self._head_params = regmap.PROFILE_HEAD_PARAMS[self.params.profile]
+        self.heads = [_Head([p.default for p in self._head_params], False, bytearray(self._state_bytes))
                       for _ in range(self.params.heads)]
         self.globals = {name: 0 for name, _, _ in regmap.GLOBAL_REGISTERS}
         self.globals["ID"] = regmap.ID_VALUE
@@ -155,7 +160,7 @@ class TileModel:
         if address >= regmap.INFO_BASE and info_index < len(regmap.INFO_FIELDS):
             return regmap.info_values(self.params, self.tile_index)[info_index]
         head, offset = divmod(address - regmap.HEAD_BASE, regmap.HEAD_STRIDE)
-        if address >= regmap.HEAD_BASE and head < self.params.heads and offset // 4 < len(regmap.HEAD_PARAMS):
+        if address >= regmap.HEAD_BASE and head < self.params.heads and offset // 4 < len(self._head_params):
             return self.heads[head].values[offset // 4]
         raise CommandError(ErrorCode.BAD_REGISTER)
 
@@ -206,8 +211,8 @@ class TileModel:
         if opcode == Opcode.REG_WRITE and arg0 != _GLOBAL_INDEX["SCRATCH"] * regmap.REGISTER_BYTES:
             raise CommandError(ErrorCode.BAD_REGISTER)
         if opcode == Opcode.HCCS:
-            n_pad = regmap.padded(arg1)
-            if not (1 <= arg1 <= p.n_max and arg0 >= 1 and arg0 * n_pad <= regmap.staging_bytes(p)):
+            row_bytes = regmap.hccs_row_bytes(p, arg1)
+            if not (1 <= arg1 <= p.n_max and arg0 >= 1 and arg0 * row_bytes <= regmap.staging_bytes(p)):
                 raise CommandError(ErrorCode.BAD_ARGUMENT)
         if opcode in (Opcode.DECODE, Opcode.HCCS):
             if not all(self.heads[h].configured for h in range(head, last)):
@@ -218,19 +223,24 @@ class TileModel:
             Opcode.CONFIGURE_HEAD: regmap.padded(regmap.REGISTER_BYTES * len(regmap.HEAD_PARAMS)),
             Opcode.LOAD_STATE: self._state_bytes,
             Opcode.DECODE: 3 * p.head_dim * count,
-            Opcode.HCCS: arg0 * regmap.padded(arg1),
+            Opcode.HCCS: arg0 * regmap.hccs_row_bytes(p, arg1),
         }.get(opcode, 0)
         if length != expected:
             raise CommandError(ErrorCode.BAD_LENGTH, expected)
         return expected
 
     def hccs_params(self, head: int, cols: int):
-        """The head's HCCS fields, checked for rows of ``cols`` (a bad configuration raises the tile's fault)."""
-        from somatile.model import hccs
+        """The head's normaliser fields, checked for rows of ``cols`` (a bad configuration raises the tile's
+        fault): HCCS's rule in the paper profile, the head normaliser's rule in the wide profile."""
+        from somatile.model import hccs, wide
 
-        values = regmap.head_fields(self.heads[head].values)
+        values = regmap.head_fields(self.heads[head].values, self.params.profile)
         try:
-            hccs.check_params(values["hccs_B"], values["hccs_S"], values["hccs_dmax"], cols)
+            if self.params.profile == "wide":
+                wide.check_params(values["normaliser"].removesuffix("_int"), values["hccs_B"], values["hccs_S"],
+                                  values["hccs_dmax"], 1)
+            else:
+                hccs.check_params(values["hccs_B"], values["hccs_S"], values["hccs_dmax"], cols)
         except ValueError:
             raise CommandError(ErrorCode.BAD_ARGUMENT) from None
         return values
@@ -248,7 +258,7 @@ class TileModel:
             self.globals.update(STATUS=0, ERROR_CODE=0, ERROR_OPCODE=0)
             return 0, b""
         if opcode == Opcode.CONFIGURE_HEAD:
-            values = list(struct.unpack_from(f"<{len(regmap.HEAD_PARAMS)}I", payload))
+            values = list(struct.unpack_from(f"<{len(self._head_params)}I", payload))
             try:
                 self._configs[head] = head_config(p, values)
             except ValueError:
@@ -278,30 +288,46 @@ class TileModel:
         raise AssertionError(f"opcode {opcode!r} passed the header checks but has no behaviour")
 
     def decode_head(self, head: int, q, k, v) -> bytes:
-        """One decode step of ``head`` on its stored state (updated in place); the int8 output as bytes.
-        A backend with another compute engine (Metal) overrides this and :meth:`hccs_rows` only."""
+        """One decode step of ``head`` on its stored state (updated in place); the output (int8, or int16
+        little-endian in the wide profile) as bytes."""
         from somatile.model import soma
 
         cfg = self._configs[head]
         record = self.heads[head]
         state = soma.SomaState.from_arrays(cfg, state_to_arrays(self.params, record.state, cfg.gated))
-        out, state = soma.decode_step(cfg, state, q[None], k[None], v[None])
+        out, state = self.decode_step(cfg, state, q[None], k[None], v[None])
         arrays_to_state(self.params, state.to_arrays(), into=record.state)
-        return out.astype(np.int8).tobytes()
+        return out.astype("<i2" if self.params.profile == "wide" else np.int8).tobytes()
 
     def hccs_rows(self, head: int, rows: int, n: int, payload: bytes) -> bytes:
-        """The HCCS command: ``rows`` rows of ``n`` int8 logits (each padded to regmap.padded(n)) normalised
-        with the head's parameters; the output rows padded the same way, little-endian."""
-        from somatile.model import hccs
-
+        """The HCCS command: ``rows`` rows of ``n`` logits (int8, or int16 in the wide profile; each row padded
+        to regmap.hccs_row_bytes) normalised with the head's parameters (the wide profile: by the head's
+        normaliser); the output rows padded the same way, little-endian."""
         values = self.hccs_params(head, n)
-        n_pad = regmap.padded(n)
-        x = np.frombuffer(payload, np.int8).reshape(rows, n_pad)[:, :n]
-        probs = hccs.hccs_int(np.ascontiguousarray(x), values["hccs_B"], values["hccs_S"], values["hccs_dmax"],
-                              mode=values["hccs_mode"], out=self.params.hccs_out)
-        out = np.zeros((rows, n_pad), probs.dtype)
+        logit = np.dtype("<i2" if self.params.profile == "wide" else np.int8)
+        width = regmap.hccs_row_bytes(self.params, n) // logit.itemsize
+        x = np.frombuffer(payload, logit).reshape(rows, width)[:, :n]
+        probs = self.normalise_rows(values, np.ascontiguousarray(x).astype(logit.newbyteorder("=")))
+        out = np.zeros((rows, width), probs.dtype)
         out[:, :n] = probs
-        return out.astype(probs.dtype.newbyteorder("<")).tobytes()
+        return out.astype(regmap.hccs_out_dtype(self.params)).tobytes()
+
+    # The two compute steps; a backend with another compute engine (Metal) overrides these only.
+    def decode_step(self, cfg, state, q, k, v):
+        """``somatile.model.soma.decode_step`` of a one-head config: (output, new state)."""
+        from somatile.model import soma
+
+        return soma.decode_step(cfg, state, q, k, v)
+
+    def normalise_rows(self, values: dict, x: np.ndarray) -> np.ndarray:
+        """The HCCS command's normaliser over rows ``x`` with a head's fields (``regmap.head_fields``)."""
+        from somatile.model import hccs, wide
+
+        if self.params.profile == "wide":
+            return wide.wide_softmax(x, values["normaliser"].removesuffix("_int"), values["hccs_B"],
+                                     values["hccs_S"], values["hccs_dmax"], impl="numpy")
+        return hccs.hccs_int(x, values["hccs_B"], values["hccs_S"], values["hccs_dmax"], mode=values["hccs_mode"],
+                             out=self.params.hccs_out)
 
 
 def configure_frame(head: int, values) -> bytes:
@@ -310,14 +336,20 @@ def configure_frame(head: int, values) -> bytes:
 
 
 def head_values(cfg, head: int = 0) -> list[int]:
-    """The parameter block (HEAD_PARAMS order) of query head ``head`` of an integer SomaConfig."""
+    """The parameter block (the HEAD_PARAMS order of ``cfg.profile``) of query head ``head`` of an integer
+    SomaConfig; a fallback head of the wide profile gets the integer exp as its normaliser. Fields the config
+    leaves at None take the power-on value; a choice the tile lacks raises ValueError naming the field."""
     values = []
-    for p in regmap.HEAD_PARAMS:
+    for p in regmap.PROFILE_HEAD_PARAMS[cfg.profile]:
         value = getattr(cfg, p.name)
-        if isinstance(value, tuple):
+        if isinstance(value, (tuple, list)):
             value = value[head]
+        if p.name == "normaliser" and cfg.fallback is not None and cfg.fallback[head]:
+            value = "exp_int"
         if value is None:  # a parameter the config's normaliser does not use
             value = p.choices[p.default] if p.choices else p.default
+        if p.choices and value not in p.choices:
+            raise ValueError(f"SomaConfig.{p.name} = {value!r}: the tile supports {', '.join(map(str, p.choices))}")
         values.append(p.choices.index(value) if p.choices else int(value))
     return values
 
@@ -334,11 +366,13 @@ def load_state_frame(params: TileParams, head: int, arrays) -> bytes:
     return regmap.pack_command(Opcode.LOAD_STATE, head, payload=bytes(arrays_to_state(params, arrays)))
 
 
-def hccs_frame(head: int, x) -> bytes:
-    """HCCS frame for int8 rows ``x`` (rows, n), each row zero-padded to the granule."""
-    x = np.asarray(x, np.int8)
+def hccs_frame(head: int, x, profile: str = "paper") -> bytes:
+    """HCCS frame for rows ``x`` (rows, n) of int8 logits (int16 in the wide profile), each row zero-padded
+    to the granule."""
+    logit = np.dtype("<i2" if profile == "wide" else np.int8)
+    x = np.asarray(x, logit)
     rows, n = x.shape
-    padded = np.zeros((rows, regmap.padded(n)), np.int8)
+    padded = np.zeros((rows, regmap.padded(n * logit.itemsize) // logit.itemsize), logit)
     padded[:, :n] = x
     return regmap.pack_command(Opcode.HCCS, head, payload=padded.tobytes(), arg0=rows, arg1=n)
 

@@ -28,10 +28,13 @@ HCCS_LANES = (1, 4, 8, 16, 32)
 HCCS_OUT_TYPES = ("uint8", "int16")
 """HCCS output element types, in the order of their codes (``somatile.model.hccs.OUT_CODES``): the INFO
 register and the host carry the index."""
-TILE_PROFILES = ("paper",)
-"""The integer profiles of docs/numerics.md that the tile RTL (and with it the firmware, emu:// and Metal)
-implements: the paper profile; the wide profile follows in the backends issue. A board states its profile
-(boards/*.yaml ``profile``) and the device API refuses parameters of any other."""
+TILE_PROFILES = ("paper", "wide")
+"""The integer profiles of docs/numerics.md a tile can be built for, in the order of their INFO codes: "paper"
+(int8 logits, uint8 probabilities, int8 output) and "wide" (int16 logits, Q15 probabilities, int16 output).
+A board states its profile (boards/*.yaml ``profile``); the device API refuses parameters of any other, and a
+backend that does not implement a profile refuses to build it (:data:`RTL_PROFILES`)."""
+RTL_PROFILES = ("paper",)
+"""The profiles the tile RTL (hw/tile.py) elaborates; emu:// and the firmware carry every profile."""
 
 DEVICE_REPORTS = ("field", "extra", "total", "")
 """Where ``DeviceInfo`` reports a tile parameter: a field of the same name and value, a key of its ``extra``,
@@ -98,6 +101,14 @@ class TileParam:
             text = f"{self.lo}..{self.hi}" if python else f"an integer from {self.lo} to {self.hi}"
         return f"{text} ({self.why})" if self.why else text
 
+    def code(self, value: Any) -> int:
+        """The register value of ``value``: its index among ``choices``, or the integer itself (INFO)."""
+        return self.choices.index(value) if self.choices and self.type is str else int(value)
+
+    def value_of(self, code: int) -> Any:
+        """The parameter value a register ``code`` stands for (the inverse of :meth:`code`)."""
+        return self.choices[code] if self.choices and self.type is str else code
+
     def problem(self, value: Any) -> str | None:
         """None when ``value`` is legal, else what was expected (the board schema's check)."""
         return None if self.allows(value) else self.expected()
@@ -120,7 +131,10 @@ TILE_PARAMS: dict[str, TileParam] = {p.name: p for p in (
               multiple_of=FRAME_GRANULE, why="whole payload granules", device="field"),
     TileParam("n_max", int, 256, "longest HCCS row held on chip (elements)", lo=1, hi=65536, device="field"),
     TileParam("hccs_lanes", int, 8, "int8 lanes per beat of the HCCS normaliser", choices=HCCS_LANES),
-    TileParam("hccs_out", str, "uint8", "HCCS output element type", choices=HCCS_OUT_TYPES),
+    TileParam("hccs_out", str, "uint8", "HCCS output element type (profile paper; the wide profile's is Q15 in "
+              "uint16)", choices=HCCS_OUT_TYPES),
+    TileParam("profile", str, "paper", "integer profile of docs/numerics.md the tile computes", choices=TILE_PROFILES,
+              device="field"),
     TileParam("n_tiles", int, 1, "tiles in the array", lo=1, hi=512, device="extra"),
 )}
 

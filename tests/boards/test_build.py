@@ -205,6 +205,13 @@ def test_parameters_a_unit_refuses_are_reported_with_the_board(tmp_path, capsys)
     assert "board sim" in err and "top 'hccs'" in err and "n_max: expected a positive multiple of lanes (8)" in err
 
 
+@pytest.mark.parametrize("top", ["array", "tile", "hccs", "soc"])
+def test_a_profile_without_rtl_is_refused_at_build_time_naming_the_key(tmp_path, capsys, top):
+    assert cli(["build", "--board", "sim_wide", "--top", top, "--no-pnr", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "board sim_wide" in err and "key 'profile': 'wide' has no RTL yet" in err and len(err.splitlines()) == 1
+
+
 def test_a_tile_build_whose_extra_nextpnr_options_use_their_budget_is_run_again_without_them(tmp_path,
                                                                                               monkeypatch):
     """Router2's rip-up (``fpga.tile_nextpnr_opts``) may not stop: past ``fpga.tile_opts_budget_s`` the build

@@ -75,7 +75,7 @@ def test_override_is_validated_and_recorded():
     ("lanes", "expected KEY=VALUE"),
     ("n_max=8", "key 'n_max'"),
     ("head_dim=24", "key 'head_dim'"),
-    ("profile=wide", "key 'profile': got 'wide', expected one of paper (the integer profiles the tile RTL"),
+    ("profile=int4", "key 'profile': got 'int4', expected one of paper, wide"),
 ])
 def test_bad_override_names_key_value_and_expectation(item, message):
     with pytest.raises(BoardError, match="--set") as exc:

@@ -16,7 +16,7 @@ import somatile.host
 from somatile.host import protocol
 from somatile.host.emu import ReferenceFirmware, board_params, start_tile_server
 from somatile.host.protocol import LinkError, Opcode
-from somatile.host.tile_driver import head_register_values
+from somatile.hw.tile_model import head_values
 from somatile.host.transport_firmware import FIRMWARE_DIR, FirmwareProcess, build_firmware
 from somatile.host.transport_tcp import TcpTransport, open_transport
 from somatile.hw import regmap
@@ -49,7 +49,7 @@ def session(params, rng, count):
     """A byte stream of `count` requests (valid, refused, repeated, damaged) for a fresh device, as chunks."""
     cfg = config(params)
     heads, d = params.heads, params.head_dim
-    valid = [(Opcode.CONFIGURE, np.uint32(h).tobytes() + np.array(head_register_values(cfg, h), "<u4").tobytes())
+    valid = [(Opcode.CONFIGURE, np.uint32(h).tobytes() + np.array(head_values(cfg, h), "<u4").tobytes())
              for h in range(heads)]
     choices = [
         lambda: (Opcode.TILE, tile_frame(0, regmap.Opcode.DECODE, 0, heads,

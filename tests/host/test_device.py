@@ -177,12 +177,12 @@ def test_device_base_class_is_what_every_backend_implements():
 
 
 def test_configure_refuses_another_profile(tmp_path):
-    """The tile implements the paper profile: wide-profile parameters (a SomaConfig or a calibrated YAML) are
-    refused before anything is sent, and the device keeps working."""
+    """A tile built for the paper profile refuses wide-profile parameters (a SomaConfig or a calibrated YAML)
+    before anything is sent, and the device keeps working."""
     from somatile.model.calibrate import calibrate_wide_params
     dev = somatile.host.open("emu://?board=sim")
-    with pytest.raises(ValueError, match="configure: the parameters are for integer profile 'wide'; this device "
-                                         "implements 'paper'"):
+    with pytest.raises(ValueError, match=r"configure: the parameters are for integer profile 'wide'; this device "
+                                         r"\(sim\) was built for profile 'paper'"):
         dev.configure(config(profile="wide", normaliser="pwl2_int"))
     rng = np.random.default_rng(0)
     wide_params = calibrate_wide_params(rng.normal(0, 2, (HEADS, 40, RING + SINKS)), normaliser="pwl2")
@@ -192,3 +192,58 @@ def test_configure_refuses_another_profile(tmp_path):
     dev.configure(config())
     q, k, v = tokens(rng, 3)
     assert np.array_equal(dev.decode(q, k, v), soma.prefill(config(), q, k, v)[0])
+
+
+@pytest.mark.parametrize("normaliser", ["pwl2_int", "hccs_int", "exp_int"])
+def test_a_wide_profile_tile_runs_the_wide_contract_and_refuses_the_papers(normaliser, tmp_path):
+    """A board built for the wide profile (``profile: wide``): decode gives the int16 output of the wide
+    integer spec, state read-back its state, the HCCS command the head's wide normaliser over int16 rows (Q15
+    out); paper-profile parameters are refused."""
+    from somatile.model import wide
+
+    dev = somatile.host.open("emu://?board=sim_wide")
+    assert dev.info().profile == "wide"
+    with pytest.raises(ValueError, match="integer profile 'paper'; this device .sim_wide. was built for profile "
+                                         "'wide'"):
+        dev.configure(config())
+    cfg = config(profile="wide", normaliser=normaliser, fallback=(False, True), recency_int=(300, 0))
+    dev.configure(cfg)
+    rng = np.random.default_rng(1)
+    q, k, v = tokens(rng, RING + 7)  # past the ring's wrap-around
+    out = dev.decode(q, k, v)
+    want, state = soma.prefill(cfg, q, k, v)
+    assert out.dtype == np.int16 and np.array_equal(out, want)
+    got = dev.read_state()
+    assert all(np.array_equal(got[name], value) for name, value in state.to_arrays().items())
+    x = rng.integers(-32768, 32768, (5, RING + SINKS)).astype(np.int16)
+    head = 0
+    B, S, dmax = (getattr(cfg, f)[head] for f in ("hccs_B", "hccs_S", "hccs_dmax"))
+    probs = dev.hccs(x, head=head)
+    assert probs.dtype == np.uint16
+    assert np.array_equal(probs, wide.wide_softmax(x, normaliser.removesuffix("_int"), B, S, dmax, impl="numpy"))
+    with pytest.raises(ValueError, match="tensor x: values outside int16 range"):
+        dev.hccs(np.full((1, 4), 40000), head=head)
+
+
+def test_the_c_firmware_serves_a_wide_profile_tile_byte_for_byte_like_emu():
+    """The C firmware (host build, over TCP) in front of golden tile models of the wide-profile board answers
+    decode, HCCS and state read-back exactly like emu:// of the same board."""
+    from somatile.host.emu import board_params, start_tile_server
+    from somatile.host.transport_firmware import FirmwareProcess
+
+    params, _ = board_params("sim_wide")
+    cfg = config(profile="wide", normaliser="pwl2_int", fallback=(True, False))
+    rng = np.random.default_rng(2)
+    q, k, v = tokens(rng, 12)
+    x = rng.integers(-32768, 32768, (3, 50)).astype(np.int16)
+    answers = []
+    with FirmwareProcess(start_tile_server(params), board="sim_wide", link="tcp") as fw:
+        for url in ("emu://?board=sim_wide", fw.url):
+            with somatile.host.open(url) as dev:
+                assert dev.info().profile == "wide" and dev.info().board == "sim_wide"
+                dev.configure(cfg)
+                answers.append((dev.decode(q, k, v), dev.read_state(), dev.hccs(x, head=1)))
+    (out_a, state_a, p_a), (out_b, state_b, p_b) = answers
+    assert out_a.dtype == out_b.dtype == np.int16 and np.array_equal(out_a, out_b)
+    assert state_a.keys() == state_b.keys() and all(np.array_equal(state_a[n], state_b[n]) for n in state_a)
+    assert p_a.dtype == p_b.dtype == np.uint16 and np.array_equal(p_a, p_b)

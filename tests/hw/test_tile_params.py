@@ -19,7 +19,7 @@ from somatile.model import hccs as model_hccs
 from somatile.model.files import load_yaml
 
 PARAMS = list(TILE_PARAMS.values())
-BOARD_ONLY = {"description", "kind", "clock_mhz", "profile"}  # board keys that are not tile parameters
+BOARD_ONLY = {"description", "kind", "clock_mhz"}  # board keys that are not tile parameters
 
 
 def outside(param: TileParam) -> list:
@@ -91,7 +91,10 @@ def test_info_registers_are_the_declared_parameters_then_the_derived_ones():
     values = dict(zip(regmap.INFO_FIELDS, regmap.info_values(tile)))
     for name in reported:
         expected = getattr(tile, name)
-        assert values[name] == (HCCS_OUT_TYPES.index(expected) if name == "hccs_out" else expected), name
+        choices = TILE_PARAMS[name].choices if TILE_PARAMS[name].type is str else ()
+        assert values[name] == (choices.index(expected) if choices else expected), name
+        assert TILE_PARAMS[name].value_of(values[name]) == expected, name
+    assert values["hccs_out"] == HCCS_OUT_TYPES.index(tile.hccs_out)  # its code in somatile.model.hccs too
 
 
 def test_device_info_reports_each_parameter_where_the_declaration_says():
@@ -120,4 +123,5 @@ def test_the_value_sets_are_declared_once():
     assert {t: i for i, t in enumerate(HCCS_OUT_TYPES)} == model_hccs.OUT_CODES
     assert TILE_PARAMS["hccs_lanes"].choices is HCCS_LANES and TILE_PARAMS["hccs_out"].choices is HCCS_OUT_TYPES
     assert hw_hccs.HCCS_LANES is HCCS_LANES and hw_hccs.HCCS_OUT_TYPES is HCCS_OUT_TYPES
-    assert regmap.TILE_PROFILES is board_config.TILE_PROFILES
+    assert regmap.TILE_PROFILES is TILE_PARAMS["profile"].choices
+    assert set(regmap.RTL_PROFILES) <= set(regmap.TILE_PROFILES)
