@@ -35,22 +35,39 @@ def demo(tokens: int = 64, seed: int = 1) -> int:
                                   tokens=tokens, seed=seed))
 
 
+DEMO_NORMALISER = {"paper": "hccs_int", "wide": "pwl2_int"}
+"""The near-field normaliser of the demo config in each profile: HCCS, and the wide profile's exp-free pwl2."""
+
+
 def demo_config(info):
-    """The integer Soma config the CLI and the demo use for a device: its geometry, HCCS near field, a small
-    far-field weight, scales that keep random int8 q.k and P.V inside int8."""
+    """The integer Soma config the CLI and the demo use for a device: its geometry and profile, the profile's
+    exp-free near field (`DEMO_NORMALISER`), a small far-field weight, scales that keep random int8 q.k and
+    P.V inside the output type."""
     from somatile.model import soma
 
     return soma.SomaConfig(n_heads=info.heads, head_dim=info.head_dim, ring=info.ring, sinks=info.sinks,
-                           integer=True, normaliser="hccs_int", alpha=0.1, alpha_mult=5, alpha_shift=3,
-                           score_shift=9, out_shift=8)
+                           integer=True, profile=info.profile, normaliser=DEMO_NORMALISER[info.profile], alpha=0.1,
+                           alpha_mult=5, alpha_shift=3, score_shift=9 if info.profile == "paper" else 5, out_shift=8)
 
 
 def demo_tensors(info, tokens: int, seed: int):
-    """Seeded q, k, v of shape (tokens, heads, head_dim) and HCCS rows for one head (rows of ring + sinks)."""
+    """Seeded q, k, v of shape (tokens, heads, head_dim) and HCCS rows for one head (rows of ring + sinks) of
+    the profile's logits (int8, or int16 in the wide profile)."""
     rng = np.random.default_rng(seed)
     q, k, v = (rng.integers(-128, 128, (tokens, info.heads, info.head_dim)).astype(np.int8) for _ in range(3))
-    x = rng.integers(-128, 128, (4 * tokens, info.ring + info.sinks)).astype(np.int8)
+    logit = np.iinfo(np.int16 if info.profile == "wide" else np.int8)
+    x = rng.integers(logit.min, logit.max + 1, (4 * tokens, info.ring + info.sinks)).astype(logit.dtype)
     return q, k, v, x
+
+
+def reference_rows(cfg, x):
+    """What the device's HCCS command must answer for rows ``x`` with head 0 of ``cfg`` (the numpy spec)."""
+    from somatile.model import hccs, wide
+
+    B, S, dmax = cfg.hccs_B[0], cfg.hccs_S[0], cfg.hccs_dmax[0]
+    if cfg.profile == "wide":
+        return wide.wide_softmax(x, cfg.normaliser.removesuffix("_int"), B, S, dmax, impl="numpy")
+    return hccs.hccs_int(x, B, S, dmax, mode=cfg.hccs_mode)
 
 
 def stream_through(url: str, tokens: int = 64, seed: int = 1) -> dict:
@@ -83,24 +100,24 @@ def agree(urls: list[str], tokens: int = 64, seed: int = 1) -> dict:
     decode outputs, final states and HCCS probabilities exactly with the model (so with each other). The demo
     step: ``agree(["emu://?" + DEMO_QUERY, "sim://?" + DEMO_QUERY])``. Returns {"agree": bool, "runs": [...],
     "mismatches": [...]}."""
-    from somatile.model import hccs, soma
+    from somatile.model import soma
 
     runs = [stream_through(url, tokens, seed) for url in urls]
-    geometry = {(r["info"].heads, r["info"].head_dim, r["info"].ring, r["info"].sinks) for r in runs}
+    geometry = {(r["info"].heads, r["info"].head_dim, r["info"].ring, r["info"].sinks, r["info"].profile) for r in runs}
     if len(geometry) > 1:
-        raise ValueError(f"agree: the devices {urls} differ in (heads, head_dim, ring, sinks): {sorted(geometry)}; "
-                         f"give them the same board and overrides")
+        raise ValueError(f"agree: the devices {urls} differ in (heads, head_dim, ring, sinks, profile): "
+                         f"{sorted(geometry)}; give them the same board and overrides")
     q, k, v, x = runs[0]["inputs"]
     cfg = demo_config(runs[0]["info"])
     ref_out, ref_state = soma.prefill(cfg, q, k, v)
-    ref_probs = hccs.hccs_int(x, cfg.hccs_B[0], cfg.hccs_S[0], cfg.hccs_dmax[0], mode=cfg.hccs_mode)
+    ref_probs = reference_rows(cfg, x)
     mismatches = []
     for run in runs:
         if not np.array_equal(run["decode"], ref_out):
             mismatches.append(f"{run['url']}: decode differs from the model in "
                               f"{int(np.sum(run['decode'] != ref_out))} of {ref_out.size} values")
         if not np.array_equal(run["hccs"], ref_probs):
-            mismatches.append(f"{run['url']}: HCCS differs from hccs_int")
+            mismatches.append(f"{run['url']}: HCCS differs from the model's {cfg.normaliser} ({cfg.profile} profile)")
         for name, value in ref_state.to_arrays().items():
             if not np.array_equal(run["state"][name], value):
                 mismatches.append(f"{run['url']}: state {name} differs from the model")

@@ -388,13 +388,16 @@ def tile_class():
             return soma_decode_step(self.runner, cfg, state, q, k, v)
 
         def normalise_rows(self, values, x):
+            if self.params.profile == "wide":
+                return wide_softmax(self.runner, x, values["normaliser"].removesuffix("_int"), values["hccs_B"],
+                                    values["hccs_S"], values["hccs_dmax"])
             return hccs(self.runner, x, values["hccs_B"], values["hccs_S"], values["hccs_dmax"],
                         mode=values["hccs_mode"], out=self.params.hccs_out)
 
     return MetalTile
 
 
-METAL_PROFILES = ("paper",)
+METAL_PROFILES = ("paper", "wide")
 """The tile profiles metal:// computes (TileParams.profile)."""
 
 

@@ -80,9 +80,23 @@ def test_device_errors_and_bad_urls_are_one_line_with_exit_code_2(capsys):
     assert "cannot connect" in one_line_error(capsys, ["info", "--url", "tcp://127.0.0.1:1"])
 
 
-def test_agree_refuses_devices_of_different_geometry(capsys):
-    assert "differ in (heads, head_dim, ring, sinks)" in one_line_error(
+def test_agree_refuses_devices_of_different_geometry_or_profile(capsys):
+    assert "differ in (heads, head_dim, ring, sinks, profile)" in one_line_error(
         capsys, ["agree", "--url", URL, "--url", "emu://?board=sim", "--tokens", "2"])
+    assert "(2, 16, 8, 2, 'paper'), (2, 16, 8, 2, 'wide')" in one_line_error(
+        capsys, ["agree", "--url", URL, "--url", URL.replace("board=sim&", "board=sim_wide&"), "--tokens", "2"])
+
+
+def test_agree_compares_wide_profile_devices_with_the_wide_spec(capsys):
+    """emu:// and the C firmware (host build, on golden tile models) of the wide-profile board agree with the
+    numpy spec of the wide profile."""
+    from somatile.host.emu import board_params, start_tile_server
+    from somatile.host.transport_firmware import FirmwareProcess
+
+    params, _ = board_params("sim_wide")
+    with FirmwareProcess(start_tile_server(params), board="sim_wide", link="tcp") as fw:
+        assert main(["device", "agree", "--url", "emu://?board=sim_wide", "--url", fw.url, "--tokens", "8"]) == 0
+    assert "agree" in capsys.readouterr().out
 
 
 def test_single_step_decode_keeps_the_step_shape(rng):

@@ -69,3 +69,17 @@ def test_device_agree_with_tile_overrides():
     urls = [f"emu://?{device_cli.DEMO_QUERY}", f"metal://?emulate=1&api=pyobjc&{device_cli.DEMO_QUERY}"]
     result = device_cli.agree(urls, tokens=24, seed=5)
     assert result["agree"], result["mismatches"]
+
+
+@pytest.mark.parametrize("api", ["mlx", "pyobjc"])
+def test_the_wide_profile_on_metal_is_identical_to_emu(api):
+    """metal://?emulate=1 and emu:// of the wide-profile board: the same int16 decode output, state and Q15
+    HCCS rows (pwl2, the exp-free normaliser), equal to the numpy spec (`somatile device agree`)."""
+    from somatile.host import device_cli
+
+    query = device_cli.DEMO_QUERY.replace("board=sim&", "board=sim_wide&")
+    result = device_cli.agree([f"emu://?{query}", f"metal://?emulate=1&api={api}&order=random&seed=4&{query}"],
+                              tokens=20, seed=6)
+    assert result["agree"], result["mismatches"]
+    assert {run["info"].profile for run in result["runs"]} == {"wide"}
+    assert all(run["decode"].dtype == np.int16 and run["hccs"].dtype == np.uint16 for run in result["runs"])
