@@ -10,6 +10,9 @@
    manifest went.
 5. The same tensors streamed through `emu://` (golden model) and `sim://` (the tile RTL behind the firmware),
    compared bit for bit.
+6. The same for the wide integer profile (int16 logits, Q15 probabilities, int16 output; pwl2 near field)
+   through `emu://` and `metal://?emulate=1` (the Metal kernels on the CPU emulator): the tile RTL does not
+   implement that profile yet.
 
 Every step prints what it did; the exit code is non-zero when any step fails (a mismatch included).
 """
@@ -100,6 +103,12 @@ def step_stream() -> int:
     return device_cli.demo()
 
 
+def step_stream_wide() -> int:
+    from somatile.host import device_cli
+
+    return device_cli.demo_wide()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="build/demo", help="output folder (default: build/demo)")
 
@@ -131,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     attempt(3, "Soma streaming attention: memory, O(1) decode, numba = spec", step_soma)
     attempt(4, "RTL for the default board", step_board, out)
     attempt(5, "Tensors streamed through emu:// and sim:// (tile RTL behind the firmware)", step_stream)
+    attempt(6, "The wide integer profile through emu:// and metal://?emulate=1 (no RTL for it yet)",
+            step_stream_wide)
 
     print(f"\n=== demo finished in {time.perf_counter() - started:.0f} s; outputs under {out}/")
     if failures:

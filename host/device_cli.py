@@ -26,12 +26,23 @@ from somatile.model.files import MAX_NPZ_ARRAY_BYTES, read_npz  # noqa: F401  (r
 
 # A small tile of the default board whose Verilator build takes seconds, shared with tests/hw/test_tile.py.
 DEMO_QUERY = "board=sim&local_memory_bytes=8192&ring=8&sinks=2&head_dim=16&n_max=32"
+DEMO_WIDE_QUERY = DEMO_QUERY.replace("board=sim&", "board=sim_wide&")
+"""The demo's small tile in the wide profile (boards/sim_wide.yaml)."""
 
 
 def demo(tokens: int = 64, seed: int = 1) -> int:
     """The `make demo` step: the demo tensors through emu:// and sim:// (RTL behind the firmware), compared
     bit for bit; prints the outcome and returns the exit code."""
     return run(argparse.Namespace(action="agree", urls=[f"emu://?{DEMO_QUERY}", f"sim://?{DEMO_QUERY}"],
+                                  tokens=tokens, seed=seed))
+
+
+def demo_wide(tokens: int = 32, seed: int = 1) -> int:
+    """The `make demo` step of the wide profile: the demo tensors through emu:// and metal://?emulate=1 (the
+    Metal kernels on the CPU emulator), compared bit for bit with the wide spec. The tile RTL does not
+    implement the wide profile yet, so sim:// is not among them."""
+    return run(argparse.Namespace(action="agree", urls=[f"emu://?{DEMO_WIDE_QUERY}",
+                                                        f"metal://?emulate=1&{DEMO_WIDE_QUERY}"],
                                   tokens=tokens, seed=seed))
 
 
