@@ -42,6 +42,35 @@ def assert_prefill_matches_model(runner, cfg, q, k, v):
     assert_same_state(state, expected_state)
 
 
+def assert_decode_steps_continue_a_loaded_state(runner, cfg, q, k, v, start: int):
+    """Tokens start.. one decode step at a time from the model's state after tokens ..start, loaded back
+    through to_arrays / from_arrays: every output (value and dtype) and the final state match the model."""
+    _, state = soma.prefill(cfg, q[:start], k[:start], v[:start])
+    loaded = soma.SomaState.from_arrays(cfg, state.to_arrays())
+    for t in range(start, q.shape[0]):
+        expected, state = soma.decode_step(cfg, state, q[t], k[t], v[t])
+        got, loaded = metal_backend.soma_decode_step(runner, cfg, loaded, q[t], k[t], v[t])
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
+    assert_same_state(loaded, state)
+
+
+def assert_full_state_matches_model(runner, rng, cfg):
+    """Two tokens from a loaded full state (random keys, values and fields, every ring slot and every sink
+    valid, the write position inside the ring) match the model, outputs and state."""
+    state = soma.SomaState.empty(cfg)
+    for name in ("ring_k", "ring_v", "sink_k", "sink_v"):
+        getattr(state, name)[...] = rng.integers(-128, 128, getattr(state, name).shape)
+    for name in ("field", "gate_field"):
+        getattr(state, name)[...] = rng.integers(-16384, 16384, getattr(state, name).shape)
+    state.write_pos, state.fill, state.step = 17, cfg.ring, 100000
+    expected_state = soma.SomaState.from_arrays(cfg, state.to_arrays())
+    q, k, v = tokens(rng, cfg, 2)
+    expected, expected_state = soma.prefill(cfg, q, k, v, state=expected_state)
+    got, state = metal_backend.soma_prefill(runner, cfg, q, k, v, state=state)
+    assert np.array_equal(got, expected)
+    assert_same_state(state, expected_state)
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_decode_matches_model_through_ring_wraparound(runner, rng, name):
     cfg = integer_config(name)
@@ -71,14 +100,7 @@ def test_adversarial_tokens_saturate_like_the_model(runner):
 
 def test_decode_step_continues_a_loaded_state(runner, rng):
     cfg = integer_config("clb_recency")
-    q, k, v = tokens(rng, cfg, 14)
-    _, state = soma.prefill(cfg, q[:11], k[:11], v[:11])
-    loaded = soma.SomaState.from_arrays(cfg, state.to_arrays())
-    for t in range(11, 14):
-        expected, state = soma.decode_step(cfg, state, q[t], k[t], v[t])
-        got, loaded = metal_backend.soma_decode_step(runner, cfg, loaded, q[t], k[t], v[t])
-        assert np.array_equal(got, expected)
-    assert_same_state(loaded, state)
+    assert_decode_steps_continue_a_loaded_state(runner, cfg, *tokens(rng, cfg, 14), start=11)
 
 
 def test_soma_bad_input_names_the_field(runner, rng):
@@ -111,14 +133,4 @@ def test_largest_row_the_kernel_holds(runner, rng):
 
     cfg = soma.SomaConfig.preset("default", integer=True, profile="paper", n_heads=2, n_kv_heads=1, head_dim=256, sinks=96,
                                  ring=metal_kernels.SOMA_MAX_SLOTS - 96, normaliser="exp_int")
-    state = soma.SomaState.empty(cfg)
-    for name in ("ring_k", "ring_v", "sink_k", "sink_v"):
-        getattr(state, name)[...] = rng.integers(-128, 128, getattr(state, name).shape)
-    state.field[...] = rng.integers(-16384, 16384, state.field.shape)
-    state.write_pos, state.fill, state.step = 17, cfg.ring, 100000
-    expected_state = soma.SomaState.from_arrays(cfg, state.to_arrays())
-    q, k, v = tokens(rng, cfg, 2)
-    expected, expected_state = soma.prefill(cfg, q, k, v, state=expected_state)
-    got, state = metal_backend.soma_prefill(runner, cfg, q, k, v, state=state)
-    assert np.array_equal(got, expected)
-    assert_same_state(state, expected_state)
+    assert_full_state_matches_model(runner, rng, cfg)
