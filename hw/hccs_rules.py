@@ -51,3 +51,13 @@ class HccsRules(wiring.Component):
         checks = Cat(delay(m, floor >= 0, 1), floor_mass >= hccs.MIN_FLOOR_MASS, row_mass <= hccs.MAX_ROW_MASS)
         m.d.comb += self.ok.eq(reg(m, checks, "checks").all())
         return m
+
+
+def rules_ok(m, name: str, B, S, dmax, cols):
+    """The rules on these values as submodule ``name`` of ``m``: its ``ok``, LATENCY cycles behind them
+    (``cols`` a value or a constant int)."""
+    m.submodules[name] = rules = HccsRules(B.shape(), S.shape(), dmax.shape(), cols if isinstance(cols, int) else None)
+    m.d.comb += [rules.B.eq(B), rules.S.eq(S), rules.dmax.eq(dmax)]
+    if not isinstance(cols, int):
+        m.d.comb += rules.cols.eq(cols)
+    return rules.ok

@@ -30,20 +30,16 @@ import struct
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2 as log2
 
 from somatile.hw import regmap
 from somatile.hw.pipe import (Replicated, block_ram, delay, lut_mul, lut_mul_pipelined, reg, skid_buffer,
                               split_mul)
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
-from somatile.hw.hccs_rules import LATENCY as HCCS_RULES_LATENCY, HccsRules
+from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok
+from somatile.hw.tile_front import CHECK_SETTLE, CommandFront
 from somatile.hw.tile_regs import OK_LATENCY, VALUE_LATENCY, RegisterReader
-
-
-def log2(value: int) -> int:
-    if value & (value - 1):
-        raise ValueError(f"{value} is not a power of two")
-    return value.bit_length() - 1
 
 
 def stream_ports(stream_width: int) -> dict:
@@ -53,12 +49,7 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
-RULES_LATENCY = HCCS_RULES_LATENCY
-"""Cycles of the HCCS parameter rules (hccs.check_params, hw/hccs_rules.py) in the command layer."""
 PARAM_INDEX_COPIES = 4  # copies of a head index that selects the head parameters (Tile.copied_fields)
-CHECK_SETTLE = 7
-"""Cycles between a header's last beat and CHECK: the header's checks are a pipeline of that depth (head
-parameters selected, the HCCS rules (RULES_LATENCY), the check result)."""
 CONFIG_SETTLE = 8
 """Cycles between a CONFIGURE_HEAD block's last beat and its execution: the beat's capture (the block's beats
 are written into its register one cycle after they arrive, from a registered one-hot enable), the rules'
@@ -123,11 +114,20 @@ class Tile(wiring.Component):
                      self.m_axis_tlast.eq(out_payload[-1])]
         m_beat = resp_valid & resp_ready
 
-        # Command header and its fields.
-        header = Signal(8 * regmap.HEADER_BYTES, reset_less=True)  # read only after a frame's header is in
-        magic, opcode, head, count = (header.word_select(i, 8) for i in range(4))
-        length, arg0, arg1 = (header.word_select(i, 32) for i in (1, 2, 3))
-        header_beat = Signal(range(HB + 1))
+        # Command header, its checks and the sizes it implies (hw/tile_front.py).
+        m.submodules.front = front = CommandFront(p)
+        m.d.comb += [front.data.eq(self.s_axis_tdata)]
+        fields = front.header
+        opcode, head, count, arg0, arg1 = fields.opcode, fields.head, fields.count, fields.arg0, fields.arg1
+        head_end, arg1_last, n_pad, rows_last = front.head_end, front.arg1_last, front.n_pad, front.rows_last
+        hccs_bytes, hccs_bytes_nonzero = front.hccs_bytes, front.hccs_bytes_nonzero
+        decode_out_bytes, decode_out_nonzero = front.decode_out_bytes, front.decode_out_nonzero
+        decode_out_words = front.decode_out_words
+        head_words, next_head_words, end_head_words = front.head_words, front.next_head_words, front.end_head_words
+        expected, last_beat_at, first_is_last = front.expected, front.last_beat_at, front.first_is_last
+        before_last_beat, check_error, check_failed = front.before_last_beat, front.check_error, front.check_failed
+        no_payload = front.no_payload
+        is_op = {op: front.is_op[op.name.lower()] for op in Opcode}
         # The header's head index bits once more, in copies written with the header's first beat (for the
         # head parameter multiplexers, below).
         head_bits = max(1, (p.heads - 1).bit_length())
@@ -150,7 +150,7 @@ class Tile(wiring.Component):
         configured = Signal(p.heads)
         head_regs = [[Signal(range(hp.hi + 1), name=f"head{h}_{hp.name}", init=hp.default) for hp in HEAD_PARAMS]
                      for h in range(p.heads)]
-        m.d.comb += self.error.eq(error_latched)
+        m.d.comb += [self.error.eq(error_latched), front.configured.eq(configured)]
 
         # Response fields.
         resp_opcode = Signal(8)
@@ -167,25 +167,8 @@ class Tile(wiring.Component):
         response_header = Cat(Const(regmap.FRAME_MAGIC, 8), resp_opcode, resp_head, resp_error, resp_length,
                               resp_result, Const(0, 32))
 
-        # Header checks (combinational on the captured header), in the order of tile_model.
-        is_head_op = Signal()
-        is_counted = (opcode == Opcode.DECODE) | (opcode == Opcode.RESET_STATE)
-        known = Signal()
-        m.d.comb += known.eq(0)
-        with m.Switch(opcode):
-            for op in Opcode:
-                with m.Case(int(op)):
-                    m.d.comb += known.eq(1)
-                    if op in (Opcode.CONFIGURE_HEAD, Opcode.LOAD_STATE, Opcode.READ_STATE, Opcode.DECODE,
-                              Opcode.HCCS, Opcode.RESET_STATE):
-                        m.d.comb += is_head_op.eq(1)
-        head_end = reg(m, head + Mux(is_counted, count, 1), "head_end", unsigned(9))
-        arg1_last = reg(m, arg1 - 1, "arg1_last", signed(33))
-        bad_head = is_head_op & ((head >= p.heads) | (head_end > p.heads) | (is_counted & (count == 0)))
-
         # Register read decode (hw/tile_regs.py): registered like every product and rule check on the captured
-        # header below, and read CHECK_SETTLE cycles after HEADER's last beat, when it describes this header.
-        address = arg0
+        # header, and read CHECK_SETTLE cycles after HEADER's last beat, when it describes this header.
         info = regmap.info_values(p, self.tile_index)
         globals_ = {"ID": regmap.ID_VALUE, "API_LEVEL": regmap.API_LEVEL, "STATUS": error_latched,
                     "ERROR_CODE": error_code, "ERROR_OPCODE": error_opcode, "CYCLES_LAST": cycles_last,
@@ -197,38 +180,14 @@ class Tile(wiring.Component):
                        for i in range(len(HEAD_PARAMS))])
         m.submodules.registers = registers = RegisterReader(
             [(a, v if isinstance(v, int) else None) for a, v in readable])
-        m.d.comb += registers.address.eq(address)
+        m.d.comb += [registers.address.eq(arg0), front.reg_ok.eq(registers.ok)]
         for port, value in zip(registers.live, [v for _, v in readable if not isinstance(v, int)]):
             m.d.comb += port.eq(value)
-        reg_ok, reg_value = registers.ok, registers.value
-        # ok feeds a registered condition and the registered check result read in CHECK; value is read in
-        # EXECUTE, at least one cycle after CHECK.
-        assert OK_LATENCY + 2 <= CHECK_SETTLE + 1 and VALUE_LATENCY <= CHECK_SETTLE + 1
-        scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
+        # The value is read in EXECUTE, at least one cycle after CHECK.
+        reg_value = registers.value
+        assert VALUE_LATENCY <= CHECK_SETTLE + 1
 
-        # HCCS command arguments and the HCCS parameter rules of hccs.check_params.
-        n_pad = reg(m, (arg1[:16] + regmap.FRAME_GRANULE - 1) & ~(regmap.FRAME_GRANULE - 1), "n_pad",
-                    range(regmap.padded(p.n_max) + 1))
-        rows = arg0
-        rows_last = reg(m, rows - 1, "rows_last", signed(33))
         last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
-        # rows * n_pad, 3 cycles after the header: n_pad is a multiple of the granule, so the product is rows
-        # times its few high bits, in the fabric (a DSP block's row is too far from the header register).
-        granule_bits = log2(regmap.FRAME_GRANULE)
-        hccs_bytes = lut_mul_pipelined(m, rows, n_pad[granule_bits:], "hccs_bytes_hi",
-                                       unsigned(len(rows) + len(n_pad) - granule_bits)) << granule_bits
-        hccs_bytes_nonzero = reg(m, hccs_bytes != 0, "hccs_bytes_nonzero")  # 4 cycles after
-        bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) |
-                         (hccs_bytes > regmap.staging_bytes(p)))
-
-        def hccs_rules_ok(B, S, dmax, cols, name):
-            """hccs.check_params' rules (hw/hccs_rules.py), RULES_LATENCY cycles behind its inputs."""
-            m.submodules[name] = rules = HccsRules(B.shape(), S.shape(), dmax.shape(),
-                                                   cols if isinstance(cols, int) else None)
-            m.d.comb += [rules.B.eq(B), rules.S.eq(S), rules.dmax.eq(dmax)]
-            if not isinstance(cols, int):
-                m.d.comb += rules.cols.eq(cols)
-            return rules.ok
 
         def head_field(h_index, name):
             """Parameter ``name`` of head ``h_index``, selected by the index bits a valid head uses (a head
@@ -243,71 +202,11 @@ class Tile(wiring.Component):
             return {hp.name: reg(m, head_field(copies.copy(i // share), hp.name), f"{prefix}_{hp.name}")
                     for i, hp in enumerate(HEAD_PARAMS)}
 
-        cmd_head_ok = head < p.heads
         # The header head's parameters, registered (the HCCS rule check reads three of them; the decode unit's
         # parameters are loaded from them for its first head, below).
         head_params = copied_fields(header_head, "head_p")
         selected = {n: head_params[f"hccs_{n}"] for n in ("B", "S", "dmax")}
-        hccs_param_ok = hccs_rules_ok(*selected.values(), arg1[:16], "hccs_param_ok")  # 6 cycles after the header
-        heads_configured = Signal()
-        mask = Signal(p.heads)
-        for h in range(p.heads):
-            m.d.comb += mask[h].eq((h >= head) & (h < head_end))
-        m.d.comb += heads_configured.eq((configured & mask) == mask)
-
-        # Products of header fields, registered like hccs_bytes (the first settle cycle).
-        decode_bytes = reg(m, 3 * D * count, "decode_bytes", unsigned(32))
-        decode_out_bytes = reg(m, D * count, "decode_out_bytes", unsigned(32))
-        decode_out_nonzero = reg(m, count != 0, "decode_out_nonzero")
-        decode_out_words = reg(m, dw * count, "decode_out_words", range(mem_words + 1))
-        # Products by the constant state_words as shifted sums in the fabric (a DSP block's row is too far from
-        # the header register).
-        head_words = reg(m, lut_mul(head, Const(state_words)), "head_words", unsigned(32))
-        # (head + 1) * state_words as a sum: an adder in front of a multiplier is two slow steps in one cycle.
-        next_head_words = reg(m, head_words + state_words, "next_head_words", unsigned(32))
-        end_head_words = reg(m, lut_mul(head_end, Const(state_words)), "end_head_words", unsigned(32))
-
-        # The payload length the opcode expects and the header's check result, registered at the end of the
-        # second settle cycle (CHECK reads the registers).
-        expected_now = Signal(32)
-        with m.Switch(opcode):
-            with m.Case(Opcode.CONFIGURE_HEAD):
-                m.d.comb += expected_now.eq(regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS)))
-            with m.Case(Opcode.LOAD_STATE):
-                m.d.comb += expected_now.eq(regmap.state_bytes(p))
-            with m.Case(Opcode.DECODE):
-                m.d.comb += expected_now.eq(decode_bytes)
-            with m.Case(Opcode.HCCS):
-                m.d.comb += expected_now.eq(hccs_bytes)
-        expected = reg(m, expected_now, "expected")
-        last_beat_at = reg(m, expected - SB, "last_beat_at", signed(34))   # byte_count of the payload's last beat
-        # byte_count == last_beat_at is kept in a register (at_last_beat) beside byte_count, from these two.
-        first_is_last = reg(m, last_beat_at == 0, "first_is_last")
-        before_last_beat = reg(m, last_beat_at - SB, "before_last_beat", signed(35))
-
-        # Each condition is registered on its own (at most 4 cycles after the header), then the priority.
-        conditions = [
-            (reg(m, magic != regmap.FRAME_MAGIC), ErrorCode.BAD_MAGIC),
-            (reg(m, ~known), ErrorCode.UNKNOWN_OPCODE),
-            (reg(m, bad_head), ErrorCode.BAD_HEAD),
-            (reg(m, ((opcode == Opcode.REG_READ) & ~reg_ok) |
-                 ((opcode == Opcode.REG_WRITE) & (address != scratch_address))), ErrorCode.BAD_REGISTER),
-            (reg(m, (opcode == Opcode.HCCS) & bad_hccs_args), ErrorCode.BAD_ARGUMENT),
-            (reg(m, ((opcode == Opcode.DECODE) | (opcode == Opcode.HCCS)) & ~heads_configured),
-             ErrorCode.NOT_CONFIGURED),
-            (reg(m, (opcode == Opcode.HCCS) & cmd_head_ok) & ~hccs_param_ok, ErrorCode.BAD_ARGUMENT),
-            (reg(m, length != expected), ErrorCode.BAD_LENGTH),
-        ]
-        check_error_now = Signal(8)
-        for condition, code in reversed(conditions):
-            with m.If(condition):
-                m.d.comb += check_error_now.eq(code)
-        check_error = reg(m, check_error_now, "check_error")
-        check_failed = reg(m, check_error_now != 0, "check_failed")  # check_error != 0, beside it
-        # The opcode as one flag per command, and expected == 0, registered in the settle cycles: the state
-        # machine's branches on them (CHECK, PAYLOAD, EXECUTE, RESPOND_HEADER) then start from flip-flops.
-        is_op = {op: reg(m, opcode == op, f"is_{op.name.lower()}") for op in Opcode}
-        no_payload = reg(m, expected == 0, "no_payload")
+        m.d.comb += [getattr(front, f"hccs_{n}").eq(v) for n, v in selected.items()]
 
         # CONFIGURE_HEAD: the parameter block as received, its range checks and the SomaConfig rules.
         config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
@@ -321,8 +220,8 @@ class Tile(wiring.Component):
         gating_ok = (cv["gating"] != choice["gating"].index("query")) | \
                     (cv["field_source"] == choice["field_source"].index("values"))
         uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
-        config_hccs_ok = hccs_rules_ok(cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8], p.slots,
-                                       "config_hccs_ok")
+        config_hccs_ok = rules_ok(m, "config_hccs_ok", cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8],
+                                  p.slots)
         ranges_ok = delay(m, ranges_ok, RULES_LATENCY - 1)
         gating_ok, uses_hccs = (delay(m, v, RULES_LATENCY) for v in (gating_ok, uses_hccs))
         # RULES_LATENCY + 2 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles.
@@ -521,7 +420,8 @@ class Tile(wiring.Component):
             m.next = "RESPOND_HEADER"
 
         def finish():
-            m.d.sync += [cycles_last.eq(cycles_run + 1), commands.eq(commands + 1), header_beat.eq(0)]
+            m.d.sync += [cycles_last.eq(cycles_run + 1), commands.eq(commands + 1)]
+            m.d.comb += front.restart.eq(1)
             m.next = "HEADER"
 
         with m.FSM(init="CLEAR") as fsm:
@@ -532,7 +432,7 @@ class Tile(wiring.Component):
                 m.d.sync += [clear_word.eq(clear_word + 1), clear_last.eq(clear_word + 2 >= clear_end)]
                 with m.If(clear_last):
                     with m.If(after_reset):
-                        m.d.sync += header_beat.eq(0)
+                        m.d.comb += front.restart.eq(1)
                         m.next = "HEADER"
                     with m.Else():
                         with m.If(pending_error != 0):
@@ -541,12 +441,11 @@ class Tile(wiring.Component):
 
             with m.State("HEADER"):
                 m.d.comb += self.s_axis_tready.eq(1)
+                m.d.comb += front.beat.eq(s_beat)
                 with m.If(s_beat):
-                    with m.If(header_beat == 0):
+                    with m.If(front.first_beat):
                         m.d.sync += [cycles_run.eq(1), *header_head.eq(self.s_axis_tdata[16:16 + head_bits])]
-                    m.d.sync += [header.word_select(header_beat, SW).eq(self.s_axis_tdata),
-                                 header_beat.eq(header_beat + 1)]
-                    with m.If(header_beat == HB - 1):
+                    with m.If(front.last_beat):
                         m.d.sync += header_last.eq(self.s_axis_tlast)
                         m.d.sync += settle.eq(0)
                         m.next = "SETTLE"

@@ -1,0 +1,207 @@
+"""The tile's command front end: the command header captured from the input stream, and the header's checks
+(in the order of :class:`somatile.hw.tile_model.TileModel`) with the sizes and addresses the command derives
+from it, as a pipeline of registered steps.
+
+Contract:
+
+- Capture: each cycle with ``beat`` high writes ``data`` into the header's next beat (``first_beat`` and
+  ``last_beat`` say which beat comes next); ``restart`` makes the next beat a header's first. The fields
+  (``header``) are read only once a frame's header is in (the register has no reset).
+- Checks: free running on the captured header; every output describes the header of :data:`CHECK_SETTLE`
+  cycles before (at most), provided the inputs do: ``reg_ok`` (the register reader's ``ok`` for the header's
+  ``arg0``, :data:`somatile.hw.tile_regs.OK_LATENCY` behind it), ``configured``, and the header head's
+  HCCS parameters ``hccs_B``/``hccs_S``/``hccs_dmax`` at most :data:`PARAMS_DELAY` cycles after the
+  header's last beat. ``check_error`` is the model's error code of the first failing check (0: none;
+  ``check_failed`` is ``check_error != 0`` in a register of its own); ``expected`` is the payload length the
+  opcode expects, the detail of a BAD_LENGTH.
+
+Why a pipeline: the header register fans out to every check, product and comparison below; each is
+registered on its own (at most 4 cycles after the header, the HCCS rules' RULES_LATENCY after the head's
+parameters), then the priority of the checks, so that the state machine's branches on the result (CHECK,
+PAYLOAD, EXECUTE, RESPOND_HEADER in the tile) start from flip-flops.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2 as log2
+
+from somatile.hw import regmap
+from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok
+from somatile.hw.pipe import lut_mul, lut_mul_pipelined, reg
+from somatile.hw.regmap import HEAD_PARAMS, ErrorCode, Opcode, TileParams
+from somatile.hw.tile_regs import OK_LATENCY
+
+HEADER_LAYOUT = data.StructLayout({"magic": 8, "opcode": 8, "head": 8, "count": 8, "length": 32, "arg0": 32,
+                                   "arg1": 32})
+"""A command header's fields (regmap.HEADER_BYTES, little-endian)."""
+OPCODE_FLAGS = data.StructLayout({op.name.lower(): 1 for op in Opcode})
+"""One flag per opcode: the header's opcode is that one."""
+PARAMS_DELAY = 1
+"""Cycles after the header's last beat (at most) that the header head's parameters reach ``hccs_*``: the
+tile registers them from an index written with the header's first beat."""
+CHECK_SETTLE = PARAMS_DELAY + RULES_LATENCY + 1
+"""Cycles between a header's last beat and the check result: the head parameters, the HCCS rules
+(RULES_LATENCY), the check result's register."""
+
+
+class CommandFront(wiring.Component):
+    """The front end of a tile with :class:`~somatile.hw.regmap.TileParams` ``params``; the ports are listed
+    in the module docstring (the sizes: ``head_end``, ``arg1_last`` (arg1 - 1), ``n_pad`` (arg1 rounded up to
+    the frame granule), ``rows_last`` (arg0 - 1), ``hccs_bytes`` (arg0 * n_pad) and its ``!= 0``, the DECODE
+    output's ``decode_out_bytes``/``_words`` and ``count != 0``, the head's state addresses in words
+    ``head_words``, ``next_head_words`` and ``end_head_words`` (of head, head + 1, head_end))."""
+
+    def __init__(self, params: TileParams):
+        self.params = p = params
+        mem_words = p.local_memory_bytes // p.word_bytes
+        n_pad_shape = Shape.cast(range(regmap.padded(p.n_max) + 1))
+        hccs_bits = 32 + n_pad_shape.width - log2(regmap.FRAME_GRANULE)
+        head_params = {hp.name: hp for hp in HEAD_PARAMS}
+        super().__init__({
+            "beat": In(1), "data": In(8 * p.stream_bytes), "restart": In(1), "first_beat": Out(1),
+            "last_beat": Out(1), "header": Out(HEADER_LAYOUT),
+            "reg_ok": In(1), "configured": In(p.heads),
+            **{f"hccs_{n}": In(range(head_params[f"hccs_{n}"].hi + 1)) for n in ("B", "S", "dmax")},
+            "check_error": Out(8), "check_failed": Out(1), "is_op": Out(OPCODE_FLAGS), "no_payload": Out(1),
+            "expected": Out(32), "last_beat_at": Out(signed(34)), "first_is_last": Out(1),
+            "before_last_beat": Out(signed(35)),
+            "head_end": Out(9), "arg1_last": Out(signed(33)), "n_pad": Out(n_pad_shape), "rows_last": Out(signed(33)),
+            "hccs_bytes": Out(hccs_bits + log2(regmap.FRAME_GRANULE)), "hccs_bytes_nonzero": Out(1),
+            "decode_out_bytes": Out(32), "decode_out_nonzero": Out(1), "decode_out_words": Out(range(mem_words + 1)),
+            "head_words": Out(32), "next_head_words": Out(32), "end_head_words": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        self.capture(m)
+        fields = self.header
+        opcode, head, count, arg1 = fields.opcode, fields.head, fields.count, fields.arg1
+        is_counted = (opcode == Opcode.DECODE) | (opcode == Opcode.RESET_STATE)
+        outputs = self.sizes(m, is_counted)
+        head_end, hccs_bytes = outputs["head_end"], outputs["hccs_bytes"]
+
+        # Header checks (combinational on the captured header), in the order of tile_model.
+        is_head_op = Signal()
+        known = Signal()
+        m.d.comb += known.eq(0)
+        with m.Switch(opcode):
+            for op in Opcode:
+                with m.Case(int(op)):
+                    m.d.comb += known.eq(1)
+                    if op in (Opcode.CONFIGURE_HEAD, Opcode.LOAD_STATE, Opcode.READ_STATE, Opcode.DECODE,
+                              Opcode.HCCS, Opcode.RESET_STATE):
+                        m.d.comb += is_head_op.eq(1)
+        bad_head = is_head_op & ((head >= p.heads) | (head_end > p.heads) | (is_counted & (count == 0)))
+        # The register reader's ok (hw/tile_regs.py) feeds a registered condition and the registered check
+        # result read CHECK_SETTLE cycles after the header.
+        assert OK_LATENCY + 2 <= CHECK_SETTLE + 1
+        scratch_address = [n for n, _, _ in regmap.GLOBAL_REGISTERS].index("SCRATCH") * regmap.REGISTER_BYTES
+        rows = fields.arg0
+        bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) | (hccs_bytes > regmap.staging_bytes(p)))
+        cmd_head_ok = head < p.heads
+        hccs_param_ok = rules_ok(m, "hccs_param_ok", self.hccs_B, self.hccs_S, self.hccs_dmax, arg1[:16])
+        mask = Signal(p.heads)
+        for h in range(p.heads):
+            m.d.comb += mask[h].eq((h >= head) & (h < head_end))
+        heads_configured = (self.configured & mask) == mask
+        expected = outputs["expected"]
+
+        # Each condition is registered on its own (at most 4 cycles after the header), then the priority.
+        conditions = [
+            (reg(m, fields.magic != regmap.FRAME_MAGIC), ErrorCode.BAD_MAGIC),
+            (reg(m, ~known), ErrorCode.UNKNOWN_OPCODE),
+            (reg(m, bad_head), ErrorCode.BAD_HEAD),
+            (reg(m, ((opcode == Opcode.REG_READ) & ~self.reg_ok) |
+                 ((opcode == Opcode.REG_WRITE) & (fields.arg0 != scratch_address))), ErrorCode.BAD_REGISTER),
+            (reg(m, (opcode == Opcode.HCCS) & bad_hccs_args), ErrorCode.BAD_ARGUMENT),
+            (reg(m, ((opcode == Opcode.DECODE) | (opcode == Opcode.HCCS)) & ~heads_configured),
+             ErrorCode.NOT_CONFIGURED),
+            (reg(m, (opcode == Opcode.HCCS) & cmd_head_ok) & ~hccs_param_ok, ErrorCode.BAD_ARGUMENT),
+            (reg(m, fields.length != expected), ErrorCode.BAD_LENGTH),
+        ]
+        check_error_now = Signal(8)
+        for condition, code in reversed(conditions):
+            with m.If(condition):
+                m.d.comb += check_error_now.eq(code)
+        outputs["check_error"] = reg(m, check_error_now, "check_error")
+        outputs["check_failed"] = reg(m, check_error_now != 0, "check_failed")  # check_error != 0, beside it
+        # The opcode as one flag per command, and expected == 0, registered in the settle cycles: the state
+        # machine's branches on them then start from flip-flops.
+        for op in Opcode:
+            m.d.comb += self.is_op[op.name.lower()].eq(reg(m, opcode == op, f"is_{op.name.lower()}"))
+        outputs["no_payload"] = reg(m, expected == 0, "no_payload")
+        for name, value in outputs.items():
+            m.d.comb += getattr(self, name).eq(value)
+        return m
+
+    def capture(self, m):
+        """The header register, written a beat at a time."""
+        SB = self.params.stream_bytes
+        HB = regmap.HEADER_BYTES // SB
+        header = Signal(8 * regmap.HEADER_BYTES, reset_less=True)  # read only after a frame's header is in
+        header_beat = Signal(range(HB + 1))
+        with m.If(self.beat):
+            m.d.sync += [header.word_select(header_beat, 8 * SB).eq(self.data), header_beat.eq(header_beat + 1)]
+        with m.If(self.restart):
+            m.d.sync += header_beat.eq(0)
+        m.d.comb += [self.header.eq(header), self.first_beat.eq(header_beat == 0),
+                     self.last_beat.eq(header_beat == HB - 1)]
+
+    def sizes(self, m, is_counted) -> dict:
+        """The command's sizes and addresses from the header fields (registered) and the payload length the
+        opcode expects with the registers the payload's byte counter is compared with; ``is_counted``: the
+        opcode takes ``count`` heads."""
+        p = self.params
+        SB, D = p.stream_bytes, p.head_dim
+        fields = self.header
+        head, count, arg1 = fields.head, fields.count, fields.arg1
+        state_words = regmap.state_bytes(p) // p.word_bytes
+        out = {"head_end": reg(m, head + Mux(is_counted, count, 1), "head_end", unsigned(9)),
+               "arg1_last": reg(m, arg1 - 1, "arg1_last", signed(33))}
+        # HCCS command arguments: rows * n_pad, 3 cycles after the header: n_pad is a multiple of the granule,
+        # so the product is rows times its few high bits, in the fabric (a DSP block's row is too far from the
+        # header register).
+        n_pad = out["n_pad"] = reg(m, (arg1[:16] + regmap.FRAME_GRANULE - 1) & ~(regmap.FRAME_GRANULE - 1), "n_pad",
+                                   range(regmap.padded(p.n_max) + 1))
+        rows = fields.arg0
+        out["rows_last"] = reg(m, rows - 1, "rows_last", signed(33))
+        granule_bits = log2(regmap.FRAME_GRANULE)
+        hccs_bytes = out["hccs_bytes"] = lut_mul_pipelined(m, rows, n_pad[granule_bits:], "hccs_bytes_hi",
+                                                           unsigned(len(rows) + len(n_pad) - granule_bits)) << granule_bits
+        out["hccs_bytes_nonzero"] = reg(m, hccs_bytes != 0, "hccs_bytes_nonzero")  # 4 cycles after
+
+        # Products of header fields, registered like hccs_bytes (the first settle cycle).
+        decode_bytes = reg(m, 3 * D * count, "decode_bytes", unsigned(32))
+        out["decode_out_bytes"] = reg(m, D * count, "decode_out_bytes", unsigned(32))
+        out["decode_out_nonzero"] = reg(m, count != 0, "decode_out_nonzero")
+        out["decode_out_words"] = reg(m, D // p.word_bytes * count, "decode_out_words",
+                                      range(p.local_memory_bytes // p.word_bytes + 1))
+        # Products by the constant state_words as shifted sums in the fabric (a DSP block's row is too far from
+        # the header register).
+        head_words = out["head_words"] = reg(m, lut_mul(head, Const(state_words)), "head_words", unsigned(32))
+        # (head + 1) * state_words as a sum: an adder in front of a multiplier is two slow steps in one cycle.
+        out["next_head_words"] = reg(m, head_words + state_words, "next_head_words", unsigned(32))
+        out["end_head_words"] = reg(m, lut_mul(out["head_end"], Const(state_words)), "end_head_words", unsigned(32))
+
+        # The payload length the opcode expects, registered at the end of the second settle cycle.
+        expected_now = Signal(32)
+        with m.Switch(fields.opcode):
+            with m.Case(Opcode.CONFIGURE_HEAD):
+                m.d.comb += expected_now.eq(regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS)))
+            with m.Case(Opcode.LOAD_STATE):
+                m.d.comb += expected_now.eq(regmap.state_bytes(p))
+            with m.Case(Opcode.DECODE):
+                m.d.comb += expected_now.eq(decode_bytes)
+            with m.Case(Opcode.HCCS):
+                m.d.comb += expected_now.eq(hccs_bytes)
+        expected = out["expected"] = reg(m, expected_now, "expected")
+        # byte_count of the payload's last beat; byte_count == last_beat_at is kept in a register (the tile's
+        # at_last_beat) beside byte_count, from these two.
+        last_beat_at = out["last_beat_at"] = reg(m, expected - SB, "last_beat_at", signed(34))
+        out["first_is_last"] = reg(m, last_beat_at == 0, "first_is_last")
+        out["before_last_beat"] = reg(m, last_beat_at - SB, "before_last_beat", signed(35))
+        return out
