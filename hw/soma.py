@@ -310,11 +310,14 @@ class ElementRam:
         return d >> self._shift
 
     def reader(self, address):
-        """A read port at word ``address`` (combinational): ``.data`` the word, ``.element(d)`` element d of it."""
+        """A read port at word ``address`` (combinational): ``.data`` the word."""
         port = self.memory.read_port(domain="comb")
         self.m.d.comb += port.addr.eq(address)
-        bits, shift = self.bits, self._shift
-        return SimpleNamespace(data=port.data, element=lambda d: port.data.word_select(d[:shift], bits))
+        return SimpleNamespace(data=port.data)
+
+    def serve(self, port):
+        """A read port of its own for a stage's :class:`RegisterFileRead` ``port``."""
+        self.m.d.comb += port.data.eq(self.reader(port.addr).data)
 
     def write_word(self, address, value):
         self.m.d.comb += [self.wr.addr.eq(address), self.wr.data.eq(value), self.wr.en.eq(-1)]
@@ -329,11 +332,564 @@ def tree_levels(lanes: int) -> int:
     return (lanes - 1).bit_length()
 
 
-def score_depth(params: TileParams) -> int:
-    """SCORES: cycles from a (slot, chunk) read's address to the slot's int8 logit written into the row: read,
-    operands, products (2: partial products in pairs, then their sum), the adder tree, the accumulator,
-    ``dot * score_mult`` (3), round-shift (2), recency subtraction (1), saturation (1)."""
-    return READ_LATENCY + 3 + tree_levels(params.mac_lanes) + 1 + 7
+def issue_shape(params: TileParams):
+    """The issue counter's shape: a slot (SCORES, WEIGHTED SUM), an element (NORMALISE's gate) or a lane (FINAL)."""
+    return range(max(params.slots, params.head_dim, params.mac_lanes) + 1)
+
+
+def item_layout(params: TileParams) -> data.StructLayout:
+    """The tags of one issued item as a stage reads them from the decode unit's tag line, some cycles after its
+    issue: valid (for the stage's phase), last (the phase's last item), n (slot, element or lane), c (chunk)."""
+    return data.StructLayout({"valid": 1, "last": 1, "n": issue_shape(params),
+                              "c": range(params.head_dim // params.mac_lanes + 1)})
+
+
+def row_layout(params: TileParams) -> data.StructLayout:
+    """One logit of the decode row, as SCORES writes it: the write enable, the row's last slot, the slot, whether
+    the slot holds a key (an empty slot's logit is 0 and masked) and the int8 logit."""
+    return data.StructLayout({"we": 1, "last": 1, "index": issue_shape(params), "valid": 1, "x": signed(8)})
+
+
+COUNTERS_LAYOUT = data.StructLayout({"write_pos": 32, "fill": 32, "step": 32})
+"""The head's counters, in the order of their state word."""
+
+
+def element_write_layout(params: TileParams, value_shape) -> data.StructLayout:
+    """One element written into a register file (:meth:`ElementRam.write_element`): enable, element, value."""
+    element_bits = (params.mac_lanes - 1).bit_length() + len(Signal(range(params.head_dim // params.mac_lanes + 1)))
+    return data.StructLayout({"en": 1, "element": element_bits, "value": value_shape})
+
+
+class RegisterFileRead(wiring.Signature):
+    """A read port of an :class:`ElementRam` of head_dim elements of ``bits`` bits as its reader sees it: the word
+    address out, the word back in the same cycle (the LUT RAM's read is asynchronous)."""
+
+    def __init__(self, params: TileParams, bits: int):
+        words = params.head_dim * bits // (8 * params.word_bytes)
+        super().__init__({"addr": Out(range(words)), "data": In(8 * params.word_bytes)})
+
+
+def element_shift(word_bits: int, bits: int) -> int:
+    """log2 of the elements of ``bits`` bits per register-file word."""
+    return (word_bits // bits).bit_length() - 1
+
+
+def element_of(word, d, bits: int):
+    """Element ``d`` of ``bits`` bits from a register-file word that holds it."""
+    return word.word_select(d[:element_shift(len(word), bits)], bits)
+
+
+def chunk_word(c, params: TileParams):
+    """The word of a K/V/q row that holds chunk c (W / L is a power of two)."""
+    return c >> (params.word_bytes // params.mac_lanes).bit_length() - 1
+
+
+def lane_group(word, c, params: TileParams):
+    """Chunk c's ``mac_lanes`` bytes of the memory word holding it."""
+    L, W = params.mac_lanes, params.word_bytes
+    if L >= W:
+        return word
+    return word.word_select(c % (W // L), 8 * L)
+
+
+def parameter_operand(m, head, name: str):
+    """A copy of parameter ``name`` for one multiplier, through two registers so that the last one can sit beside
+    its DSP block rather than across the die. The copy is two cycles behind ``head``, which is constant from
+    start on; no multiplier uses its parameter before LOAD's end."""
+    return delay(m, head[name], 2, f"{name}_operand")
+
+
+def head_choice(head, name: str, choice: str):
+    """Whether the head's parameter ``name`` selects ``choice`` (one of its ``choices``)."""
+    return head[name] == HEAD_PARAMS[HEAD_INDEX[name]].choices.index(choice)
+
+
+class ScoreStage(wiring.Component):
+    """SCORES' datapath: the int8 logit of every slot, ``sat8(rshift_round((q . K[n]) * score_mult, score_shift) -
+    recency_int * distance)`` (0 and masked for an empty slot).
+
+    Reads chunk c of slot n's key (``k_word``: the memory word, :data:`READ_LATENCY` cycles after its address)
+    and of q (through ``q``), one (slot, chunk) item per cycle as ``read_item`` (the tag line at READ_LATENCY)
+    names it; ``counters`` and ``head`` are constant while it runs. Writes ``row`` (:func:`row_layout`), slot by
+    slot in issue order, :meth:`depth` cycles after the address of the slot's last chunk. Throughput one chunk
+    per cycle; no backpressure. ``accumulate_item`` is the tag line at :meth:`accumulate_stage`.
+    """
+
+    def __init__(self, params: TileParams):
+        self.params = params
+        super().__init__({
+            "head": In(HEAD_PARAMS_LAYOUT), "counters": In(COUNTERS_LAYOUT),
+            "read_item": In(item_layout(params)), "accumulate_item": In(item_layout(params)),
+            "k_word": In(8 * params.word_bytes), "q": Out(RegisterFileRead(params, 8)),
+            "row": Out(row_layout(params)),
+        })
+
+    @staticmethod
+    def accumulate_stage(params: TileParams) -> int:
+        """Cycles from an item's address to its partial dot product at the accumulator: read, operands, products
+        (2: partial products in pairs, then their sum), the adder tree."""
+        return READ_LATENCY + 3 + tree_levels(params.mac_lanes)
+
+    @staticmethod
+    def depth(params: TileParams) -> int:
+        """Cycles from a slot's last (slot, chunk) address to its logit in ``row``: :meth:`accumulate_stage`, the
+        accumulator, ``dot * score_mult`` (3), round-shift (2), recency subtraction (1), saturation (1)."""
+        return ScoreStage.accumulate_stage(params) + 1 + 7
+
+    @staticmethod
+    def cycles(params: TileParams) -> int:
+        """SCORES: every (slot, chunk) issued, then the pipeline's depth."""
+        return params.slots * (params.head_dim // params.mac_lanes) + ScoreStage.depth(params)
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        L, chunks, sinks, ring = p.mac_lanes, p.head_dim // p.mac_lanes, p.sinks, p.ring
+        par, write_pos, fill, step = self.head, self.counters.write_pos, self.counters.fill, self.counters.step
+        n_bits = len(self.read_item.n)
+
+        # Read, operands, products, adder tree, accumulator.
+        s = READ_LATENCY
+        c_read = self.read_item.c
+        m.d.comb += self.q.addr.eq(chunk_word(c_read, p))
+        q_chunk = reg(m, lane_group(self.q.data, c_read, p), "q_chunk")  # chunk c_read
+        k_chunk = reg(m, lane_group(self.k_word, c_read, p), "k_chunk")
+        s += 1
+        terms = [lut_mul_pipelined(m, q_chunk.word_select(l, 8).as_signed(), k_chunk.word_select(l, 8).as_signed(),
+                                   f"qk{l}", signed(16)) for l in range(L)]
+        s += 2
+        while len(terms) > 1:  # one registered adder level per stage
+            terms = [reg(m, t, f"dot_tree{s}_{i}") for i, t in enumerate(reduce_levels(terms, operator.add, 1))]
+            s += 1
+        assert s == self.accumulate_stage(p)
+        partial = terms[0]
+        acc = Signal(signed(32))
+        dot = Signal(signed(32))
+        v_acc, last_acc, n_acc, c_acc = (self.accumulate_item[f] for f in ("valid", "last", "n", "c"))
+        dot_tags = Signal(2 + n_bits)  # valid, last, slot of `dot`
+        m.d.sync += dot_tags.eq(0)
+        with m.If(v_acc):
+            with m.If(c_acc == chunks - 1):
+                m.d.sync += [dot.eq(Mux(c_acc == 0, 0, acc) + partial), dot_tags.eq(Cat(1, last_acc, n_acc))]
+            with m.Else():
+                m.d.sync += acc.eq(Mux(c_acc == 0, 0, acc) + partial)
+        s += 1
+
+        # Logit of the completed dot product: x8 = sat8(rshift_round(dot * score_mult, score_shift) -
+        # recency_int * distance), 0 for an empty slot.
+        dot_slot = dot_tags[2:]
+        # The counters' bounds in registers: step and fill change only in WRITE and LOAD, many cycles before
+        # a slot's dot product completes (the comparisons of step and fill in the path would not fit a cycle).
+        # For a ring slot, dot_slot - sinks < fill is dot_slot < fill + sinks (fill <= ring: LOAD_STATE checks).
+        if sinks:
+            sink_fill = reg(m, Mux(step < sinks, step, sinks), "sink_fill", range(sinks + 1))
+            ring_end = reg(m, fill + sinks, "ring_end", range(ring + sinks + 1))
+            slot_valid = Mux(dot_slot < sinks, dot_slot < sink_fill, dot_slot < ring_end)
+        else:
+            slot_valid = dot_slot < fill
+        # age = write_pos - 1 - (dot_slot - sinks) as (write_pos - 1 + sinks) - dot_slot, the first term in a
+        # register (write_pos changes only in WRITE and LOAD, like fill): a ring slot's age then is one
+        # subtraction from registers (two in one cycle do not fit on the ECP5 tile). In a legal state
+        # write_pos < ring (LOAD_STATE checks it), so its low bits hold it and a ring slot's age lies in
+        # [-ring, ring).
+        pos_bits = max(1, (ring - 1).bit_length())
+        age_base = reg(m, write_pos[:pos_bits] - 1 + sinks, "age_base", signed(pos_bits + 2 + sinks.bit_length()))
+        age = reg(m, age_base - dot_slot, "age", signed(len(age_base) + 1))
+        in_sink = delay(m, dot_slot < sinks, 1)
+        wrapped = Mux(age < 0, age + ring, age) + Mux(par["include_self"], 0, 1)
+        # A legal state has write_pos < ring (LOAD_STATE checks it), so a ring slot's distance is at most ring:
+        # the product fits one multiplier.
+        distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", range(ring + 1))
+        # In two registered steps (in one, its adder tree behind distance does not fit a cycle), then
+        # delayed to meet scaled.
+        recency = lut_mul_pipelined(m, parameter_operand(m, par, "recency_int"), distance, "recency",
+                                    unsigned(7 + len(distance)))
+        scaled = round_shift(m, split_mul(m, dot, parameter_operand(m, par, "score_mult"), "score_product"),
+                             par["score_shift"], soma.INT_SHIFT_MAX, "scaled")
+        recency = delay(m, recency, 1)
+        logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
+        row_x = reg(m, Mux(delay(m, slot_valid, 6), saturate(logit, -128, 127), 0), "row_x", signed(8))
+        row_tags = delay(m, Cat(dot_tags, slot_valid), 7, reset_less=False)
+        s += 7
+        assert s == self.depth(p)
+        m.d.comb += [self.row.we.eq(row_tags[0]), self.row.last.eq(row_tags[1]),
+                     self.row.index.eq(row_tags[2:2 + n_bits]), self.row.valid.eq(row_tags[-1]),
+                     self.row.x.eq(row_x)]
+        return m
+
+
+class NearFieldFeed(wiring.Component):
+    """The decode row of an HCCS head through the streaming HCCS unit of ``hw/hccs.py`` (:func:`near_field_unit`).
+
+    Keeps the row in registers as SCORES writes it (``row``), and from ``start`` (a pulse, the row complete)
+    feeds it in beats of ``hccs_lanes`` through a register slice (:data:`FEED_LATENCY`) and collects the
+    unit's uint8 probabilities in ``probs`` (slot n at byte n); ``done`` is high in the cycle the last beat
+    arrives (``probs`` holds it the cycle after). Does nothing for an integer-exp head (``head``'s normaliser),
+    whose row the :class:`RowNormaliser` takes. The unit's own backpressure holds the feed; it never stalls the
+    output. Latency from ``start`` through ``done``: :meth:`row_cycles`.
+    """
+
+    def __init__(self, params: TileParams):
+        self.params = params
+        self.config = near_field_unit(params)
+        super().__init__({
+            "head": In(HEAD_PARAMS_LAYOUT), "row": In(row_layout(params)), "start": In(1),
+            "probs": Out(8 * self.config.n_max), "done": Out(1),
+        })
+
+    @staticmethod
+    def row_cycles(params: TileParams, hccs_mode: str) -> int:
+        """Cycles from the cycle after ``start`` through ``done``: the register slice and the HCCS unit's row."""
+        return FEED_LATENCY + hccs_unit.expected_cycles(near_field_unit(params), 1, params.slots, mode=hccs_mode,
+                                                        out="uint8")
+
+    def elaborate(self, platform):
+        m = Module()
+        par, unit_config = self.head, self.config
+        use_exp = head_choice(par, "normaliser", "exp_int")
+        hl = unit_config.lanes
+        row_beats = unit_config.n_max // hl
+        m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
+        # Data registers without a reset (every slot is written in each step before it is read).
+        row_bits = Signal(8 * unit_config.n_max, reset_less=True)
+        row_valid_bits = Signal(unit_config.n_max, reset_less=True)
+        prob_bits = Signal(8 * unit_config.n_max, reset_less=True)
+        m.d.comb += self.probs.eq(prob_bits)
+        feed_beat = Signal(range(row_beats + 1))
+        # The beat the unit returns next, one-hot: each word of prob_bits is enabled by one of its flip-flops
+        # (decoded from a counter, the enables would not fit a cycle).
+        drain_sel = Signal(row_beats)
+        with m.If(self.row.we):
+            m.d.sync += [row_bits.word_select(self.row.index, 8).eq(self.row.x),
+                         row_valid_bits.bit_select(self.row.index, 1).eq(self.row.valid)]
+        # The beats reach the unit through a register slice (FEED_LATENCY): the beat multiplexer and the
+        # counter's comparisons would otherwise sit in front of the unit's first stage and its bank enables.
+        feeding = Signal()
+        # The beat's bytes are selected in groups of lanes, each by a copy of feed_beat of its own (one index
+        # steering every byte's multiplexer would span the unit's row memory in one cycle).
+        groups = min(hl, FEED_INDEX_COPIES)
+        feed_index = Replicated(range(row_beats + 1), groups, "feed_index")
+        group_bits = 8 * hl // groups
+        beat_bits = [row_bits[8 * hl * b:8 * hl * (b + 1)] for b in range(row_beats)]
+        feed_bytes = Cat(*[Array(bits[g * group_bits:(g + 1) * group_bits] for bits in beat_bits)[feed_index.copy(g)]
+                           for g in range(groups)])
+        feed_ready, feed_valid, fed = skid_buffer(
+            m, feeding, Cat(feed_bytes, row_valid_bits.word_select(feed_beat, hl),
+                            feed_beat == 0, feed_beat == row_beats - 1), near_unit.i.ready, "feed")
+        with m.If(feeding & feed_ready):
+            m.d.sync += [feed_beat.eq(feed_beat + 1), *feed_index.increment()]
+            with m.If(feed_beat == row_beats - 1):
+                m.d.sync += feeding.eq(0)
+        m.d.comb += [near_unit.i.valid.eq(feed_valid),
+                     near_unit.i.payload.data.eq(fed[:8 * hl]), near_unit.i.payload.mask.eq(fed[8 * hl:9 * hl]),
+                     near_unit.i.payload.first.eq(fed[9 * hl]), near_unit.i.payload.last.eq(fed[9 * hl + 1]),
+                     near_unit.i.payload.head.eq(0), near_unit.o.ready.eq(1),
+                     near_unit.cfg.payload.head.eq(0), near_unit.cfg.payload.params.B.eq(par["hccs_B"]),
+                     near_unit.cfg.payload.params.S.eq(par["hccs_S"]),
+                     near_unit.cfg.payload.params.dmax.eq(par["hccs_dmax"]),
+                     near_unit.cfg.payload.params.mode.eq(par["hccs_mode"]),
+                     near_unit.cfg.payload.params.out.eq(hccs.OUT_UINT8),
+                     near_unit.cfg.valid.eq(self.start & ~use_exp),
+                     self.done.eq(near_unit.o.valid & near_unit.o.payload.last)]
+        with m.If(near_unit.o.valid):
+            m.d.sync += drain_sel.eq(drain_sel << 1)
+            for j in range(row_beats):
+                with m.If(drain_sel[j]):
+                    m.d.sync += prob_bits.word_select(j, 8 * hl).eq(near_unit.o.payload.data.as_value())
+        with m.If(self.start):  # after the counters' own updates, which it overrides
+            m.d.sync += [feed_beat.eq(0), *feed_index.eq(0), drain_sel.eq(1), feeding.eq(~use_exp)]
+        return m
+
+
+class GateStage(wiring.Component):
+    """The query gate, in parallel with the normaliser: ``z = q . G`` over the head_dim elements, then
+    ``gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128)``, 128 (:data:`soma.GATE_ONE`) when the
+    head is ungated.
+
+    ``restart`` (a pulse) sets the element counter to 0; each ``advance`` cycle issues the next element, read
+    from q and the gate field through ``q`` and ``gate_field``; ``accumulate_item`` is the tag line 2 cycles
+    after an element's issue. ``busy`` rises with ``restart`` and falls :data:`GATE_DEPTH` cycles after the last
+    element's issue (``done_item``: the tag line there); ``latch`` (a pulse, after ``busy`` fell) moves the
+    value into ``gate``, which holds it through the weighted sum and FINAL. One element per cycle.
+    """
+
+    def __init__(self, params: TileParams):
+        self.params = params
+        super().__init__({
+            "head": In(HEAD_PARAMS_LAYOUT), "restart": In(1), "advance": In(1), "latch": In(1),
+            "accumulate_item": In(item_layout(params)), "done_item": In(item_layout(params)),
+            "q": Out(RegisterFileRead(params, 8)), "gate_field": Out(RegisterFileRead(params, 16)),
+            "busy": Out(1), "gate": Out(range(soma.GATE_ONE + 1)),
+        })
+
+    @staticmethod
+    def cycles(params: TileParams) -> int:
+        """From the first element's issue through the gate value's cycle before ``latch``."""
+        return params.head_dim + GATE_DEPTH
+
+    def elaborate(self, platform):
+        m = Module()
+        D, par = self.params.head_dim, self.head
+        word_bits = 8 * self.params.word_bytes
+        # The element issued in a copy per register file read. Two copies per register file: one addresses
+        # its LUT RAM, one selects the element from the word read (one copy for both has too many loads to
+        # reach in a cycle).
+        gate_index = Replicated(range(D + 1), 4, "gate_index")
+        with m.If(self.restart):
+            m.d.sync += gate_index.eq(0)
+        with m.If(self.advance):
+            m.d.sync += gate_index.increment()
+        s = 0
+        reads = ((self.q, 8, "g_q"), (self.gate_field, 16, "g_f"))
+        m.d.comb += [port.addr.eq(gate_index.copy(i) >> element_shift(word_bits, bits))
+                     for i, (port, bits, _) in enumerate(reads)]
+        g_q, g_f = (reg(m, element_of(port.data, gate_index.copy(i + 2), bits).as_signed(), name)
+                    for i, (port, bits, name) in enumerate(reads))
+        s += 1
+        g_product = lut_mul_pipelined(m, g_f, g_q, "g_product", signed(24))
+        s += 2
+        z = Signal(signed(24 + (D - 1).bit_length() + 1))
+        z_en, z_first = reg(m, self.accumulate_item.valid, "z_en", reset_less=False), \
+            reg(m, self.accumulate_item.n == 0, "z_first")
+        with m.If(z_en):
+            m.d.sync += z.eq(Mux(z_first, 0, z) + g_product)
+        s += 1
+        gate_scaled = round_shift(m, split_mul(m, z, parameter_operand(m, par, "gate_mult"), "gate_product"),
+                                  par["gate_shift"], soma.INT_SHIFT_MAX, "gate_scaled")
+        s += 3 + 2
+        assert s == GATE_DEPTH
+        # sat(64 + x, 0, 128) as 64 + sat(x, -64, 64): the comparisons on the register, the adder on 8 bits.
+        half = soma.GATE_ONE // 2
+        gate_value = reg(m, half + saturate(gate_scaled, -half, half), "gate_value", range(soma.GATE_ONE + 1))
+        gate, busy = Signal.like(self.gate), Signal()
+        with m.If(self.restart):
+            m.d.sync += busy.eq(1)
+        with m.If(self.done_item.valid & self.done_item.last):
+            m.d.sync += busy.eq(0)
+        with m.If(self.latch):
+            m.d.sync += gate.eq(Mux(head_choice(par, "gating", "query"), gate_value, soma.GATE_ONE))
+        m.d.comb += [self.gate.eq(gate), self.busy.eq(busy)]
+        return m
+
+
+class WeightedStage(wiring.Component):
+    """WEIGHTED SUM's datapath: ``acc[l] = sum_n P[n] * V[n][c * L + l]`` over the slots, for chunk c (``c_issue``)
+    of the values, ``mac_lanes`` MACs per cycle.
+
+    One slot per cycle: slot n's value word arrives in ``v_word`` :data:`READ_LATENCY` cycles after its address
+    (``n_issue``, the slot issued, and the tag line's items at ``READ_LATENCY - 2``, ``READ_LATENCY - 1``,
+    ``WEIGHTED_DEPTH - 1`` and ``WEIGHTED_DEPTH``); its probability comes from the :class:`RowNormaliser`
+    (``prob_index -> prob``, one-cycle read) for an integer-exp head, else from ``probs`` (the
+    :class:`NearFieldFeed`'s bytes). ``acc`` holds the sums from the cycle after ``chunk_done`` (high as the last
+    slot's product is added, :data:`WEIGHTED_DEPTH` cycles after its issue) until the next chunk's first slot.
+    """
+
+    def __init__(self, params: TileParams):
+        self.params = params
+        item = item_layout(params)
+        super().__init__({
+            "head": In(HEAD_PARAMS_LAYOUT), "n_issue": In(issue_shape(params)), "c_issue": In(item.members["c"]),
+            "prob_address_item": In(item), "prob_item": In(item), "accumulate_item": In(item), "done_item": In(item),
+            "prob_index": Out(range(params.n_max)), "prob": In(16),
+            "probs": In(8 * near_field_unit(params).n_max), "v_word": In(8 * params.word_bytes),
+            "acc": Out(data.ArrayLayout(signed(32), params.mac_lanes)), "chunk_done": Out(1),
+        })
+
+    @staticmethod
+    def cycles(params: TileParams) -> int:
+        """One chunk's WEIGHTED SUM, from its first slot's issue through its last product's sum."""
+        return params.slots + WEIGHTED_DEPTH
+
+    def elaborate(self, platform):
+        m = Module()
+        p, L = self.params, self.params.mac_lanes
+        use_exp = head_choice(self.head, "normaliser", "exp_int")
+        n_prob_read = self.prob_item.n
+        # The normaliser's probability (a block RAM, over half a cycle from clock to output on the ECP5) is
+        # addressed a cycle earlier and registered as it leaves the RAM.
+        m.d.comb += self.prob_index.eq(self.prob_address_item.n)
+        n_prob = reg(m, self.prob[:8], "n_prob")
+        # The HCCS probability of slot n in two registered steps (a group of 8 slots addressed a stage early,
+        # then the slot): in one step, a 72:1 byte select behind the tag line's index does not fit a cycle.
+        group_bits = 3
+        # n_group: the n of at(READ_LATENCY - 2) in a register of its own (the tag line's reaches many loads).
+        assert READ_LATENCY - 2 == 1
+        n_group = reg(m, self.n_issue >> group_bits, "prob_group_index")
+        padded = Cat(self.probs, Const(0, -len(self.probs) % (8 << group_bits)))
+        prob_group = reg(m, padded.word_select(n_group, 8 << group_bits), "prob_group")
+        prob_reg = reg(m, prob_group.word_select(n_prob_read[:group_bits], 8), "prob_bits_sel")
+        # The probability in one copy per value lane (each copy feeds one multiplier).
+        prob = Replicated(unsigned(8), L, "prob")
+        m.d.sync += prob.eq(Mux(use_exp, n_prob, prob_reg))
+        # c_issue's copy for the value lanes: c_issue changes as WEIGHTED begins, its first word arrives
+        # READ_LATENCY cycles later.
+        s = READ_LATENCY
+        v_group = reg(m, lane_group(self.v_word, reg(m, self.c_issue, "c_group"), p), "v_group")
+        s += 1
+        products = [lut_mul_pipelined(m, v_group.word_select(l, 8).as_signed(), prob.copy(l), f"pv{l}", signed(17))
+                    for l in range(L)]
+        s += 2
+        assert s == WEIGHTED_DEPTH
+        lane_acc = [Signal(signed(32), name=f"lane_acc{l}", reset_less=True) for l in range(L)]
+        # The accumulators' enable and clear are registered one stage early, a copy per lane: decoded from the
+        # tag line in the same cycle they reached 256 flip-flop enables across the die.
+        w_en, w_first = Replicated(1, L, "w_en"), Replicated(1, L, "w_first")
+        m.d.sync += [*w_en.eq(self.accumulate_item.valid), *w_first.eq(self.accumulate_item.n == 0)]
+        for l in range(L):
+            with m.If(w_en.copy(l)):
+                m.d.sync += lane_acc[l].eq(Mux(w_first.copy(l), 0, lane_acc[l]) + products[l])
+        m.d.comb += [self.acc[l].eq(lane_acc[l]) for l in range(L)]
+        m.d.comb += self.chunk_done.eq(w_en.copy(0) & self.done_item.last)
+        return m
+
+
+class OutputStage(wiring.Component):
+    """FINAL's near and far terms and the output: for element ``d = c * L + e`` (e the lane issued),
+    ``out = sat8(sat16(rshift_round(acc[e] * out_mult, out_shift)) + sat16(rshift_round(F[d] * alpha_mult *
+    gate, alpha_shift + 7)))``, written into the output register file (``out_write``) :data:`FINAL_DEPTH`
+    cycles after the element's issue.
+
+    ``d_restart`` sets the element counter to 0 (once per step, before the first chunk), ``lane_restart`` the
+    lane counter (once per chunk); each ``advance`` cycle issues the next element. Reads the element of the
+    field, the gate field, k and v (``field``, ``gate_field``, ``k``, ``v``) and hands the field update its
+    operands, registered one cycle after the issue (``f_old``, ``g_old``, ``k_d``) and two (``src``: k or v,
+    the head's field source). ``acc`` and ``gate`` are constant while a chunk's elements run. The tag line's
+    items at ``FINAL_DEPTH - 1`` (``write_item``) and ``FINAL_DEPTH`` (``element_item``) steer the write;
+    ``end`` is high from the cycle the last chunk's last element is written. One element per cycle.
+    """
+
+    def __init__(self, params: TileParams):
+        self.params = params
+        item = item_layout(params)
+        super().__init__({
+            "head": In(HEAD_PARAMS_LAYOUT), "d_restart": In(1), "lane_restart": In(1), "advance": In(1),
+            "acc": In(data.ArrayLayout(signed(32), params.mac_lanes)), "gate": In(range(soma.GATE_ONE + 1)),
+            "field": Out(RegisterFileRead(params, 16)), "gate_field": Out(RegisterFileRead(params, 16)),
+            "k": Out(RegisterFileRead(params, 8)), "v": Out(RegisterFileRead(params, 8)),
+            "f_old": Out(signed(16)), "g_old": Out(signed(16)), "k_d": Out(signed(8)), "src": Out(signed(8)),
+            "write_item": In(item), "element_item": In(item),
+            "out_write": Out(element_write_layout(params, signed(8))), "end": Out(1),
+        })
+
+    @staticmethod
+    def chunk_cycles(params: TileParams) -> int:
+        """FINAL's issue of one chunk's elements (their pipeline drains during the next chunk's weighted sum)."""
+        return params.mac_lanes
+
+    def elaborate(self, platform):
+        m = Module()
+        p, par = self.params, self.head
+        D, L, word_bits = p.head_dim, p.mac_lanes, 8 * p.word_bytes
+        # d_issue (the element issued) is kept as two copies per register file read (one addresses the LUT RAM,
+        # one selects the element from the word read: one copy for both has too many loads for a cycle), and
+        # the lane issued as a counter of its own: each addresses a few hundred LUT RAM cells
+        # or a 32-bit multiplexer.
+        d_issue = Replicated(range(D + 1), 8, "d_issue")
+        fin_lane = Signal(max(1, (L - 1).bit_length()))
+        with m.If(self.d_restart):
+            m.d.sync += d_issue.eq(0)
+        with m.If(self.lane_restart):
+            m.d.sync += fin_lane.eq(0)
+        with m.If(self.advance):
+            m.d.sync += [fin_lane.eq(fin_lane + 1), *d_issue.increment()]
+        s = 0
+        acc_sel = reg(m, Array(self.acc[l] for l in range(L))[fin_lane], "acc_sel")
+        # Element d_issue of the fields, k and v.
+        reads = ((self.field, 16), (self.gate_field, 16), (self.k, 8), (self.v, 8))
+        m.d.comb += [port.addr.eq(d_issue.copy(i) >> element_shift(word_bits, bits))
+                     for i, (port, bits) in enumerate(reads)]
+        f_old, g_old, k_elem, v_elem = (element_of(port.data, d_issue.copy(i + 4), bits).as_signed()
+                                        for i, (port, bits) in enumerate(reads))
+        f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
+        k_d, v_d = reg(m, k_elem, "k_d"), reg(m, v_elem, "v_d")
+        # The field's source selected from the registered elements, a stage after f_old (the field update
+        # delays it one register less): behind the LUT RAM reads, the selection would not fit the cycle.
+        src = reg(m, Mux(head_choice(par, "field_source", "keys"), k_d, v_d), "src")
+        m.d.comb += [self.f_old.eq(f_old), self.g_old.eq(g_old), self.k_d.eq(k_d), self.src.eq(src)]
+        s += 1
+        near = round_shift(m, split_mul(m, acc_sel, parameter_operand(m, par, "out_mult"), "near_product"),
+                           par["out_shift"], soma.INT_SHIFT_MAX, "near_scaled")
+        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
+        s += 3 + 2 + 1 + 1
+        far_f = reg(m, reg(m, f_old, "far_f_a") * parameter_operand(m, par, "alpha_mult"), "far_f", signed(32))
+        # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
+        # a shifter or a multiplier would be two slow steps in one cycle.
+        alpha_shift = reg(m, par["alpha_shift"] + 7, "alpha_shift_7")
+        far = round_shift(m, split_mul(m, far_f, self.gate, "far_product"), alpha_shift,
+                          soma.INT_SHIFT_MAX + 7, "far_scaled")
+        far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
+        # sat8(near + far) with its bounds moved onto near a stage early: near + far > 127 is far > 127 - near
+        # (registered beside far), so the comparisons run beside the 8-bit sum rather than after an 18-bit one.
+        above, below = (reg(m, bound - near, f"out_{name}", signed(18))
+                        for bound, name in ((127, "above"), (-128, "below")))
+        near = reg(m, near, "near_final")
+        s += 1
+        out_element = reg(m, Mux(far > above, 127, Mux(far < below, -128, (near + far)[:8])), "out_element",
+                          signed(8))
+        s += 1
+        assert s == FINAL_DEPTH
+        # The output elements' enable (and FINAL's end, the last element's output) from registers set a stage
+        # early; the element d = c * L + n of the item's tags (L a power of two: TileParams checks it).
+        w = self.write_item
+        m.d.comb += [self.out_write.en.eq(reg(m, w.valid, "out_write", reset_less=False)),
+                     self.out_write.element.eq(element_index(self.element_item, L)),
+                     self.out_write.value.eq(out_element),
+                     self.end.eq(reg(m, w.valid & w.last & (w.c == p.head_dim // L - 1), "final_end",
+                                     reset_less=False))]
+        return m
+
+
+def element_index(item, lanes: int):
+    """The element d = c * L + n of a FINAL item's tags (L a power of two: TileParams checks it)."""
+    return Cat(item.n[:(lanes - 1).bit_length()], item.c)
+
+
+class FieldUpdate(wiring.Component):
+    """FINAL's field updates: ``F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15)`` for the field
+    (x: the head's field source, ``src``) and, when the head is gated, the gate field (x: ``k_d``), written into
+    their register files (``field_write``, ``gate_write``) :data:`FIELD_DEPTH` cycles after the element's issue.
+
+    The operands come from the :class:`OutputStage` (``f_old``, ``g_old`` and ``k_d`` one cycle after the
+    element's issue, ``src`` two); ``write_item`` and ``element_item`` are the tag line at ``FIELD_DEPTH - 1``
+    and ``FIELD_DEPTH``. One element per cycle.
+    """
+
+    def __init__(self, params: TileParams):
+        self.params = params
+        item = item_layout(params)
+        super().__init__({
+            "head": In(HEAD_PARAMS_LAYOUT), "f_old": In(signed(16)), "g_old": In(signed(16)),
+            "k_d": In(signed(8)), "src": In(signed(8)), "write_item": In(item), "element_item": In(item),
+            "field_write": Out(element_write_layout(params, 16)), "gate_write": Out(element_write_layout(params, 16)),
+        })
+
+    def update(self, m, f, x, name, x_delay=2):
+        """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): operands (2), products (1), products
+        again (1), sum and rounding (1). ``x`` may arrive ``2 - x_delay`` cycles after ``f``."""
+        # 2^15 - gamma is a register of its own per update, beside its multiplier. Two registers on each
+        # side of the DSP block: with one, nextpnr may place them far from the block on either side; the
+        # second lets the placer split each route.
+        par = self.head
+        gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], f"{name}_gamma_rest")
+        f, x = (delay(m, v, n, f"{name}_{v_name}") for v, v_name, n in ((f, "f", 2), (x, "x", x_delay)))
+        kept = delay(m, parameter_operand(m, par, "gamma_q15") * f, 2, f"{name}_kept")
+        added = delay(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), 2, f"{name}_added")
+        return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
+
+    def elaborate(self, platform):
+        m = Module()
+        f_new = self.update(m, self.f_old, self.src, "field", x_delay=1)
+        g_new = self.update(m, self.g_old, self.k_d, "gate_field")
+        assert 1 + 2 + 2 + 1 == FIELD_DEPTH  # f_old's register, then the update's
+        # The enables from registers set a stage early; the gate field's in a register of its own, gating
+        # included (it steers the LUT RAM's write address between LOAD's words and FINAL's elements).
+        element = element_index(self.element_item, self.params.mac_lanes)
+        m.d.comb += [self.field_write.en.eq(reg(m, self.write_item.valid, "fin_write", reset_less=False)),
+                     self.gate_write.en.eq(reg(m, self.write_item.valid & head_choice(self.head, "gating", "query"),
+                                               "gate_write", reset_less=False)),
+                     self.field_write.element.eq(element), self.gate_write.element.eq(element),
+                     self.field_write.value.eq(f_new), self.gate_write.value.eq(g_new)]
+        return m
 
 
 def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
@@ -342,27 +898,25 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
 
     Depends on ring, sinks, head_dim, lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory word
     ``max(16, mac_lanes)`` bytes), hccs_lanes and the normaliser only; not on the sequence position or the
-    fill level. Per phase: LOAD ``7 w + 4`` (w = head_dim / word), WRITE ``2 w``, SCORES
-    ``slots * chunks + score_depth`` (chunks = head_dim / mac_lanes), NORMALISE
-    ``max(N, head_dim + GATE_DEPTH) + 1`` with N the normaliser's row latency (``FEED_LATENCY`` plus the HCCS
-    unit's ``expected_cycles`` for one row of ``slots``, or :func:`normaliser_cycles` for the integer exp), WEIGHTED
-    SUM and FINAL ``chunks * (slots + WEIGHTED_DEPTH + mac_lanes) + FINAL_DEPTH`` (a chunk's FINAL pipeline
-    drains during the next chunk's weighted sum), STORE ``5 w + 1``, DONE 1.
+    fill level. The sum of its phases, each the latency its stage states: LOAD ``7 w + 4`` (w = head_dim / word),
+    WRITE ``2 w``, SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with N the normaliser's row
+    latency (:meth:`NearFieldFeed.row_cycles` or :func:`normaliser_cycles` for the integer exp) and G the gate's
+    (:meth:`GateStage.cycles`), per chunk of the values WEIGHTED SUM (:meth:`WeightedStage.cycles`) and FINAL's
+    issue (:meth:`OutputStage.chunk_cycles`), then the last chunk's FINAL pipeline (:data:`FINAL_DEPTH`; the
+    earlier chunks' drain during the next chunk's weighted sum), STORE ``5 w + 1``, DONE 1.
     """
     words = params.head_dim // params.word_bytes
-    slots, chunks = params.slots, params.head_dim // params.mac_lanes
+    chunks = params.head_dim // params.mac_lanes
     if normaliser == "hccs_int":
-        row = FEED_LATENCY + hccs_unit.expected_cycles(near_field_unit(params), 1, slots, mode=hccs_mode,
-                                                       out="uint8")
+        row = NearFieldFeed.row_cycles(params, hccs_mode)
     else:
-        row = normaliser_cycles(slots)
+        row = normaliser_cycles(params.slots)
     load = 7 * words + 2 + READ_LATENCY
     write = 2 * words
-    scores = slots * chunks + score_depth(params)
-    normalise = max(row, params.head_dim + GATE_DEPTH) + 1
-    weighted = chunks * (slots + WEIGHTED_DEPTH + params.mac_lanes) + FINAL_DEPTH
+    normalise = max(row, GateStage.cycles(params)) + 1
+    weighted = chunks * (WeightedStage.cycles(params) + OutputStage.chunk_cycles(params)) + FINAL_DEPTH
     store = 5 * words + 1
-    return load + write + scores + normalise + weighted + store + 1
+    return load + write + ScoreStage.cycles(params) + normalise + weighted + store + 1
 
 
 class SomaDecode(wiring.Component):
@@ -377,6 +931,12 @@ class SomaDecode(wiring.Component):
     cycle); while it is high the unit owns the memory ports and drives the :class:`RowNormaliser` through
     ``norm`` (:class:`NormaliserSignature`, flipped; its ``B``, ``S``, ``dmax``, ``exp_mult`` from the head's
     parameters sampled at ``start``, so ``head`` may change from the cycle after ``start`` on).
+
+    The unit itself sequences the step (LOAD, WRITE, STORE, the issue counter and the tag line every stage
+    reads its items from) and composes the datapath stages: :class:`ScoreStage` (SCORES), :class:`NearFieldFeed`
+    (an HCCS head's row through the HCCS unit) and :class:`GateStage` (NORMALISE), :class:`WeightedStage`
+    (WEIGHTED SUM), :class:`OutputStage` and :class:`FieldUpdate` (FINAL). :func:`expected_cycles` is the sum of
+    their latencies.
     """
 
     def __init__(self, params: TileParams, mem_words: int):
@@ -404,24 +964,13 @@ class SomaDecode(wiring.Component):
         layout = {name: offset // W for name, offset, _, _ in regmap.state_layout(p)}
 
         # The head's parameters and the base addresses, sampled at start.
-        par = {}
-        for hp in HEAD_PARAMS:
-            par[hp.name] = Signal(range(hp.hi + 1), name=f"par_{hp.name}")
+        par = Signal(HEAD_PARAMS_LAYOUT)
         state_base, stage_base, out_base = (Signal(range(self.mem_words), name=n)
                                             for n in ("state_base", "stage_base", "out_base"))
         with m.If(self.start):
-            m.d.sync += [par[hp.name].eq(self.head[hp.name]) for hp in HEAD_PARAMS]
-            m.d.sync += [state_base.eq(self.state_base), stage_base.eq(self.stage_base),
+            m.d.sync += [par.eq(self.head), state_base.eq(self.state_base), stage_base.eq(self.stage_base),
                          out_base.eq(self.out_base)]
-        gated = par["gating"] == HEAD_PARAMS[HEAD_INDEX["gating"]].choices.index("query")
-        field_of_keys = par["field_source"] == HEAD_PARAMS[HEAD_INDEX["field_source"]].choices.index("keys")
-        use_exp = par["normaliser"] == HEAD_PARAMS[HEAD_INDEX["normaliser"]].choices.index("exp_int")
-
-        def operand(name: str):
-            """A copy of parameter ``name`` for one multiplier, through two registers so that the last one can sit
-            beside its DSP block rather than across the die. The copy is two cycles behind ``par``, which is
-            constant from start on; no multiplier uses its parameter before LOAD's end."""
-            return delay(m, par[name], 2, f"{name}_operand")
+        use_exp = head_choice(par, "normaliser", "exp_int")
 
         # Memory ports from registers: the FSM sets the *_next values. The word read is registered as it
         # leaves the block RAM (whose clock-to-output alone is over half a cycle on the ECP5).
@@ -476,12 +1025,8 @@ class SomaDecode(wiring.Component):
         first_row = {region: reg(m, state_base + layout[region], f"{region}_row", range(self.mem_words))
                      for region in ("sink_k", "ring_k", "sink_v", "ring_v")}
 
-        def chunk_word(c):
-            """The word of a K/V/q row that holds chunk c."""
-            return c >> (W // L).bit_length() - 1
-
         def slot_word(c):
-            return row_addr + chunk_word(c)
+            return row_addr + chunk_word(c, p)
 
         def begin_rows(region: str):
             m.d.sync += row_addr.eq(first_row[("sink_" if sinks else "ring_") + region])
@@ -492,248 +1037,71 @@ class SomaDecode(wiring.Component):
             else:
                 m.d.sync += row_addr.eq(row_addr + words)
 
-        def lane_group(data, c):
-            if L >= W:
-                return data
-            return data.word_select(c % (W // L), 8 * L)
-
         # An issue counter over (slot n, chunk c) or (element); tags (valid, last, n, c) travel down a
         # delay line so that every pipeline stage knows which item it holds.
-        n_issue = Signal(range(max(slots, D, L) + 1))
+        n_issue = Signal(issue_shape(p))
         sink_last = Signal()  # n_issue == sinks - 1, set with n_issue (it steers the row address)
         c_issue = Signal(range(chunks + 1))
         issuing = Signal()
         last_issue = Signal()
         phase = Signal(2)
-        max_depth = max(score_depth(p), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
+        max_depth = max(ScoreStage.depth(p), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
         tags = TagLine(m, issuing, last_issue, phase, [n_issue, c_issue], max_depth, "tag")
-        at = tags.at  # (valid, last, n, c) of the item of a phase issued some cycles ago
-        n_bits = len(n_issue)
+
+        def item(stage: int, code: int):
+            """The tags (item_layout) of the item of phase ``code`` issued ``stage`` cycles ago."""
+            return Cat(*tags.at(stage, code))
 
         def begin_issue(code):
             m.d.sync += [n_issue.eq(0), issuing.eq(1), phase.eq(code), sink_last.eq(sinks == 1)]
 
-        # SCORES: read, operands, products, adder tree, accumulator.
-        s = READ_LATENCY
-        v_read, _, _, c_read = at(s, PHASE_SCORES)
-        q_chunk = reg(m, lane_group(q.reader(chunk_word(c_read)).data, c_read), "q_chunk")  # chunk c_read
-        k_chunk = reg(m, lane_group(rd_word, c_read), "k_chunk")
-        s += 1
-        terms = [lut_mul_pipelined(m, q_chunk.word_select(l, 8).as_signed(), k_chunk.word_select(l, 8).as_signed(),
-                                   f"qk{l}", signed(16)) for l in range(L)]
-        s += 2
-        while len(terms) > 1:  # one registered adder level per stage
-            terms = [reg(m, t, f"dot_tree{s}_{i}") for i, t in enumerate(reduce_levels(terms, operator.add, 1))]
-            s += 1
-        partial = terms[0]
-        acc = Signal(signed(32))
-        dot = Signal(signed(32))
-        v_acc, last_acc, n_acc, c_acc = at(s, PHASE_SCORES)
-        dot_tags = Signal(2 + n_bits)  # valid, last, slot of `dot`
-        m.d.sync += dot_tags.eq(0)
-        with m.If(v_acc):
-            with m.If(c_acc == chunks - 1):
-                m.d.sync += [dot.eq(Mux(c_acc == 0, 0, acc) + partial), dot_tags.eq(Cat(1, last_acc, n_acc))]
-            with m.Else():
-                m.d.sync += acc.eq(Mux(c_acc == 0, 0, acc) + partial)
-        s += 1
+        m.submodules.scores = scores = ScoreStage(p)
+        m.d.comb += [scores.head.eq(par), scores.counters.eq(Cat(write_pos, fill, step)), scores.k_word.eq(rd_word),
+                     scores.read_item.eq(item(READ_LATENCY, PHASE_SCORES)),
+                     scores.accumulate_item.eq(item(ScoreStage.accumulate_stage(p), PHASE_SCORES))]
+        q.serve(scores.q)
+        row = scores.row
+        m.d.comb += [self.norm.row_index.eq(row.index), self.norm.row_valid.eq(row.valid),
+                     self.norm.row_x.eq(row.x), self.norm.row_we.eq(row.we)]
 
-        # Logit of the completed dot product: x8 = sat8(rshift_round(dot * score_mult, score_shift) -
-        # recency_int * distance), 0 for an empty slot.
-        dot_slot = dot_tags[2:]
-        # The counters' bounds in registers: step and fill change only in WRITE and LOAD, many cycles before
-        # a slot's dot product completes (the comparisons of step and fill in the path would not fit a cycle).
-        # For a ring slot, dot_slot - sinks < fill is dot_slot < fill + sinks (fill <= ring: LOAD_STATE checks).
-        if sinks:
-            sink_fill = reg(m, Mux(step < sinks, step, sinks), "sink_fill", range(sinks + 1))
-            ring_end = reg(m, fill + sinks, "ring_end", range(ring + sinks + 1))
-            slot_valid = Mux(dot_slot < sinks, dot_slot < sink_fill, dot_slot < ring_end)
-        else:
-            slot_valid = dot_slot < fill
-        # age = write_pos - 1 - (dot_slot - sinks) as (write_pos - 1 + sinks) - dot_slot, the first term in a
-        # register (write_pos changes only in WRITE and LOAD, like fill): a ring slot's age then is one
-        # subtraction from registers (two in one cycle do not fit on the ECP5 tile). In a legal state
-        # write_pos < ring (LOAD_STATE checks it), so its low bits hold it and a ring slot's age lies in
-        # [-ring, ring).
-        pos_bits = max(1, (ring - 1).bit_length())
-        age_base = reg(m, write_pos[:pos_bits] - 1 + sinks, "age_base", signed(pos_bits + 2 + sinks.bit_length()))
-        age = reg(m, age_base - dot_slot, "age", signed(len(age_base) + 1))
-        in_sink = delay(m, dot_slot < sinks, 1)
-        wrapped = Mux(age < 0, age + ring, age) + Mux(par["include_self"], 0, 1)
-        # A legal state has write_pos < ring (LOAD_STATE checks it), so a ring slot's distance is at most ring:
-        # the product fits one multiplier.
-        distance = reg(m, Mux(in_sink, 0, wrapped) if sinks else wrapped, "distance", range(ring + 1))
-        # In two registered steps (in one, its adder tree behind distance does not fit a cycle), then
-        # delayed to meet scaled.
-        recency = lut_mul_pipelined(m, operand("recency_int"), distance, "recency", unsigned(7 + len(distance)))
-        scaled = round_shift(m, split_mul(m, dot, operand("score_mult"), "score_product"), par["score_shift"],
-                             soma.INT_SHIFT_MAX, "scaled")
-        recency = delay(m, recency, 1)
-        logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
-        row_x = reg(m, Mux(delay(m, slot_valid, 6), saturate(logit, -128, 127), 0), "row_x", signed(8))
-        row_tags = delay(m, Cat(dot_tags, slot_valid), 7, reset_less=False)
-        s += 7
-        assert s == score_depth(p)
-        row_we, row_last, row_slot, row_slot_valid = row_tags[0], row_tags[1], row_tags[2:2 + n_bits], row_tags[-1]
-        m.d.comb += [self.norm.row_index.eq(row_slot), self.norm.row_valid.eq(row_slot_valid),
-                     self.norm.row_x.eq(row_x), self.norm.row_we.eq(row_we)]
-
-        # HCCS heads normalise through the streaming HCCS unit (hw/hccs.py): the row is kept in registers as
-        # it is scored, fed in beats of hccs_lanes, and the probabilities come back in beats.
-        unit_config = near_field_unit(p)
-        hl = unit_config.lanes
-        row_beats = unit_config.n_max // hl
-        m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
-        # Data registers without a reset (every slot is written in each step before it is read).
-        row_bits = Signal(8 * unit_config.n_max, reset_less=True)
-        row_valid_bits = Signal(unit_config.n_max, reset_less=True)
-        prob_bits = Signal(8 * unit_config.n_max, reset_less=True)
-        feed_beat = Signal(range(row_beats + 1))
-        # The beat the unit returns next, one-hot: each word of prob_bits is enabled by one of its flip-flops
-        # (decoded from a counter, the enables would not fit a cycle).
-        drain_sel = Signal(row_beats)
-        with m.If(row_we):
-            m.d.sync += [row_bits.word_select(row_slot, 8).eq(row_x),
-                         row_valid_bits.bit_select(row_slot, 1).eq(row_slot_valid)]
-        # The beats reach the unit through a register slice (FEED_LATENCY): the beat multiplexer and the
-        # counter's comparisons would otherwise sit in front of the unit's first stage and its bank enables.
-        feeding = Signal()
-        # The beat's bytes are selected in groups of lanes, each by a copy of feed_beat of its own (one index
-        # steering every byte's multiplexer would span the unit's row memory in one cycle).
-        groups = min(hl, FEED_INDEX_COPIES)
-        feed_index = Replicated(range(row_beats + 1), groups, "feed_index")
-        group_bits = 8 * hl // groups
-        beat_bits = [row_bits[8 * hl * b:8 * hl * (b + 1)] for b in range(row_beats)]
-        feed_bytes = Cat(*[Array(bits[g * group_bits:(g + 1) * group_bits] for bits in beat_bits)[feed_index.copy(g)]
-                           for g in range(groups)])
-        feed_ready, feed_valid, fed = skid_buffer(
-            m, feeding, Cat(feed_bytes, row_valid_bits.word_select(feed_beat, hl),
-                            feed_beat == 0, feed_beat == row_beats - 1), near_unit.i.ready, "feed")
-        with m.If(feeding & feed_ready):
-            m.d.sync += [feed_beat.eq(feed_beat + 1), *feed_index.increment()]
-            with m.If(feed_beat == row_beats - 1):
-                m.d.sync += feeding.eq(0)
-        m.d.comb += [near_unit.i.valid.eq(feed_valid),
-                     near_unit.i.payload.data.eq(fed[:8 * hl]), near_unit.i.payload.mask.eq(fed[8 * hl:9 * hl]),
-                     near_unit.i.payload.first.eq(fed[9 * hl]), near_unit.i.payload.last.eq(fed[9 * hl + 1]),
-                     near_unit.i.payload.head.eq(0), near_unit.o.ready.eq(1),
-                     near_unit.cfg.payload.head.eq(0), near_unit.cfg.payload.params.B.eq(par["hccs_B"]),
-                     near_unit.cfg.payload.params.S.eq(par["hccs_S"]),
-                     near_unit.cfg.payload.params.dmax.eq(par["hccs_dmax"]),
-                     near_unit.cfg.payload.params.mode.eq(par["hccs_mode"]),
-                     near_unit.cfg.payload.params.out.eq(hccs.OUT_UINT8)]
-        with m.If(near_unit.o.valid):
-            m.d.sync += drain_sel.eq(drain_sel << 1)
-            for j in range(row_beats):
-                with m.If(drain_sel[j]):
-                    m.d.sync += prob_bits.word_select(j, 8 * hl).eq(near_unit.o.payload.data.as_value())
-
-        # Query gate: z = q . G over the head_dim elements (issued as n = 0..D-1), in parallel with the
-        # normaliser; gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128).
-        # The element issued (n_issue in NORMALISE) in a copy per register file read.
-        # Two copies per register file: one addresses its LUT RAM, one selects the element from the word read
-        # (one copy for both has too many loads to reach in a cycle).
-        gate_index = Replicated(range(D + 1), 4, "gate_index")
-        g_q, g_f = (reg(m, ram.reader(ram.word_of(gate_index.copy(i))).element(gate_index.copy(i + 2)).as_signed(),
-                        name) for i, (ram, name) in enumerate(((q, "g_q"), (gate_fld, "g_f"))))
-        g_product = lut_mul_pipelined(m, g_f, g_q, "g_product", signed(24))
-        z = Signal(signed(24 + (D - 1).bit_length() + 1))
-        v_g_early, _, n_g_early, _ = at(2, PHASE_GATE)
-        z_en, z_first = reg(m, v_g_early, "z_en", reset_less=False), reg(m, n_g_early == 0, "z_first")
-        with m.If(z_en):
-            m.d.sync += z.eq(Mux(z_first, 0, z) + g_product)
-        gate_scaled = round_shift(m, split_mul(m, z, operand("gate_mult"), "gate_product"), par["gate_shift"],
-                                  soma.INT_SHIFT_MAX, "gate_scaled")
-        # sat(64 + x, 0, 128) as 64 + sat(x, -64, 64): the comparisons on the register, the adder on 8 bits.
-        half = soma.GATE_ONE // 2
-        gate_value = reg(m, half + saturate(gate_scaled, -half, half), "gate_value", range(soma.GATE_ONE + 1))
-        gate = Signal(range(soma.GATE_ONE + 1))
-        gate_busy = Signal()
+        # HCCS heads normalise through the streaming HCCS unit (hw/hccs.py), exp heads through the tile's
+        # RowNormaliser (norm); the query gate runs beside either.
+        m.submodules.near_field = near_field = NearFieldFeed(p)
+        m.d.comb += [near_field.head.eq(par), near_field.row.eq(row)]
+        m.submodules.gate = gate = GateStage(p)
+        m.d.comb += [gate.head.eq(par), gate.accumulate_item.eq(item(2, PHASE_GATE)),
+                     gate.done_item.eq(item(GATE_DEPTH, PHASE_GATE))]
+        q.serve(gate.q)
+        gate_fld.serve(gate.gate_field)
         norm_busy = Signal()
 
         # WEIGHTED SUM over slots for chunk c (c_issue holds the chunk); then FINAL over its L elements.
-        _, _, n_prob_read, _ = at(READ_LATENCY - 1, PHASE_WEIGHTED)
-        # The normaliser's probability (a block RAM, over half a cycle from clock to output on the ECP5) is
-        # addressed a cycle earlier and registered as it leaves the RAM.
-        m.d.comb += self.norm.prob_index.eq(at(READ_LATENCY - 2, PHASE_WEIGHTED)[2])
-        n_prob = reg(m, self.norm.prob[:8], "n_prob")
-        # The HCCS probability of slot n in two registered steps (a group of 8 slots addressed a stage early,
-        # then the slot): in one step, a 72:1 byte select behind the tag line's index does not fit a cycle.
-        group_bits = 3
-        # n_group: the n of at(READ_LATENCY - 2) in a register of its own (the tag line's reaches many loads).
-        assert READ_LATENCY - 2 == 1
-        n_group = reg(m, n_issue >> group_bits, "prob_group_index")
-        padded = Cat(prob_bits, Const(0, -len(prob_bits) % (8 << group_bits)))
-        prob_group = reg(m, padded.word_select(n_group, 8 << group_bits), "prob_group")
-        prob_reg = reg(m, prob_group.word_select(n_prob_read[:group_bits], 8), "prob_bits_sel")
-        # The probability in one copy per value lane (each copy feeds one multiplier).
-        prob = Replicated(unsigned(8), L, "prob")
-        m.d.sync += prob.eq(Mux(use_exp, n_prob, prob_reg))
-        # c_issue's copy for the value lanes: c_issue changes as WEIGHTED begins, its first word arrives
-        # READ_LATENCY cycles later.
-        v_group = reg(m, lane_group(rd_word, reg(m, c_issue, "c_group")), "v_group")
-        products = [lut_mul_pipelined(m, v_group.word_select(l, 8).as_signed(), prob.copy(l), f"pv{l}", signed(17))
-                    for l in range(L)]
-        lane_acc = [Signal(signed(32), name=f"lane_acc{l}", reset_less=True) for l in range(L)]
-        _, last_w, _, _ = at(WEIGHTED_DEPTH, PHASE_WEIGHTED)
-        # The accumulators' enable and clear are registered one stage early, a copy per lane: decoded from the
-        # tag line in the same cycle they reached 256 flip-flop enables across the die.
-        v_w_early, _, n_w_early, _ = at(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)
-        w_en, w_first = Replicated(1, L, "w_en"), Replicated(1, L, "w_first")
-        m.d.sync += [*w_en.eq(v_w_early), *w_first.eq(n_w_early == 0)]
-        for l in range(L):
-            with m.If(w_en.copy(l)):
-                m.d.sync += lane_acc[l].eq(Mux(w_first.copy(l), 0, lane_acc[l]) + products[l])
-
-        # FINAL: element e = n of chunk c, d = c * L + e.
-        # d_issue (the element issued) is kept as two copies per register file read (one addresses the LUT RAM,
-        # one selects the element from the word read: one copy for both has too many loads for a cycle), and
-        # the lane issued as a counter of its own: each addresses a few hundred LUT RAM cells
-        # or a 32-bit multiplexer.
-        d_issue = Replicated(range(D + 1), 8, "d_issue")
-        fin_lane = Signal(max(1, (L - 1).bit_length()))
-        acc_sel = reg(m, Array(lane_acc)[fin_lane], "acc_sel")
-        # Element d_issue of the fields, k and v.
-        f_old, g_old, k_elem, v_elem = (
-            ram.reader(ram.word_of(d_issue.copy(i))).element(d_issue.copy(i + 4)).as_signed()
-            for i, ram in enumerate((fld, gate_fld, k, v)))
-        f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
-        k_d, v_d = reg(m, k_elem, "k_d"), reg(m, v_elem, "v_d")
-        # The field's source selected from the registered elements, a stage after f_old (the field update
-        # delays it one register less): behind the LUT RAM reads, the selection would not fit the cycle.
-        src = reg(m, Mux(field_of_keys, k_d, v_d), "src")
-        near = round_shift(m, split_mul(m, acc_sel, operand("out_mult"), "near_product"), par["out_shift"],
-                           soma.INT_SHIFT_MAX, "near_scaled")
-        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
-        far_f = reg(m, reg(m, f_old, "far_f_a") * operand("alpha_mult"), "far_f", signed(32))
-        # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
-        # a shifter or a multiplier would be two slow steps in one cycle.
-        alpha_shift = reg(m, par["alpha_shift"] + 7, "alpha_shift_7")
-        far = round_shift(m, split_mul(m, far_f, gate, "far_product"), alpha_shift,
-                          soma.INT_SHIFT_MAX + 7, "far_scaled")
-        far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
-        # sat8(near + far) with its bounds moved onto near a stage early: near + far > 127 is far > 127 - near
-        # (registered beside far), so the comparisons run beside the 8-bit sum rather than after an 18-bit one.
-        above, below = (reg(m, bound - near, f"out_{name}", signed(18))
-                        for bound, name in ((127, "above"), (-128, "below")))
-        near = reg(m, near, "near_final")
-        out_element = reg(m, Mux(far > above, 127, Mux(far < below, -128, (near + far)[:8])), "out_element",
-                          signed(8))
-
-        def field_update(f, x, name, x_delay=2):
-            """F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15): operands (2), products (1), products
-            again (1), sum and rounding (1). ``x`` may arrive ``2 - x_delay`` cycles after ``f``."""
-            # 2^15 - gamma is a register of its own per update, beside its multiplier. Two registers on each
-            # side of the DSP block: with one, nextpnr may place them far from the block on either side; the
-            # second lets the placer split each route.
-            gamma_rest = reg(m, soma.GAMMA_Q15_ONE - par["gamma_q15"], f"{name}_gamma_rest")
-            f, x = (delay(m, v, n, f"{name}_{v_name}") for v, v_name, n in ((f, "f", 2), (x, "x", x_delay)))
-            kept = delay(m, operand("gamma_q15") * f, 2, f"{name}_kept")
-            added = delay(m, gamma_rest * (x << soma.FIELD_FRAC_BITS), 2, f"{name}_added")
-            return reg(m, (kept + added + (1 << 14)) >> 15, f"{name}_new", signed(20))[:16]
-
-        f_new = field_update(f_old, src, "field", x_delay=1)
-        g_new = field_update(g_old, k_d, "gate_field")
+        m.submodules.weighted = weighted = WeightedStage(p)
+        m.d.comb += [weighted.head.eq(par), weighted.n_issue.eq(n_issue), weighted.c_issue.eq(c_issue),
+                     weighted.prob_address_item.eq(item(READ_LATENCY - 2, PHASE_WEIGHTED)),
+                     weighted.prob_item.eq(item(READ_LATENCY - 1, PHASE_WEIGHTED)),
+                     weighted.accumulate_item.eq(item(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)),
+                     weighted.done_item.eq(item(WEIGHTED_DEPTH, PHASE_WEIGHTED)),
+                     self.norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(self.norm.prob),
+                     weighted.probs.eq(near_field.probs), weighted.v_word.eq(rd_word)]
+        m.submodules.output = output = OutputStage(p)
+        m.d.comb += [output.head.eq(par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
+                     output.write_item.eq(item(FINAL_DEPTH - 1, PHASE_FINAL)),
+                     output.element_item.eq(item(FINAL_DEPTH, PHASE_FINAL))]
+        for ram, port in ((fld, output.field), (gate_fld, output.gate_field), (k, output.k), (v, output.v)):
+            ram.serve(port)
+        m.submodules.field_update = field_update = FieldUpdate(p)
+        m.d.comb += [field_update.head.eq(par), field_update.f_old.eq(output.f_old),
+                     field_update.g_old.eq(output.g_old), field_update.k_d.eq(output.k_d),
+                     field_update.src.eq(output.src),
+                     field_update.write_item.eq(item(FIELD_DEPTH - 1, PHASE_FINAL)),
+                     field_update.element_item.eq(item(FIELD_DEPTH, PHASE_FINAL))]
+        # FINAL's element writes follow LOAD's word writes, so they take a register file's write port when both
+        # ask (the phases never overlap).
+        for ram, write in ((fld, field_update.field_write), (gate_fld, field_update.gate_write),
+                           (out, output.out_write)):
+            with m.If(write.en):
+                ram.write_element(write.element, write.value)
 
         # WRITE / STORE word sources.
         write_slot_word = Signal(range(2 * words + 1))
@@ -809,27 +1177,6 @@ class SomaDecode(wiring.Component):
             begin_issue(PHASE_SCORES)
             m.next = "SCORES"
 
-        # FINAL's field writes, FIELD_DEPTH cycles after an element's issue, and the output elements, FINAL_DEPTH
-        # cycles after, at element d = c * L + n of the item's tags (L a power of two: TileParams checks it).
-        # Their enables (and FINAL's end, the last element's output) from registers set a stage early.
-        def element_at(stage):
-            _, _, n, c = at(stage, PHASE_FINAL)
-            return Cat(n[:(L - 1).bit_length()], c)
-
-        fin_valid = at(FIELD_DEPTH - 1, PHASE_FINAL)[0]
-        # The gate field's enable in a register of its own, gating included (it steers the LUT RAM's write
-        # address between LOAD's words and FINAL's elements).
-        fin_write = reg(m, fin_valid, "fin_write", reset_less=False)
-        gate_write = reg(m, fin_valid & gated, "gate_write", reset_less=False)
-        v_o = reg(m, at(FINAL_DEPTH - 1, PHASE_FINAL)[0], "out_write", reset_less=False)
-        v_end, last_end, _, c_end = at(FINAL_DEPTH - 1, PHASE_FINAL)
-        final_end = reg(m, v_end & last_end & (c_end == chunks - 1), "final_end", reset_less=False)
-        with m.If(fin_write):
-            fld.write_element(element_at(FIELD_DEPTH), f_new)
-        with m.If(gate_write):
-            gate_fld.write_element(element_at(FIELD_DEPTH), g_new)
-        with m.If(v_o):
-            out.write_element(element_at(FINAL_DEPTH), out_element)
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
@@ -883,26 +1230,23 @@ class SomaDecode(wiring.Component):
                             m.d.sync += issuing.eq(0)
                     with m.Else():
                         m.d.sync += c_issue.eq(c_issue + 1)
-                with m.If(row_we & row_last):
-                    m.d.sync += [gate_busy.eq(1), norm_busy.eq(1), feed_beat.eq(0), *feed_index.eq(0), drain_sel.eq(1),
-                                 feeding.eq(~use_exp), *gate_index.eq(0)]
+                with m.If(row.we & row.last):
+                    m.d.sync += norm_busy.eq(1)
                     begin_issue(PHASE_GATE)
-                    m.d.comb += [self.norm.start.eq(use_exp), near_unit.cfg.valid.eq(~use_exp)]
+                    m.d.comb += [gate.restart.eq(1), near_field.start.eq(1), self.norm.start.eq(use_exp)]
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
                 m.d.comb += last_issue.eq(n_issue == D - 1)
                 with m.If(issuing):
                     m.d.sync += n_issue.eq(n_issue + 1)
-                    m.d.sync += gate_index.increment()
+                    m.d.comb += gate.advance.eq(1)
                     with m.If(n_issue == D - 1):
                         m.d.sync += issuing.eq(0)
-                v_gate_done, last_gate_done, _, _ = at(GATE_DEPTH, PHASE_GATE)
-                with m.If(v_gate_done & last_gate_done):
-                    m.d.sync += gate_busy.eq(0)
-                with m.If(Mux(use_exp, self.norm.done, near_unit.o.valid & near_unit.o.payload.last)):
+                with m.If(Mux(use_exp, self.norm.done, near_field.done)):
                     m.d.sync += norm_busy.eq(0)
-                with m.If(~gate_busy & ~norm_busy):
-                    m.d.sync += [gate.eq(Mux(gated, gate_value, soma.GATE_ONE)), c_issue.eq(0), *d_issue.eq(0)]
+                with m.If(~gate.busy & ~norm_busy):
+                    m.d.sync += c_issue.eq(0)
+                    m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1)]
                     begin_rows("v")
                     begin_issue(PHASE_WEIGHTED)
                     m.next = "WEIGHTED"
@@ -914,8 +1258,8 @@ class SomaDecode(wiring.Component):
                     next_row("v")
                     with m.If(n_issue == slots - 1):
                         m.d.sync += issuing.eq(0)
-                with m.If(w_en.copy(0) & last_w):
-                    m.d.sync += fin_lane.eq(0)
+                with m.If(weighted.chunk_done):
+                    m.d.comb += output.lane_restart.eq(1)
                     begin_issue(PHASE_FINAL)
                     m.next = "FINAL"
             with m.State("FINAL"):
@@ -923,8 +1267,8 @@ class SomaDecode(wiring.Component):
                 # (their writes are outside the FSM, below); after the last chunk the unit waits for them.
                 m.d.comb += last_issue.eq(n_issue == L - 1)
                 with m.If(issuing):
-                    m.d.sync += [n_issue.eq(n_issue + 1), fin_lane.eq(fin_lane + 1)]
-                    m.d.sync += d_issue.increment()
+                    m.d.sync += n_issue.eq(n_issue + 1)
+                    m.d.comb += output.advance.eq(1)
                     with m.If(n_issue == L - 1):
                         m.d.sync += issuing.eq(0)
                 with m.If(c_issue != chunks - 1):
@@ -933,7 +1277,7 @@ class SomaDecode(wiring.Component):
                         begin_rows("v")
                         begin_issue(PHASE_WEIGHTED)
                         m.next = "WEIGHTED"
-                with m.Elif(final_end):  # the last element leaves FINAL
+                with m.Elif(output.end):  # the last element leaves FINAL
                     with m.If(par["include_self"]):
                         enter_store()
                     with m.Else():

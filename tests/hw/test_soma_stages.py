@@ -1,0 +1,297 @@
+"""The decode unit's stages (hw/soma.py) in Amaranth's own simulator, each driven as SomaDecode drives it (its
+items from a tag line): exact results against the integer contract (docs/numerics.md, section Soma;
+``soma_fixed``, ``hccs``) at the latency its constant states."""
+
+import numpy as np
+import pytest
+from amaranth.hdl import Array, Cat, Const, Module, Signal
+from amaranth.sim import Simulator
+
+from somatile.hw.pipe import TagLine
+from somatile.hw.soma import (FIELD_DEPTH, FINAL_DEPTH, GATE_DEPTH, HEAD_PARAMS_LAYOUT, PHASE_FINAL, PHASE_GATE,
+                              PHASE_SCORES, PHASE_WEIGHTED, READ_LATENCY, WEIGHTED_DEPTH, FieldUpdate, GateStage,
+                              NearFieldFeed, OutputStage, ScoreStage, WeightedStage, issue_shape)
+from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS
+from somatile.model import hccs
+from somatile.model import soma_fixed as soma
+from tests.hw.test_tile import SMALL, WIDE
+
+
+def choice(name, value):
+    return HEAD_PARAMS[HEAD_INDEX[name]].choices.index(value)
+
+
+class Issuer:
+    """The decode unit's issue counter and tag line around a stage: the bench sets ``valid/last/phase/n/c``."""
+
+    def __init__(self, m, params, depth):
+        self.valid, self.last, self.phase = Signal(), Signal(), Signal(2)
+        self.n, self.c = Signal(issue_shape(params)), Signal(range(params.head_dim // params.mac_lanes + 1))
+        self.tags = TagLine(m, self.valid, self.last, self.phase, [self.n, self.c], depth, "tag")
+
+    def item(self, stage, code):
+        return Cat(*self.tags.at(stage, code))
+
+    def issue(self, ctx, n, c, last, code):
+        ctx.set(self.valid, 1), ctx.set(self.n, n), ctx.set(self.c, c), ctx.set(self.last, last)
+        ctx.set(self.phase, code)
+
+
+def word_value(row_bytes):
+    return int.from_bytes(np.asarray(row_bytes, np.int8).tobytes(), "little")
+
+
+def ram_words(values, dtype, params):
+    """An ElementRam's words holding ``values`` as ``dtype`` elements, as Consts (indexed by a read address)."""
+    raw = np.asarray(values, dtype).tobytes()
+    word = params.word_bytes
+    return [Const(int.from_bytes(raw[i:i + word], "little"), 8 * word) for i in range(0, len(raw), word)]
+
+
+def simulate(m, bench):
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+@pytest.mark.parametrize("params", [SMALL, WIDE], ids=["small", "wide"])
+def test_score_stage_logits_follow_the_contract_at_its_depth(params, rng):
+    p, slots, chunks = params, params.slots, params.head_dim // params.mac_lanes
+    q = rng.integers(-128, 128, p.head_dim)
+    K = rng.integers(-128, 128, (slots, p.head_dim))
+    write_pos, fill, step = int(rng.integers(p.ring)), int(rng.integers(p.ring + 1)), int(rng.integers(5))
+    head = dict(score_mult=int(rng.integers(1, 2000)), score_shift=int(rng.integers(4, 14)),
+                recency_int=int(rng.integers(0, 20)), include_self=int(rng.integers(2)))
+    m = Module()
+    m.submodules.stage = stage = ScoreStage(p)
+    issuer = Issuer(m, p, ScoreStage.depth(p) + 1)
+    q_words = ram_words(q, np.int8, p)
+    m.d.comb += [stage.read_item.eq(issuer.item(READ_LATENCY, PHASE_SCORES)),
+                 stage.accumulate_item.eq(issuer.item(ScoreStage.accumulate_stage(p), PHASE_SCORES)),
+                 stage.q.data.eq(Array(q_words)[stage.q.addr])]
+    issued, rows = [(n, c) for n in range(slots) for c in range(chunks)], {}
+
+    async def bench(ctx):
+        ctx.set(stage.head, HEAD_PARAMS_LAYOUT.const(head))
+        ctx.set(stage.counters, {"write_pos": write_pos, "fill": fill, "step": step})
+        for t in range(len(issued) + ScoreStage.depth(p) + 2):
+            if t < len(issued):
+                n, c = issued[t]
+                issuer.issue(ctx, n, c, t == len(issued) - 1, PHASE_SCORES)
+            else:
+                ctx.set(issuer.valid, 0)
+            if 0 <= t - READ_LATENCY < len(issued):
+                n, c = issued[t - READ_LATENCY]
+                w = c * p.mac_lanes // p.word_bytes
+                ctx.set(stage.k_word, word_value(K[n, w * p.word_bytes:(w + 1) * p.word_bytes]))
+            if ctx.get(stage.row.we):
+                rows[ctx.get(stage.row.index)] = (ctx.get(stage.row.x), ctx.get(stage.row.valid),
+                                                  ctx.get(stage.row.last), t)
+            await ctx.tick()
+
+    simulate(m, bench)
+    scores = K @ q
+    for j in range(slots):
+        if j < p.sinks:
+            valid, distance = j < min(step, p.sinks), 0
+        else:
+            valid = j - p.sinks < fill
+            distance = (write_pos - 1 - (j - p.sinks)) % p.ring + (0 if head["include_self"] else 1)
+        x = soma.saturate(soma.rshift_round(scores[j] * head["score_mult"], head["score_shift"])
+                          - head["recency_int"] * distance, -128, 127)
+        assert rows[j][:2] == ((int(x) if valid else 0), int(valid)), j
+    assert [j for j in rows if rows[j][2]] == [slots - 1]
+    assert rows[slots - 1][3] == len(issued) - 1 + ScoreStage.depth(p)
+    assert ScoreStage.cycles(p) == len(issued) + ScoreStage.depth(p)
+
+
+@pytest.mark.parametrize("mode", ["div", "clb"])
+def test_near_field_feed_returns_the_hccs_row_in_its_row_cycles(mode, rng):
+    p = SMALL
+    B, S, dmax = 40, 1, 12
+    hccs.check_params(B, S, dmax, p.slots)
+    x = rng.integers(-128, 128, p.slots)
+    valid = rng.integers(0, 4, p.slots) > 0
+    m = Module()
+    m.submodules.stage = stage = NearFieldFeed(p)
+    done_at = []
+
+    async def bench(ctx):
+        ctx.set(stage.head, HEAD_PARAMS_LAYOUT.const(dict(
+            normaliser=choice("normaliser", "hccs_int"), hccs_mode=hccs.MODE_CODES[mode], hccs_B=B, hccs_S=S,
+            hccs_dmax=dmax)))
+        for j in range(p.slots):
+            ctx.set(stage.row, {"we": 1, "last": j == p.slots - 1, "index": j, "valid": int(valid[j]), "x": int(x[j])})
+            await ctx.tick()
+        ctx.set(stage.row.we, 0), ctx.set(stage.start, 1)
+        await ctx.tick()
+        ctx.set(stage.start, 0)
+        for t in range(1, 400):
+            if ctx.get(stage.done):
+                done_at.append(t)
+            await ctx.tick()
+        probs = ctx.get(stage.probs).to_bytes(len(stage.probs) // 8, "little")
+        done_at.append(np.frombuffer(probs, np.uint8)[:p.slots])
+
+    simulate(m, bench)
+    want = hccs.hccs_int(x[None].astype(np.int8), B, S, dmax, mode=mode, mask=valid[None])[0]
+    assert np.array_equal(done_at[-1], want)
+    assert done_at[:-1] == [NearFieldFeed.row_cycles(p, mode)]
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_gate_stage_gate_follows_the_contract_and_busy_falls_at_gate_depth(gated, rng):
+    p = SMALL
+    q = rng.integers(-128, 128, p.head_dim)
+    G = rng.integers(-16384, 16257, p.head_dim)
+    head = dict(gating=choice("gating", "query" if gated else "none"), gate_mult=int(rng.integers(1, 300)),
+                gate_shift=int(rng.integers(10, 20)))
+    m = Module()
+    m.submodules.stage = stage = GateStage(p)
+    issuer = Issuer(m, p, GATE_DEPTH + 1)
+    q_words = ram_words(q, np.int8, p)
+    m.d.comb += [stage.accumulate_item.eq(issuer.item(2, PHASE_GATE)),
+                 stage.done_item.eq(issuer.item(GATE_DEPTH, PHASE_GATE)),
+                 stage.q.data.eq(Array(q_words)[stage.q.addr]),
+                 stage.gate_field.data.eq(Array(ram_words(G, np.int16, p))[stage.gate_field.addr])]
+    seen = {}
+
+    async def bench(ctx):
+        ctx.set(stage.head, HEAD_PARAMS_LAYOUT.const(head))
+        ctx.set(stage.restart, 1)
+        await ctx.tick()
+        ctx.set(stage.restart, 0)
+        for t in range(p.head_dim + GATE_DEPTH + 2):
+            if t < p.head_dim:
+                issuer.issue(ctx, t, 0, t == p.head_dim - 1, PHASE_GATE)
+                ctx.set(stage.advance, 1)
+            else:
+                ctx.set(issuer.valid, 0), ctx.set(stage.advance, 0)
+            if not ctx.get(stage.busy) and "idle" not in seen:
+                seen["idle"] = t
+                ctx.set(stage.latch, 1)
+            await ctx.tick()
+            ctx.set(stage.latch, 0)
+        seen["gate"] = ctx.get(stage.gate)
+
+    simulate(m, bench)
+    z = int(q @ G)
+    want = soma.saturate(64 + soma.rshift_round(z * head["gate_mult"], head["gate_shift"]), 0, 128) if gated \
+        else soma.GATE_ONE
+    assert seen["gate"] == int(want)
+    # The last element issued at head_dim - 1; busy falls GATE_DEPTH cycles later (low from the next cycle).
+    assert seen["idle"] == p.head_dim - 1 + GATE_DEPTH + 1
+    assert GateStage.cycles(p) == p.head_dim + GATE_DEPTH
+
+
+@pytest.mark.parametrize("use_exp", [False, True])
+def test_weighted_stage_sums_p_times_v_at_its_depth(use_exp, rng):
+    p = SMALL
+    L, slots = p.mac_lanes, p.slots
+    P = rng.integers(0, 256, slots)
+    V = rng.integers(-128, 128, (slots, p.head_dim))
+    chunk = 1
+    m = Module()
+    m.submodules.stage = stage = WeightedStage(p)
+    issuer = Issuer(m, p, WEIGHTED_DEPTH + 1)
+    probs = np.zeros(len(stage.probs) // 8, np.uint8)
+    probs[:slots] = P
+    m.d.comb += [stage.prob_address_item.eq(issuer.item(READ_LATENCY - 2, PHASE_WEIGHTED)),
+                 stage.prob_item.eq(issuer.item(READ_LATENCY - 1, PHASE_WEIGHTED)),
+                 stage.accumulate_item.eq(issuer.item(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)),
+                 stage.done_item.eq(issuer.item(WEIGHTED_DEPTH, PHASE_WEIGHTED)),
+                 stage.n_issue.eq(issuer.n), stage.c_issue.eq(chunk),
+                 stage.probs.eq(int.from_bytes(probs.tobytes(), "little"))]
+    # The RowNormaliser's one-cycle read.
+    m.d.sync += stage.prob.eq(Array(Const(int(x), 16) for x in P)[stage.prob_index])
+    seen = {}
+
+    async def bench(ctx):
+        ctx.set(stage.head, HEAD_PARAMS_LAYOUT.const(dict(
+            normaliser=choice("normaliser", "exp_int" if use_exp else "hccs_int"))))
+        for t in range(slots + WEIGHTED_DEPTH + 2):
+            ctx.set(issuer.valid, t < slots)
+            if t < slots:
+                issuer.issue(ctx, t, chunk, t == slots - 1, PHASE_WEIGHTED)
+            if 0 <= t - READ_LATENCY < slots:
+                w = chunk * L // p.word_bytes
+                ctx.set(stage.v_word, word_value(V[t - READ_LATENCY, w * p.word_bytes:(w + 1) * p.word_bytes]))
+            if ctx.get(stage.chunk_done):
+                seen["done"] = t
+            await ctx.tick()
+            if "done" in seen and "acc" not in seen:
+                seen["acc"] = [ctx.get(stage.acc[l]) for l in range(L)]
+
+    simulate(m, bench)
+    assert seen["acc"] == list(P @ V[:, chunk * L:(chunk + 1) * L])
+    assert seen["done"] == slots - 1 + WEIGHTED_DEPTH
+    assert WeightedStage.cycles(p) == slots + WEIGHTED_DEPTH
+
+
+@pytest.mark.parametrize("field_of_keys, gated", [(True, True), (False, False)])
+def test_output_stage_and_field_update_follow_the_contract_at_their_depths(field_of_keys, gated, rng):
+    p = SMALL
+    L, D, chunks = p.mac_lanes, p.head_dim, p.head_dim // p.mac_lanes
+    F, G = rng.integers(-16384, 16257, D), rng.integers(-16384, 16257, D)
+    k, v = rng.integers(-128, 128, D), rng.integers(-128, 128, D)
+    acc = rng.integers(-128 * 510, 128 * 510, D)
+    gate = int(rng.integers(0, 129))
+    head = dict(out_mult=int(rng.integers(1, 3000)), out_shift=int(rng.integers(8, 14)),
+                alpha_mult=int(rng.integers(1, 3000)), alpha_shift=int(rng.integers(6, 12)),
+                gamma_q15=int(rng.integers(0, 32768)), field_source=choice("field_source", "keys" if field_of_keys
+                                                                           else "values"),
+                gating=choice("gating", "query" if gated else "none"))
+    m = Module()
+    m.submodules.output = output = OutputStage(p)
+    m.submodules.update = update = FieldUpdate(p)
+    issuer = Issuer(m, p, FINAL_DEPTH + 1)
+    k_words, v_words = ram_words(k, np.int8, p), ram_words(v, np.int8, p)
+    m.d.comb += [output.write_item.eq(issuer.item(FINAL_DEPTH - 1, PHASE_FINAL)),
+                 output.element_item.eq(issuer.item(FINAL_DEPTH, PHASE_FINAL)),
+                 update.write_item.eq(issuer.item(FIELD_DEPTH - 1, PHASE_FINAL)),
+                 update.element_item.eq(issuer.item(FIELD_DEPTH, PHASE_FINAL)),
+                 output.field.data.eq(Array(ram_words(F, np.int16, p))[output.field.addr]),
+                 output.gate_field.data.eq(Array(ram_words(G, np.int16, p))[output.gate_field.addr]),
+                 output.k.data.eq(Array(k_words)[output.k.addr]), output.v.data.eq(Array(v_words)[output.v.addr]),
+                 update.f_old.eq(output.f_old), update.g_old.eq(output.g_old), update.k_d.eq(output.k_d),
+                 update.src.eq(output.src)]
+    writes = {"out": {}, "field": {}, "gate": {}, "end": []}
+
+    async def bench(ctx):
+        ctx.set(output.head, HEAD_PARAMS_LAYOUT.const(head)), ctx.set(update.head, HEAD_PARAMS_LAYOUT.const(head))
+        ctx.set(output.gate, gate), ctx.set(output.d_restart, 1), ctx.set(output.lane_restart, 1)
+        await ctx.tick()
+        ctx.set(output.d_restart, 0), ctx.set(output.lane_restart, 0)
+        issued = [(e, c) for c in range(chunks) for e in range(L)]
+        for t in range(len(issued) + FINAL_DEPTH + 2):
+            if t < len(issued):
+                e, c = issued[t]
+                issuer.issue(ctx, e, c, e == L - 1, PHASE_FINAL)
+                ctx.set(output.advance, 1)
+                ctx.set(output.acc, [int(a) for a in acc[c * L:(c + 1) * L]])
+            else:
+                ctx.set(issuer.valid, 0), ctx.set(output.advance, 0)
+            for name, port in (("out", output.out_write), ("field", update.field_write),
+                               ("gate", update.gate_write)):
+                if ctx.get(port.en):
+                    writes[name][ctx.get(port.element)] = (ctx.get(port.value), t)
+            if ctx.get(output.end):
+                writes["end"].append(t)
+            await ctx.tick()
+
+    simulate(m, bench)
+    near = soma.saturate(soma.rshift_round(acc * head["out_mult"], head["out_shift"]), -32768, 32767)
+    far = soma.saturate(soma.rshift_round(F * head["alpha_mult"] * gate, head["alpha_shift"] + 7), -32768, 32767)
+    out = soma.saturate(near + far, -128, 127)
+    new_f = soma.field_update(F, k if field_of_keys else v, head["gamma_q15"])
+    new_g = soma.field_update(G, k, head["gamma_q15"])
+    for d in range(D):
+        assert writes["out"][d] == (int(out[d]), d + FINAL_DEPTH), d
+        assert writes["field"][d] == (int(new_f[d]) & 0xFFFF, d + FIELD_DEPTH), d
+        if gated:
+            assert writes["gate"][d] == (int(new_g[d]) & 0xFFFF, d + FIELD_DEPTH), d
+    if not gated:
+        assert writes["gate"] == {}
+    assert writes["end"][0] == D - 1 + FINAL_DEPTH
+    assert OutputStage.chunk_cycles(p) == L
