@@ -37,6 +37,13 @@ read ports; bank depth ``n_max / lanes`` rounded up to a power of two). The regi
 the clock: no path has more than one carry chain or one multiplier (the Fmax per lane count is in
 docs/boards.md).
 
+Components (each states its own latency; :class:`HCCS` joins them with ``wiring.connect``):
+:class:`HeadTable` (the heads' parameters), :class:`BankRing` (the banks' states and per-row registers, written
+through one event stream per stage), :class:`Ingest` and :class:`RowMax` (pass 1), :class:`SumReader`,
+:class:`CappedDistances`, :class:`SumTree` and :class:`RowTotal` (pass 2), :class:`Reciprocal` (3),
+:class:`NormaliseReader`, :class:`CappedDistances` and :class:`Scale` (4). :func:`ingest_pipeline`,
+:func:`sum_pipeline`, :func:`reciprocal_cycles` and :data:`NORMALISE_PIPELINE` are sums of their latencies.
+
 Contract
 - Throughput: with ``nb = ceil(n / lanes)`` beats per row, rows of equal length sustain one row every
   ``max(nb, D, (3*nb + D + E + P + 1) / 4)`` cycles, where ``D`` is the reciprocal's occupancy
@@ -59,12 +66,14 @@ Contract
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import operator
+from types import SimpleNamespace
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
+from amaranth.lib.memory import Memory, ReadPort, WritePort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
@@ -76,11 +85,44 @@ from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_N
                                  UINT8_NUMERATOR)
 
 BANKS = 4
-NORMALISE_PIPELINE = 12
+BANK_BITS = ceil_log2(BANKS)
+
+
+class BankState(enum.IntEnum):
+    """Where a bank's row is in the ring. FILLING: the row's last beat is in, its maximum still in the row-max
+    pipeline. SUMMING: the sum stage has read the whole row and its total is still in the sum pipeline. Both
+    pipelines are longer than a lap of the four banks when rows are one beat long, so these states keep the
+    next stage off the bank."""
+    FREE = 0
+    FILLING = 1
+    FULL = 2
+    SUMMING = 3
+    SUMMED = 4
+    READY = 5
+
+
+BANK_STATE_BITS = 3
+BANK_LATENCY = 1
+"""Cycles from a stage's event (:class:`BankRing` input) to the bank's new state and fields being visible."""
+MEMORY_READ_LATENCY = 1
+"""Cycles from a row-memory address to its word (the synchronous read port); a reader's output register
+(:class:`SumReader`, :class:`NormaliseReader`) holds the beat's tags for that cycle."""
+DISTANCE_LATENCY = 2
+"""Registers of :class:`CappedDistances`: the read word, then the capped distances."""
+ROW_TOTAL_LATENCY = 2
+"""Registers of :class:`RowTotal` from the tree's sum to the total: accumulate with the two products'
+operands, then the products; the difference is written into the bank (:data:`BANK_LATENCY`)."""
+RECIPROCAL_LOAD = 1
+"""The reciprocal's idle cycle in which it loads the bank's total (its registers' enable is ~active)."""
+SCALE_LATENCY = 9
+"""Registers of :class:`Scale`: operand copies, ``S*d`` in pairs, their sum, score, operand copies, two partial
+products, product copies, their sum, saturate into the output register."""
+NORMALISE_PIPELINE = MEMORY_READ_LATENCY + DISTANCE_LATENCY + SCALE_LATENCY
 """Cycles from a normalise-stage memory read to its beat being taken from ``o`` (read, read register,
 distance, operand copies, ``S*d``, product copy, score, operand copies, two partial products, product copies,
-their sum, saturate into the output register). The copies on each side of a multiplier are registers that
-only it uses, which the placer puts beside the DSP block; the long routes are then register to register."""
+their sum, saturate into the output register): 12. The copies on each side of a multiplier are registers
+that only it uses, which the placer puts beside the DSP block; the long routes are then register to
+register."""
 SUM_TREE_LEVELS = 3
 """Adder levels per register stage of the sum stage's tree: three levels of the short distance adders fit a
 cycle on the ECP5 85F at 8 lanes; the four of 16 lanes in one stage did not (most of the path routing across
@@ -89,7 +131,8 @@ OUT_BITS = {"uint8": 8, "int16": 16}
 INV_SPLIT = 12
 """The normaliser multiplies ``score * inv`` as ``score * inv[:12] + (score * inv[12:] << 12)``."""
 NUMERATOR_BITS = {OUT_UINT8: UINT8_NUMERATOR.bit_length(), OUT_INT16: INT16_NUMERATOR.bit_length()}
-
+RECIPROCAL_BITS = bits_for(UINT8_NUMERATOR)
+"""Width of a row's reciprocal ``inv`` (the largest, ``UINT8_NUMERATOR``, for a total of 1)."""
 
 @dataclasses.dataclass(frozen=True)
 class HCCSConfig:
@@ -151,11 +194,49 @@ def cfg_layout(cfg: HCCSConfig) -> data.StructLayout:
 status_layout = data.StructLayout({"overflow": 1, "framing": 1, "bad_head": 1, "busy": 1})
 
 
+
+def row_max_latency(cfg: HCCSConfig) -> int:
+    """Registers of :class:`RowMax`, from a beat at its input to the row's ``full`` event: the masked lanes,
+    then one per level of the beat-maximum tree, ``1 + log2(lanes)`` (one compare level per stage: two chained
+    8-bit compare-and-select levels do not fit a cycle on the ECP5 85F)."""
+    return 1 + ceil_log2(cfg.lanes)
+
+
+def ingest_pipeline(cfg: HCCSConfig) -> int:
+    """Extra cycles from a row's last input beat to its bank being ready for the sum stage: the row-max
+    pipeline and the bank's write, less the last beat's own cycle (counted in the row's ``nb`` beats)."""
+    return row_max_latency(cfg) + BANK_LATENCY - 1
+
+
+def sum_tree_stages(cfg: HCCSConfig) -> int:
+    """Register stages of the sum stage's adder tree over the lanes (:data:`SUM_TREE_LEVELS` levels each)."""
+    return max(1, -(-ceil_log2(cfg.lanes) // SUM_TREE_LEVELS))
+
+
+def sum_pipeline(cfg: HCCSConfig) -> int:
+    """Cycles from the sum stage's read of a row's last beat to the row total being visible: read, read
+    register, distance, the adder tree (:func:`sum_tree_stages`), accumulate, the two products ``count*B``
+    and ``S*sum d``, their difference. 6 up to 8 lanes, 7 at 16 and 32."""
+    return (MEMORY_READ_LATENCY + DISTANCE_LATENCY + sum_tree_stages(cfg) + ROW_TOTAL_LATENCY + BANK_LATENCY
+            - 1)
+
+
+def reciprocal_steps(cfg: HCCSConfig, mode: str = "div", out: str = "uint8") -> int:
+    """Active cycles of :class:`Reciprocal` before its result: ``div_bits`` quotient bits per cycle (div), or
+    the leading-one one-hot into its register (clb)."""
+    if MODE_CODES[mode] == MODE_CLB:
+        return 1
+    return math.ceil(NUMERATOR_BITS[OUT_CODES[out]] / cfg.div_bits)
+
+
+def reciprocal_latency(cfg: HCCSConfig, mode: str = "div", out: str = "uint8") -> int:
+    """Cycles of :class:`Reciprocal` from a bank turning SUMMED to its ``inverted`` event."""
+    return RECIPROCAL_LOAD + reciprocal_steps(cfg, mode, out)
+
+
 def reciprocal_cycles(cfg: HCCSConfig, mode: str = "div", out: str = "uint8") -> int:
     """Cycles the reciprocal stage holds one row (its occupancy ``D``)."""
-    if MODE_CODES[mode] == MODE_CLB:
-        return 3
-    return 2 + math.ceil(NUMERATOR_BITS[OUT_CODES[out]] / cfg.div_bits)
+    return reciprocal_latency(cfg, mode, out) + BANK_LATENCY
 
 
 def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", out: str = "uint8") -> int:
@@ -189,16 +270,93 @@ def expected_cycles(cfg: HCCSConfig, rows: int, n: int, *, mode: str = "div", ou
     return norm[-1] + nb + NORMALISE_PIPELINE
 
 
-def sum_tree_stages(cfg: HCCSConfig) -> int:
-    """Register stages of the sum stage's adder tree over the lanes (:data:`SUM_TREE_LEVELS` levels each)."""
-    return max(1, -(-ceil_log2(cfg.lanes) // SUM_TREE_LEVELS))
 
 
-def sum_pipeline(cfg: HCCSConfig) -> int:
-    """Cycles from the sum stage's read of a row's last beat to the row total being visible: read, read
-    register, distance, the adder tree (:func:`sum_tree_stages`), accumulate, the two products ``count*B``
-    and ``S*sum d``, their difference. 6 up to 8 lanes, 7 at 16 and 32."""
-    return 5 + sum_tree_stages(cfg)
+def _ptr_bits(cfg: HCCSConfig) -> int:
+    return max(1, ceil_log2(cfg.beats_max))
+
+
+def _count_bits(cfg: HCCSConfig) -> int:
+    return bits_for(cfg.beats_max)
+
+
+def word_layout(cfg: HCCSConfig) -> data.StructLayout:
+    """One row-memory word: a beat's lanes and mask."""
+    return data.StructLayout({"data": data.ArrayLayout(signed(INPUT_BITS), cfg.lanes), "mask": cfg.lanes})
+
+
+def read_port_signature(cfg: HCCSConfig) -> wiring.Signature:
+    return ReadPort.Signature(addr_width=BANK_BITS + _ptr_bits(cfg), shape=word_layout(cfg))
+
+
+def bank_row_layout(cfg: HCCSConfig) -> data.StructLayout:
+    """What the ring keeps per bank: its :class:`BankState`, the row's last beat index (``final``) with the
+    flags ``final == 0`` (``single``) and ``final == 1`` (``double``), its maximum, head and the head's
+    parameters, its total and its reciprocal."""
+    return data.StructLayout({"state": BANK_STATE_BITS, "final": _count_bits(cfg), "single": 1, "double": 1,
+                              "max": signed(INPUT_BITS), "head": cfg.head_bits, "params": head_params_layout(),
+                              "total": cfg.total_bits, "inv": RECIPROCAL_BITS})
+
+
+def bank_view_signature(cfg: HCCSConfig) -> wiring.Signature:
+    """The ring's registers, every bank's :func:`bank_row_layout`, as the stages read them."""
+    return wiring.Signature({"row": Out(data.ArrayLayout(bank_row_layout(cfg), BANKS))})
+
+
+def head_view_signature(cfg: HCCSConfig) -> wiring.Signature:
+    """Every head's parameters as :class:`HeadTable` holds them."""
+    return wiring.Signature({"params": Out(data.ArrayLayout(head_params_layout(), 1 << cfg.head_bits))})
+
+
+def bank_event(**fields) -> stream.Signature:
+    """A stage's news about one bank, one record per row (always ready: the ring takes it in the cycle it is
+    valid): the bank and the fields the stage computed for its row."""
+    return stream.Signature(data.StructLayout({"bank": BANK_BITS, **fields}), always_ready=True)
+
+
+def closed_event(cfg: HCCSConfig) -> stream.Signature:
+    return bank_event(final=_count_bits(cfg), single=1, double=1, head=cfg.head_bits, params=head_params_layout())
+
+
+def max_beat_layout(cfg: HCCSConfig, lanes: int | None = None) -> data.StructLayout:
+    """A beat into (and through) the row-max pipeline: masked lanes hold the lowest int8."""
+    return data.StructLayout({"start": 1, "last": 1, "bank": BANK_BITS,
+                              "lanes": data.ArrayLayout(signed(INPUT_BITS), cfg.lanes if lanes is None else lanes)})
+
+
+def sum_tag_layout(cfg: HCCSConfig) -> data.StructLayout:
+    """What a sum-stage beat carries beside its lanes."""
+    return data.StructLayout({"first": 1, "last": 1, "bank": BANK_BITS})
+
+
+def normalise_tag_layout(cfg: HCCSConfig) -> data.StructLayout:
+    """What a normalise-stage beat carries beside its lanes: its framing and its row's parameters."""
+    params = head_params_layout()
+    return data.StructLayout({"first": 1, "last": 1, "head": cfg.head_bits, "out": 1, "B": params["B"].shape,
+                              "S": params["S"].shape, "inv": RECIPROCAL_BITS})
+
+
+def read_layout(cfg: HCCSConfig, tag: data.StructLayout) -> data.StructLayout:
+    """A beat read back from the row memory with its row's maximum and distance cap."""
+    return data.StructLayout({"tag": tag, "max": signed(INPUT_BITS), "dmax": bits_for(DMAX_MAX),
+                              "word": word_layout(cfg)})
+
+
+def distance_layout(cfg: HCCSConfig, tag: data.StructLayout) -> data.StructLayout:
+    """A beat's capped distances ``min(max - x, dmax)`` (0 for masked lanes) and its mask."""
+    return data.StructLayout({"tag": tag, "mask": cfg.lanes,
+                              "d": data.ArrayLayout(bits_for(DMAX_MAX), cfg.lanes)})
+
+
+def tree_sum_layout(cfg: HCCSConfig) -> data.StructLayout:
+    """A beat's ``sum d`` and valid-lane count."""
+    return data.StructLayout({"first": 1, "last": 1, "bank": BANK_BITS, "dsum": bits_for(cfg.lanes * DMAX_MAX),
+                              "count": bits_for(cfg.lanes)})
+
+
+def _banks(view):
+    """The ring's view as an Array over the banks, for indexing by a bank register."""
+    return Array(view.row[b] for b in range(BANKS))
 
 
 def _capped_distances(row_max, dmax, word):
@@ -210,80 +368,104 @@ def _capped_distances(row_max, dmax, word):
     return lanes
 
 
-def ingest_pipeline(cfg: HCCSConfig) -> int:
-    """Extra cycles from a row's last input beat to its bank being ready for the sum stage: the registered
-    lanes plus one stage per level of the beat-maximum tree, ``1 + log2(lanes)`` (one compare level per
-    stage: two chained 8-bit compare-and-select levels do not fit a cycle on the ECP5 85F)."""
-    return 1 + ceil_log2(cfg.lanes)
+class HeadTable(wiring.Component):
+    """The heads' parameter registers, written through ``cfg`` (always ready; writes to heads >= ``heads``
+    are ignored; with ``out_type="uint8"`` every head is OUT_UINT8). Latency 1: a write is in ``view`` the
+    next cycle."""
 
-
-class HCCS(wiring.Component):
-    """The HCCS unit; see the module docstring for ports, structure and contract.
-
-    ``HCCS(lanes=8, heads=2, n_max=256, out_type="uint8", div_bits=2)`` or ``HCCS(config=HCCSConfig(...))``.
-    """
-
-    def __init__(self, config: HCCSConfig | None = None, **params):
-        if config is None:
-            config = HCCSConfig(**params)
-        elif params:
-            raise TypeError("pass either config= or keyword parameters, not both")
+    def __init__(self, config: HCCSConfig):
         self.config = config
-        super().__init__({
-            "i": In(stream.Signature(in_beat_layout(config))),
-            "o": Out(stream.Signature(out_beat_layout(config))),
-            "cfg": In(stream.Signature(cfg_layout(config))),
-            "status": Out(status_layout),
-            "clear_status": In(1),
-        })
+        super().__init__({"cfg": In(stream.Signature(cfg_layout(config))), "view": Out(head_view_signature(config))})
 
     def elaborate(self, platform):
         cfg = self.config
-        L, NB = cfg.lanes, cfg.beats_max
-        ptr_bits = max(1, ceil_log2(NB))
-        count_bits = bits_for(NB)
-        bank_bits = ceil_log2(BANKS)
-        total_bits = cfg.total_bits
-        params_layout = head_params_layout()
         m = Module()
-
-        word = data.StructLayout({"data": data.ArrayLayout(signed(INPUT_BITS), L), "mask": L})
-        m.submodules.rows = rows = Memory(shape=word, depth=BANKS << ptr_bits, init=[])
-        wr = rows.write_port()
-        rd_sum = rows.read_port()
-        rd_norm = rows.read_port()
-
-        regfile = Array(Signal(params_layout, name=f"head{h}") for h in range(1 << cfg.head_bits))
+        regfile = Array(Signal(head_params_layout(), name=f"head{h}") for h in range(1 << cfg.head_bits))
         m.d.comb += self.cfg.ready.eq(1)
         with m.If(self.cfg.valid & (self.cfg.payload.head < cfg.heads)):
             m.d.sync += regfile[self.cfg.payload.head].eq(self.cfg.payload.params)
             if cfg.out_type == "uint8":
                 m.d.sync += regfile[self.cfg.payload.head].out.eq(OUT_UINT8)
+        m.d.comb += [self.view.params[h].eq(regfile[h]) for h in range(len(regfile))]
+        return m
 
-        # FILLING: the row's last beat is in, its maximum still in the ingest pipeline. SUMMING: the sum stage has
-        # read the whole row and its total is still in the sum pipeline. Both pipelines are longer than a lap
-        # of the four banks when rows are one beat long, so these states keep the next stage off the bank.
-        FREE, FILLING, FULL, SUMMING, SUMMED, READY = range(6)
-        state = Array(Signal(3, name=f"bank{b}_state") for b in range(BANKS))
 
-        def per_bank(shape, name):
-            return Array(Signal(shape, name=f"bank{b}_{name}") for b in range(BANKS))
+class BankRing(wiring.Component):
+    """The four banks' states and per-row registers. Each stage reports a row through its event (``closed``
+    by ingest: FILLING; ``full`` by the row max: FULL; ``summing`` by the sum reader's last read: SUMMING;
+    ``summed`` by the row total: SUMMED; ``inverted`` by the reciprocal: READY; ``freed`` by the normaliser's
+    last read: FREE), which is in ``view`` :data:`BANK_LATENCY` cycle later. Events are always taken; the
+    stages' own waiting on the states keeps two of them off one bank."""
 
-        d_final = per_bank(count_bits, "final")  # index of the row's last stored beat
-        d_max = per_bank(signed(INPUT_BITS), "max")
-        d_head = per_bank(cfg.head_bits, "head")
-        d_params = per_bank(params_layout, "params")
-        d_inv = per_bank(bits_for(UINT8_NUMERATOR), "inv")
-        d_single = per_bank(1, "single")  # d_final == 0 (a one-beat row), written beside d_final
-        d_double = per_bank(1, "double")  # d_final == 1
+    def __init__(self, config: HCCSConfig):
+        self.config = config
+        super().__init__({"closed": In(closed_event(config)), "full": In(bank_event(max=signed(INPUT_BITS))),
+                          "summing": In(bank_event()), "summed": In(bank_event(total=config.total_bits)),
+                          "inverted": In(bank_event(inv=RECIPROCAL_BITS)), "freed": In(bank_event()),
+                          "view": Out(bank_view_signature(config)), "busy": Out(1)})
 
-        # Ingest: beats of row r go to bank r mod 4 while the normaliser has released it. The beat is written
-        # to the row memory when accepted; its maximum goes through a pipeline (masked lanes registered, then one
-        # compare level per stage, the last stage folding in the running maximum), and the bank turns FULL when
-        # the row's last beat leaves that pipeline (ingest_pipeline(cfg) cycles later).
-        wbank = Signal(bank_bits)
-        iptr = Signal(count_bits)
-        in_row = Signal()
+    def elaborate(self, platform):
+        m = Module()
+        layout = bank_row_layout(self.config)
+        fields = {name: Array(Signal(layout[name].shape, name=f"bank{b}_{name}") for b in range(BANKS))
+                  for name in layout.members}
+        state = fields["state"]
+        with m.If(self.closed.valid):
+            event = self.closed.payload
+            m.d.sync += [fields[name][event.bank].eq(event[name]) for name in ("final", "single", "double", "head",
+                                                                                 "params")]
+            m.d.sync += state[event.bank].eq(BankState.FILLING)
+        with m.If(self.full.valid):
+            m.d.sync += [fields["max"][self.full.payload.bank].eq(self.full.payload.max),
+                         state[self.full.payload.bank].eq(BankState.FULL)]
+        with m.If(self.summing.valid):
+            m.d.sync += state[self.summing.payload.bank].eq(BankState.SUMMING)
+        with m.If(self.summed.valid):
+            m.d.sync += [fields["total"][self.summed.payload.bank].eq(self.summed.payload.total),
+                         state[self.summed.payload.bank].eq(BankState.SUMMED)]
+        with m.If(self.inverted.valid):
+            m.d.sync += [fields["inv"][self.inverted.payload.bank].eq(self.inverted.payload.inv),
+                         state[self.inverted.payload.bank].eq(BankState.READY)]
+        with m.If(self.freed.valid):
+            m.d.sync += state[self.freed.payload.bank].eq(BankState.FREE)
+        m.d.comb += [self.view.row[b][name].eq(fields[name][b]) for b in range(BANKS) for name in fields]
+        m.d.comb += self.busy.eq(Cat(state[b] != BankState.FREE for b in range(BANKS)).any())
+        return m
+
+
+class Ingest(wiring.Component):
+    """Takes the beats of ``i`` (``in_beat_layout``) into the row memory: row r goes to bank ``r mod 4``
+    once the normaliser has released it. Throughput one beat per cycle; ``i.ready`` is a register (see
+    below), low while the next row's bank is not FREE. Each accepted beat goes on to ``beat`` (the row-max
+    pipeline) in the cycle it is accepted, its masked lanes and beats past the capacity as the lowest int8;
+    a row's last beat sends ``closed`` (its bank, last index, head and parameters, latency 0). ``status``
+    holds the sticky ``overflow``, ``framing`` and ``bad_head`` flags (see the module docstring), cleared by
+    ``clear``; ``in_row``: a row has begun and not ended."""
+
+    def __init__(self, config: HCCSConfig):
+        self.config = config
+        super().__init__({
+            "i": In(stream.Signature(in_beat_layout(config))),
+            "heads": In(head_view_signature(config)),
+            "banks": In(bank_view_signature(config)),
+            "wr": In(WritePort.Signature(addr_width=BANK_BITS + _ptr_bits(config), shape=word_layout(config))),
+            "closed": Out(closed_event(config)),
+            "beat": Out(stream.Signature(max_beat_layout(config), always_ready=True)),
+            "status": Out(data.StructLayout({"overflow": 1, "framing": 1, "bad_head": 1})),
+            "clear": In(1),
+            "in_row": Out(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        NB = cfg.beats_max
+        params_layout = head_params_layout()
+        m = Module()
+        heads = Array(self.heads.params[h] for h in range(1 << cfg.head_bits))
+        banks = _banks(self.banks)
+        wbank = Signal(BANK_BITS)
+        iptr = Signal(_count_bits(cfg))
+        in_row = self.in_row
         row_head = Signal(cfg.head_bits)
         row_params = Signal(params_layout)
         beat = self.i.payload
@@ -297,18 +479,18 @@ class HCCS(wiring.Component):
         bad_head = Signal()
         cur_head = Mux(in_row, row_head, beat.head)
         cur_params = Signal(params_layout)
-        m.d.comb += cur_params.eq(Mux(in_row, row_params, regfile[beat.head]))
+        m.d.comb += cur_params.eq(Mux(in_row, row_params, heads[beat.head]))
         if cfg.heads < (1 << cfg.head_bits):
             with m.If(~in_row & (beat.head >= cfg.heads)):
                 m.d.comb += [cur_params.eq(0), bad_head.eq(1)]
-        m.d.comb += [wr.addr.eq(Cat(iptr[:ptr_bits], wbank)), wr.data.data.eq(beat.data),
-                     wr.data.mask.eq(beat.mask)]
+        m.d.comb += [self.wr.addr.eq(Cat(iptr[:_ptr_bits(cfg)], wbank)), self.wr.data.data.eq(beat.data),
+                     self.wr.data.mask.eq(beat.mask)]
         accepted = self.i.valid & self.i.ready
         closing = accepted & beat.last
-        free = Cat(state[b] == FREE for b in range(BANKS))
-        m.d.sync += ready.eq(free.bit_select(Mux(closing, wbank + 1, wbank)[:bank_bits], 1))
+        free = Cat(banks[b].state == BankState.FREE for b in range(BANKS))
+        m.d.sync += ready.eq(free.bit_select(Mux(closing, wbank + 1, wbank)[:BANK_BITS], 1))
         with m.If(accepted):
-            m.d.comb += wr.en.eq(stored)
+            m.d.comb += self.wr.en.eq(stored)
             with m.If(stored):
                 m.d.sync += iptr.eq(iptr + 1)
             with m.Else():
@@ -319,127 +501,297 @@ class HCCS(wiring.Component):
                 m.d.sync += self.status.bad_head.eq(1)
             m.d.sync += [in_row.eq(1), row_head.eq(cur_head), row_params.eq(cur_params)]
             with m.If(beat.last):
-                m.d.sync += [
-                    d_final[wbank].eq(Mux(stored, iptr, iptr - 1)),
-                    d_single[wbank].eq(Mux(stored, iptr == 0, iptr == 1)),
-                    d_double[wbank].eq(Mux(stored, iptr == 1, iptr == 2)),
-                    d_head[wbank].eq(cur_head),
-                    d_params[wbank].eq(cur_params), state[wbank].eq(FILLING),
-                    wbank.eq(wbank + 1), iptr.eq(0), in_row.eq(0),
-                ]
+                closed = self.closed.payload
+                m.d.comb += [self.closed.valid.eq(1), closed.bank.eq(wbank),
+                             closed.final.eq(Mux(stored, iptr, iptr - 1)),
+                             closed.single.eq(Mux(stored, iptr == 0, iptr == 1)),
+                             closed.double.eq(Mux(stored, iptr == 1, iptr == 2)),
+                             closed.head.eq(cur_head), closed.params.eq(cur_params)]
+                m.d.sync += [wbank.eq(wbank + 1), iptr.eq(0), in_row.eq(0)]
+        with m.If(self.clear):
+            m.d.sync += [self.status.overflow.eq(0), self.status.framing.eq(0), self.status.bad_head.eq(0)]
+        # A beat past the row's capacity is dropped: it enters the row-max pipeline with every lane masked.
+        m.d.comb += [self.beat.valid.eq(accepted), self.beat.payload.start.eq(~in_row),
+                     self.beat.payload.last.eq(beat.last), self.beat.payload.bank.eq(wbank)]
+        m.d.comb += [self.beat.payload.lanes[j].eq(Mux(beat.mask[j] & stored, beat.data[j], lane_min))
+                     for j in range(cfg.lanes)]
+        return m
+
+
+class RowMax(wiring.Component):
+    """The running maximum of each row's beats: ``beat`` in (one per cycle, never stalled), the row's
+    ``full`` event (its bank and maximum) :func:`row_max_latency` cycles after its last beat. The beat
+    goes through a pipeline (lanes registered, then one compare level per stage, the last stage folding in
+    the running maximum). ``busy``: a beat is in the pipeline."""
+
+    def __init__(self, config: HCCSConfig):
+        self.config = config
+        self.latency = row_max_latency(config)
+        super().__init__({"beat": In(stream.Signature(max_beat_layout(config), always_ready=True)),
+                          "full": Out(bank_event(max=signed(INPUT_BITS))), "busy": Out(1)})
+
+    def elaborate(self, platform):
+        cfg = self.config
+        m = Module()
 
         def max_stage(lanes):
-            return data.StructLayout({"valid": 1, "start": 1, "last": 1, "bank": bank_bits,
-                                      "lanes": data.ArrayLayout(signed(INPUT_BITS), lanes)})
+            return data.StructLayout({"valid": 1, **max_beat_layout(cfg, lanes).members})
 
         def signed_max(a, b):
             return Mux(a > b, a, b)
 
-        # A beat past the row's capacity is dropped: it enters the pipeline with every lane masked.
-        mx = Signal(max_stage(L), name="max0")
-        m.d.sync += [mx.valid.eq(accepted), mx.start.eq(~in_row), mx.last.eq(beat.last), mx.bank.eq(wbank)]
-        m.d.sync += [mx.lanes[j].eq(Mux(beat.mask[j] & stored, beat.data[j], lane_min)) for j in range(L)]
+        mx = Signal(max_stage(cfg.lanes), name="max0")
+        m.d.sync += [mx.valid.eq(self.beat.valid), mx.start.eq(self.beat.payload.start),
+                     mx.last.eq(self.beat.payload.last), mx.bank.eq(self.beat.payload.bank),
+                     mx.lanes.eq(self.beat.payload.lanes)]
         max_pipe = [mx]
-        for k in range(ceil_log2(L)):
+        for k in range(ceil_log2(cfg.lanes)):
             values = reduce_levels([mx.lanes[j] for j in range(len(mx.lanes))], signed_max, 1)
             nxt = Signal(max_stage(len(values)), name=f"max{k + 1}")
             m.d.sync += [nxt.valid.eq(mx.valid), nxt.start.eq(mx.start), nxt.last.eq(mx.last),
                          nxt.bank.eq(mx.bank)] + [nxt.lanes[j].eq(v) for j, v in enumerate(values)]
             max_pipe.append(nxt)
             mx = nxt
+        assert len(max_pipe) == self.latency
         # The running maximum the last stage folds in, already chosen (lane_min for a row's first beat): it is
         # computed a cycle early from the stage before's start flag, so the bank's maximum is one compare and
         # select away from registers (a select on start in front of it would not fit the cycle).
+        lane_min = Const(-(1 << (INPUT_BITS - 1)), signed(INPUT_BITS))
         run_max = Signal(signed(INPUT_BITS))
         beat_max = reduce_tree([mx.lanes[j] for j in range(len(mx.lanes))], signed_max)
         new_max = signed_max(beat_max, run_max)
-        before = max_pipe[-2] if len(max_pipe) > 1 else None
-        next_start = before.start if before is not None else ~in_row
+        next_start = max_pipe[-2].start if len(max_pipe) > 1 else self.beat.payload.start
         m.d.sync += run_max.eq(Mux(next_start, lane_min, Mux(mx.valid, new_max, run_max)))
-        with m.If(mx.valid & mx.last):
-            m.d.sync += [d_max[mx.bank].eq(new_max), state[mx.bank].eq(FULL)]
+        m.d.comb += [self.full.valid.eq(mx.valid & mx.last), self.full.payload.bank.eq(mx.bank),
+                     self.full.payload.max.eq(new_max)]
+        m.d.comb += self.busy.eq(Cat(stage.valid for stage in max_pipe).any())
+        return m
 
-        # Sum pass: read the row back; per beat sum of d over valid lanes and their count; accumulate.
-        sbank = Signal(bank_bits)
-        s_active = Signal()
-        s_ptr = Signal(count_bits)
-        s_final = Signal(count_bits)
-        s_max = Signal(signed(INPUT_BITS))
-        s_dmax = Signal(bits_for(DMAX_MAX))
-        s_start = ~s_active & (state[sbank] == FULL)
-        s_ptr_now = Mux(s_active, s_ptr, 0)
-        s_max_now = Mux(s_active, s_max, d_max[sbank])
-        s_dmax_now = Mux(s_active, s_dmax, d_params[sbank].dmax)
-        s_issue = s_active | s_start
-        # s_ptr == s_final while active, in a register set as s_ptr steps; a row's first beat is its last when
-        # the bank's one-beat flag says so (a comparison through sbank would sit in front of the banks' state
+
+class _BankReader(wiring.Component):
+    """Reads the banks in ring order, each once it reaches ``self.waits_for``, one beat per cycle while
+    ``o.ready``: the memory address in the cycle of issue, the beat on ``o`` :data:`MEMORY_READ_LATENCY`
+    cycle later beside its word; the cycle of a row's last read sends ``release`` (latency 0)."""
+
+    waits_for: BankState
+
+    def __init__(self, config: HCCSConfig, tag: data.StructLayout, *, always_ready: bool):
+        self.config = config
+        self.latency = MEMORY_READ_LATENCY
+        super().__init__({"banks": In(bank_view_signature(config)), "rd": In(read_port_signature(config)),
+                          "release": Out(bank_event()),
+                          "o": Out(stream.Signature(read_layout(config, tag), always_ready=always_ready))})
+
+    def _issue(self, m, final):
+        """The pointer logic shared by the readers; ``final``: the row's last beat index while active."""
+        banks = _banks(self.banks)
+        bank = Signal(BANK_BITS, name="bank")
+        active = Signal(name="active")
+        ptr = Signal(_count_bits(self.config), name="ptr")
+        start = ~active & (banks[bank].state == self.waits_for)
+        ptr_now = Mux(active, ptr, 0)
+        issue = self.o.ready & (active | start)
+        # ptr == final while active, in a register set as ptr steps; a row's first beat is its last when the
+        # bank's one-beat flag says so (a comparison through bank would sit in front of the banks' state
         # registers).
-        s_at_end = Signal()
-        s_last = Mux(s_active, s_at_end, d_single[sbank])
-        m.d.comb += [rd_sum.addr.eq(Cat(s_ptr_now[:ptr_bits], sbank)), rd_sum.en.eq(1)]
-        with m.If(s_start):
-            m.d.sync += [s_final.eq(d_final[sbank]), s_max.eq(d_max[sbank]), s_dmax.eq(d_params[sbank].dmax)]
-        with m.If(s_issue):
-            with m.If(s_last):
-                m.d.sync += [s_active.eq(0), sbank.eq(sbank + 1), state[sbank].eq(SUMMING)]
+        at_end = Signal(name="at_end")
+        last = Mux(active, at_end, banks[bank].single)
+        m.d.comb += [self.rd.addr.eq(Cat(ptr_now[:_ptr_bits(self.config)], bank)), self.rd.en.eq(self.o.ready)]
+        with m.If(issue):
+            with m.If(last):
+                m.d.sync += [active.eq(0), bank.eq(bank + 1)]
+                m.d.comb += [self.release.valid.eq(1), self.release.payload.bank.eq(bank)]
             with m.Else():
-                m.d.sync += [s_active.eq(1), s_ptr.eq(s_ptr_now + 1),
-                             s_at_end.eq(Mux(s_active, s_ptr + 1 == s_final, d_double[sbank]))]
-        s_ctl = data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
-                                   "max": signed(INPUT_BITS), "dmax": bits_for(DMAX_MAX)})
-        s1 = Signal(s_ctl)
-        m.d.sync += [s1.valid.eq(s_issue), s1.first.eq(s_ptr_now == 0), s1.last.eq(s_last), s1.bank.eq(sbank),
-                     s1.max.eq(s_max_now), s1.dmax.eq(s_dmax_now)]
+                m.d.sync += [active.eq(1), ptr.eq(ptr_now + 1),
+                             at_end.eq(Mux(active, ptr + 1 == final, banks[bank].double))]
+        return SimpleNamespace(row=banks[bank], bank=bank, active=active, start=start, issue=issue,
+                               first=ptr_now == 0, last=last)
+
+
+class SumReader(_BankReader):
+    """The sum stage's reader: a FULL bank's row, never stalled (``o`` always ready), with the row's maximum
+    and distance cap; ``release`` turns the bank SUMMING."""
+
+    waits_for = BankState.FULL
+
+    def __init__(self, config: HCCSConfig):
+        super().__init__(config, sum_tag_layout(config), always_ready=True)
+
+    def elaborate(self, platform):
+        m = Module()
+        held = Signal(data.StructLayout({"final": _count_bits(self.config), "max": signed(INPUT_BITS),
+                                         "dmax": bits_for(DMAX_MAX)}))
+        r = self._issue(m, held.final)
+        with m.If(r.start):
+            m.d.sync += [held.final.eq(r.row.final), held.max.eq(r.row.max), held.dmax.eq(r.row.params.dmax)]
+        issued = Signal(data.StructLayout({"valid": 1, "tag": sum_tag_layout(self.config), "max": signed(INPUT_BITS),
+                                           "dmax": bits_for(DMAX_MAX)}), name="issued")
+        m.d.sync += [issued.valid.eq(r.issue), issued.tag.first.eq(r.first), issued.tag.last.eq(r.last),
+                     issued.tag.bank.eq(r.bank), issued.max.eq(Mux(r.active, held.max, r.row.max)),
+                     issued.dmax.eq(Mux(r.active, held.dmax, r.row.params.dmax))]
+        m.d.comb += [self.o.valid.eq(issued.valid), self.o.payload.tag.eq(issued.tag),
+                     self.o.payload.max.eq(issued.max), self.o.payload.dmax.eq(issued.dmax),
+                     self.o.payload.word.eq(self.rd.data)]
+        return m
+
+
+class NormaliseReader(_BankReader):
+    """The normaliser's reader: a READY bank's row, one beat per cycle while ``o.ready``, with its row's
+    framing and parameters; ``release`` frees the bank."""
+
+    waits_for = BankState.READY
+
+    def __init__(self, config: HCCSConfig):
+        super().__init__(config, normalise_tag_layout(config), always_ready=False)
+
+    def elaborate(self, platform):
+        cfg = self.config
+        m = Module()
+        advance = self.o.ready
+        # The row's fields load into row in every cycle the reader is idle and the output moves: in the cycle a
+        # row starts (which needs both) they are the starting bank's, and row holds them while the row is issued
+        # and until its last beat has left the output register (a copy travelling with the beats would put the
+        # four-bank multiplexer behind bank in front of ~70 enabled registers). The enable is then ~active and
+        # advance; only the start, the last-beat flag (a per-bank one-beat flag) and the bank's release still go
+        # through bank.
+        row = Signal(data.StructLayout({"final": _count_bits(cfg), "max": signed(INPUT_BITS),
+                                        "head": cfg.head_bits, "params": head_params_layout(),
+                                        "inv": RECIPROCAL_BITS}), name="row")
+        r = self._issue(m, row.final)
+        with m.If(~r.active & advance):
+            m.d.sync += [row.final.eq(r.row.final), row.max.eq(r.row.max), row.head.eq(r.row.head),
+                         row.params.eq(r.row.params), row.inv.eq(r.row.inv)]
+        issued = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1}), name="issued")
+        with m.If(advance):
+            m.d.sync += [issued.valid.eq(r.issue), issued.first.eq(r.first), issued.last.eq(r.last)]
+        tag = self.o.payload.tag
+        m.d.comb += [self.o.valid.eq(issued.valid), tag.first.eq(issued.first), tag.last.eq(issued.last),
+                     tag.head.eq(row.head), tag.out.eq(row.params.out), tag.B.eq(row.params.B),
+                     tag.S.eq(row.params.S), tag.inv.eq(row.inv), self.o.payload.max.eq(row.max),
+                     self.o.payload.dmax.eq(row.params.dmax), self.o.payload.word.eq(self.rd.data)]
+        return m
+
+
+class CappedDistances(wiring.Component):
+    """A read beat's word into a register, then its capped distances ``min(max - x, dmax)`` (0 for masked
+    lanes) into the next, one subtract-and-cap per stage. Latency :data:`DISTANCE_LATENCY`; one beat per
+    cycle; both registers move only while ``o.ready`` (``i.ready`` is ``o.ready``)."""
+
+    def __init__(self, config: HCCSConfig, tag: data.StructLayout, *, always_ready: bool):
+        self.config = config
+        self.latency = DISTANCE_LATENCY
+        super().__init__({"i": In(stream.Signature(read_layout(config, tag), always_ready=always_ready)),
+                          "o": Out(stream.Signature(distance_layout(config, tag), always_ready=always_ready)),
+                          "busy": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
         # The block RAM's output goes straight into a register (its clock-to-out leaves no room for logic).
-        s_read = Signal(data.StructLayout({"ctl": s_ctl, "word": word}))
-        m.d.sync += [s_read.ctl.eq(s1), s_read.word.eq(rd_sum.data)]
-        # Register the capped distances before the adder tree: one subtract-and-cap per stage.
-        s_dist = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits, "mask": L,
-                                           "d": data.ArrayLayout(bits_for(DMAX_MAX), L)}))
-        m.d.sync += [s_dist.valid.eq(s_read.ctl.valid), s_dist.first.eq(s_read.ctl.first),
-                     s_dist.last.eq(s_read.ctl.last), s_dist.bank.eq(s_read.ctl.bank), s_dist.mask.eq(s_read.word.mask)]
-        m.d.sync += [s_dist.d[j].eq(d) for j, d in
-                     enumerate(_capped_distances(s_read.ctl.max, s_read.ctl.dmax, s_read.word))]
-        # The adder tree over the lanes, SUM_TREE_LEVELS levels per register stage.
-        ctl = [s_dist.valid, s_dist.first, s_dist.last, s_dist.bank]
-        d_terms = [s_dist.d[j] for j in range(L)]
-        c_terms = [s_dist.mask[j] for j in range(L)]
-        tree_stages = sum_tree_stages(cfg)
-        per_stage = -(-ceil_log2(L) // tree_stages)
-        for t in range(tree_stages - 1):
-            d_terms = [reg(m, v, f"s_tree{t}_d{k}") for k, v in enumerate(reduce_levels(d_terms, operator.add,
-                                                                                          per_stage))]
-            c_terms = [reg(m, v, f"s_tree{t}_c{k}") for k, v in enumerate(reduce_levels(c_terms, operator.add,
-                                                                                          per_stage))]
-            ctl = [reg(m, c, f"s_tree{t}_{field}", reset_less=field != "valid")
+        read = Signal(data.StructLayout({"valid": 1, "beat": self.i.payload.shape()}), name="read")
+        if not self.i.signature.always_ready:
+            m.d.comb += self.i.ready.eq(self.o.ready)
+        with m.If(self.o.ready):
+            m.d.sync += [read.valid.eq(self.i.valid), read.beat.eq(self.i.payload)]
+            m.d.sync += [self.o.valid.eq(read.valid), self.o.payload.tag.eq(read.beat.tag),
+                         self.o.payload.mask.eq(read.beat.word.mask)]
+            m.d.sync += [self.o.payload.d[j].eq(d) for j, d in
+                         enumerate(_capped_distances(read.beat.max, read.beat.dmax, read.beat.word))]
+        m.d.comb += self.busy.eq(read.valid | self.o.valid)
+        return m
+
+
+class SumTree(wiring.Component):
+    """``sum d`` and the valid-lane count of each beat: an adder tree over the lanes, :data:`SUM_TREE_LEVELS`
+    levels per register stage. Latency :func:`sum_tree_stages`; one beat per cycle, never stalled."""
+
+    def __init__(self, config: HCCSConfig):
+        self.config = config
+        self.latency = sum_tree_stages(config)
+        super().__init__({"i": In(stream.Signature(distance_layout(config, sum_tag_layout(config)),
+                                                   always_ready=True)),
+                          "o": Out(stream.Signature(tree_sum_layout(config), always_ready=True))})
+
+    def elaborate(self, platform):
+        L = self.config.lanes
+        m = Module()
+        beat = self.i.payload
+        ctl = [self.i.valid, beat.tag.first, beat.tag.last, beat.tag.bank]
+        d_terms = [beat.d[j] for j in range(L)]
+        c_terms = [beat.mask[j] for j in range(L)]
+        per_stage = -(-ceil_log2(L) // self.latency)
+        for t in range(self.latency - 1):
+            d_terms = [reg(m, v, f"tree{t}_d{k}") for k, v in enumerate(reduce_levels(d_terms, operator.add,
+                                                                                        per_stage))]
+            c_terms = [reg(m, v, f"tree{t}_c{k}") for k, v in enumerate(reduce_levels(c_terms, operator.add,
+                                                                                        per_stage))]
+            ctl = [reg(m, c, f"tree{t}_{field}", reset_less=field != "valid")
                    for c, field in zip(ctl, ("valid", "first", "last", "bank"))]
-        s2 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "bank": bank_bits,
-                                       "dsum": bits_for(L * DMAX_MAX), "count": bits_for(L)}))
-        m.d.sync += [s2.valid.eq(ctl[0]), s2.first.eq(ctl[1]), s2.last.eq(ctl[2]), s2.bank.eq(ctl[3]),
-                     s2.dsum.eq(reduce_tree(d_terms, operator.add)),
-                     s2.count.eq(reduce_tree(c_terms, operator.add))]
+        out = self.o.payload
+        m.d.sync += [self.o.valid.eq(ctl[0]), out.first.eq(ctl[1]), out.last.eq(ctl[2]), out.bank.eq(ctl[3]),
+                     out.dsum.eq(reduce_tree(d_terms, operator.add)),
+                     out.count.eq(reduce_tree(c_terms, operator.add))]
+        return m
+
+
+class RowTotal(wiring.Component):
+    """Accumulates a row's beats from the tree and sends its total ``count*B - S*sum d`` (equal to
+    ``sum (B - S*d_i)``, so no per-lane multiplier here) as ``summed`` :data:`ROW_TOTAL_LATENCY` cycles after
+    its last beat: the two products in one stage, their difference in the next (written by the ring). B and S
+    are the bank's, read with the beat. Never stalled."""
+
+    def __init__(self, config: HCCSConfig):
+        self.config = config
+        self.latency = ROW_TOTAL_LATENCY
+        super().__init__({"i": In(stream.Signature(tree_sum_layout(config), always_ready=True)),
+                          "banks": In(bank_view_signature(config)),
+                          "summed": Out(bank_event(total=config.total_bits))})
+
+    def elaborate(self, platform):
+        cfg = self.config
+        total_bits = cfg.total_bits
+        params_layout = head_params_layout()
+        m = Module()
+        banks = _banks(self.banks)
+        beat = self.i.payload
         acc_dsum = Signal(bits_for(cfg.n_max * DMAX_MAX))
         acc_count = Signal(bits_for(cfg.n_max))
-        next_dsum = Mux(s2.first, 0, acc_dsum) + s2.dsum
-        next_count = Mux(s2.first, 0, acc_count) + s2.count
-        # Row total = count*B - S*sum(d): the two products in one stage, their difference in the next.
-        s3 = Signal(data.StructLayout({"valid": 1, "bank": bank_bits, "dsum": len(acc_dsum),
+        next_dsum = Mux(beat.first, 0, acc_dsum) + beat.dsum
+        next_count = Mux(beat.first, 0, acc_count) + beat.count
+        s3 = Signal(data.StructLayout({"valid": 1, "bank": BANK_BITS, "dsum": len(acc_dsum),
                                        "count": len(acc_count), "B": params_layout["B"].shape,
                                        "S": params_layout["S"].shape}))
-        s4 = Signal(data.StructLayout({"valid": 1, "bank": bank_bits, "countB": total_bits + 1,
+        s4 = Signal(data.StructLayout({"valid": 1, "bank": BANK_BITS, "countB": total_bits + 1,
                                        "Sdsum": total_bits + 1}))
-        m.d.sync += [s3.valid.eq(s2.valid & s2.last), s3.bank.eq(s2.bank)]
-        with m.If(s2.valid):
+        m.d.sync += [s3.valid.eq(self.i.valid & beat.last), s3.bank.eq(beat.bank)]
+        with m.If(self.i.valid):
             m.d.sync += [acc_dsum.eq(next_dsum), acc_count.eq(next_count), s3.dsum.eq(next_dsum),
-                         s3.count.eq(next_count), s3.B.eq(d_params[s2.bank].B), s3.S.eq(d_params[s2.bank].S)]
+                         s3.count.eq(next_count), s3.B.eq(banks[beat.bank].params.B),
+                         s3.S.eq(banks[beat.bank].params.S)]
         m.d.sync += [s4.valid.eq(s3.valid), s4.bank.eq(s3.bank), s4.countB.eq(s3.count * s3.B),
                      s4.Sdsum.eq(s3.S * s3.dsum)]
-        d_total = per_bank(total_bits, "total")
-        with m.If(s4.valid):
-            m.d.sync += [d_total[s4.bank].eq((s4.countB - s4.Sdsum)[:total_bits]), state[s4.bank].eq(SUMMED)]
+        m.d.comb += [self.summed.valid.eq(s4.valid), self.summed.payload.bank.eq(s4.bank),
+                     self.summed.payload.total.eq((s4.countB - s4.Sdsum)[:total_bits])]
+        return m
 
-        # Reciprocal: a restoring divider (div_bits quotient bits per cycle) or a leading-one shift (clb).
-        rbank = Signal(bank_bits)
+
+class Reciprocal(wiring.Component):
+    """The rows' reciprocals in ring order: for a SUMMED bank, ``inv`` of its total by the row's mode (div: a
+    restoring divider, ``div_bits`` quotient bits per cycle, of ``UINT8_NUMERATOR`` or ``INT16_NUMERATOR``;
+    clb: that numerator shifted right by the position of the total's leading one; 0 for a total of 0), sent
+    as ``inverted`` :func:`reciprocal_latency` cycles after the bank turned SUMMED. One row at a time: the
+    next starts in the cycle after ``inverted`` (occupancy :func:`reciprocal_cycles`)."""
+
+    def __init__(self, config: HCCSConfig):
+        self.config = config
+        super().__init__({"banks": In(bank_view_signature(config)),
+                          "inverted": Out(bank_event(inv=RECIPROCAL_BITS))})
+
+    def elaborate(self, platform):
+        cfg = self.config
+        total_bits = cfg.total_bits
+        m = Module()
+        banks = _banks(self.banks)
+        rbank = Signal(BANK_BITS)
         r_active = Signal()
         r_iter = Signal(range(max(NUMERATOR_BITS.values()) // cfg.div_bits + 2))
         # r_iter == 0 in a register of its own (set as r_iter steps from 1; every start loads r_iter >= 1), so
@@ -448,11 +800,10 @@ class HCCS(wiring.Component):
         divisor = Signal(total_bits)
         divisor_zero = Signal()
         remainder = Signal(total_bits + 1)
-        quotient = Signal(bits_for(UINT8_NUMERATOR))
-        steps = math.ceil(NUMERATOR_BITS[OUT_UINT8] / cfg.div_bits)
-        numerator_reg = Signal(steps * cfg.div_bits)
-        r_params = d_params[rbank]
-        r_start = ~r_active & (state[rbank] == SUMMED)
+        quotient = Signal(RECIPROCAL_BITS)
+        numerator_reg = Signal(reciprocal_steps(cfg) * cfg.div_bits)
+        r_params = banks[rbank].params
+        r_start = ~r_active & (banks[rbank].state == BankState.SUMMED)
         # The row's mode and output type, latched at the start: decoded from the bank's parameters through
         # rbank every cycle they were in front of every divider register.
         r_clb, r_out16 = Signal(), Signal()
@@ -460,18 +811,19 @@ class HCCS(wiring.Component):
         # r_active): their enable is the ~r_active flip-flop, not the bank state comparison through rbank.
         with m.If(~r_active):
             numerators = {OUT_UINT8: UINT8_NUMERATOR, OUT_INT16: INT16_NUMERATOR}
-            iters = {o: math.ceil(NUMERATOR_BITS[o] / cfg.div_bits) for o in numerators}
+            iters = {code: reciprocal_steps(cfg, "div", out) for out, code in OUT_CODES.items()}
             # Left-align each numerator in the shift register so its first quotient step reads its top bits.
             aligned = {o: numerators[o] << (len(numerator_reg) - iters[o] * cfg.div_bits) for o in numerators}
-            m.d.sync += [r_active.eq(r_start), divisor.eq(d_total[rbank]), divisor_zero.eq(d_total[rbank] == 0),
+            m.d.sync += [r_active.eq(r_start), divisor.eq(banks[rbank].total),
+                         divisor_zero.eq(banks[rbank].total == 0),
                          r_clb.eq(r_params.mode == MODE_CLB), r_out16.eq(r_params.out == OUT_INT16),
                          remainder.eq(0), quotient.eq(0),
                          numerator_reg.eq(Mux(r_params.out == OUT_INT16, aligned[OUT_INT16], aligned[OUT_UINT8])),
                          r_zero.eq(0),
-                         r_iter.eq(Mux(r_params.mode == MODE_CLB, 1,
+                         r_iter.eq(Mux(r_params.mode == MODE_CLB, reciprocal_steps(cfg, "clb"),
                                        Mux(r_params.out == OUT_INT16, iters[OUT_INT16], iters[OUT_UINT8])))]
         r_done = Signal()
-        r_inv = Signal.like(d_inv[0])
+        r_inv = Signal(RECIPROCAL_BITS)
         with m.If(r_active):
             with m.If(r_clb):
                 # numerator >> (position of the leading one): select the shifted numerator by a one-hot of the
@@ -502,48 +854,38 @@ class HCCS(wiring.Component):
                                  r_zero.eq(r_iter == 1)]
                 m.d.comb += [r_done.eq(r_zero), r_inv.eq(quotient)]
             with m.If(r_done):
-                m.d.sync += [d_inv[rbank].eq(Mux(divisor_zero, 0, r_inv)), state[rbank].eq(READY),
-                             rbank.eq(rbank + 1), r_active.eq(0)]
+                m.d.comb += [self.inverted.valid.eq(1), self.inverted.payload.bank.eq(rbank),
+                             self.inverted.payload.inv.eq(Mux(divisor_zero, 0, r_inv))]
+                m.d.sync += [rbank.eq(rbank + 1), r_active.eq(0)]
+        return m
 
-        # Normalise: read the row a last time; one output beat per cycle while o is taken.
-        nbank = Signal(bank_bits)
-        n_active = Signal()
-        n_ptr = Signal(count_bits)
-        row = data.StructLayout({"final": count_bits, "max": signed(INPUT_BITS), "head": cfg.head_bits,
-                                 "params": params_layout, "inv": d_inv[0].shape()})
+
+class Scale(wiring.Component):
+    """The normaliser's arithmetic: per lane ``min((B - S*d) * inv >> shift, max)`` (shift 15 and max 255 for
+    OUT_UINT8, 0 and 32767 for OUT_INT16; masked lanes 0) onto ``o``. Latency :data:`SCALE_LATENCY`; one
+    beat per cycle; every register moves only when the output moves (``i.ready = ~o.valid | o.ready``), so a
+    stalled ``o`` holds the whole pipeline. ``busy``: a beat is inside."""
+
+    def __init__(self, config: HCCSConfig):
+        self.config = config
+        self.latency = SCALE_LATENCY
+        super().__init__({"i": In(stream.Signature(distance_layout(config, normalise_tag_layout(config)))),
+                          "o": Out(stream.Signature(out_beat_layout(config))), "busy": Out(1)})
+
+    def elaborate(self, platform):
+        cfg = self.config
+        L = cfg.lanes
+        params_layout = head_params_layout()
+        m = Module()
         advance = ~self.o.valid | self.o.ready
-        # The row's fields load into n_row in every cycle the normaliser is idle and the output moves: in the
-        # cycle a row starts (which needs both) they are the starting bank's, and n_row holds them while the
-        # row is issued and until its last beat has left n1 (n_read takes them from n_row; a copy travelling
-        # through n1 would put the four-bank multiplexer behind nbank in front of ~70 enabled registers). The
-        # enable is then ~n_active and advance; only the start, the last-beat flag (a per-bank one-beat flag)
-        # and the bank's release still go through nbank.
-        n_row = Signal(row)
-        with m.If(~n_active & advance):
-            m.d.sync += [n_row.final.eq(d_final[nbank]), n_row.max.eq(d_max[nbank]), n_row.head.eq(d_head[nbank]),
-                         n_row.params.eq(d_params[nbank]), n_row.inv.eq(d_inv[nbank])]
-        n_start = ~n_active & (state[nbank] == READY)
-        n_ptr_now = Mux(n_active, n_ptr, 0)
-        n_issue = advance & (n_active | n_start)
-        # n_ptr == n_row.final while active, in a register set as n_ptr steps (so that the comparison is not in
-        # front of the banks' state registers).
-        n_at_end = Signal()
-        n_last = Mux(n_active, n_at_end, d_single[nbank])
-        m.d.comb += [rd_norm.addr.eq(Cat(n_ptr_now[:ptr_bits], nbank)), rd_norm.en.eq(advance)]
-        with m.If(n_issue):
-            with m.If(n_last):
-                m.d.sync += [n_active.eq(0), nbank.eq(nbank + 1), state[nbank].eq(FREE)]
-            with m.Else():
-                m.d.sync += [n_active.eq(1), n_ptr.eq(n_ptr_now + 1),
-                             n_at_end.eq(Mux(n_active, n_ptr + 1 == n_row.final, d_double[nbank]))]
-        # After the memory: read register, distance, S*d, score, two partial products, their sum, saturate; every
-        # stage moves only when the output moves (advance), so a stalled o holds the whole pipeline.
-        n1 = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1}))
-        n_read = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "row": row, "word": word}))
+        m.d.comb += self.i.ready.eq(advance)
         framing = {"valid": 1, "first": 1, "last": 1, "head": cfg.head_bits, "mask": L, "out": 1}
         dist_layout = data.StructLayout({**framing, "B": params_layout["B"].shape, "S": params_layout["S"].shape,
-                                         "inv": d_inv[0].shape(), "d": data.ArrayLayout(bits_for(DMAX_MAX), L)})
-        n_dist = Signal(dist_layout)
+                                         "inv": RECIPROCAL_BITS, "d": data.ArrayLayout(bits_for(DMAX_MAX), L)})
+        tag = self.i.payload.tag
+        arriving = {"valid": self.i.valid, "first": tag.first, "last": tag.last, "head": tag.head,
+                    "mask": self.i.payload.mask, "out": tag.out, "B": tag.B, "S": tag.S, "inv": tag.inv,
+                    "d": self.i.payload.d}
         # Each product gets operand registers of its own in the stage before it (n_ops, n2r) and a register
         # stage after it (n_sdr, n3r). The operands shared by the lanes (S, inv) are kept once per lane
         # (Replicated): one register beside each multiplier instead of one reaching a row of them.
@@ -554,32 +896,22 @@ class HCCS(wiring.Component):
         # than the product itself.
         sd_bits = bits_for(S_MAX * DMAX_MAX)
         sd_pairs = [lut_mul_pairs(n_ops_S.copy(j), n_ops.d[j]) for j in range(L)]
-        carried = {**framing, "B": params_layout["B"].shape, "inv": d_inv[0].shape()}
+        carried = {**framing, "B": params_layout["B"].shape, "inv": RECIPROCAL_BITS}
         n_sd = Signal(data.StructLayout({**carried, "pairs": data.ArrayLayout(
             data.ArrayLayout(sd_bits, len(sd_pairs[0])), L)}))
         n_sdr = Signal(data.StructLayout({**carried, "sd": data.ArrayLayout(sd_bits, L)}))
-        score_layout = data.StructLayout({**framing, "inv": d_inv[0].shape(),
+        score_layout = data.StructLayout({**framing, "inv": RECIPROCAL_BITS,
                                           "score": data.ArrayLayout(bits_for(B_MAX), L)})
         n2, n2r = Signal(score_layout), Signal(score_layout)
-        n2r_inv = Replicated(d_inv[0].shape(), L, "n2r_inv")
+        n2r_inv = Replicated(RECIPROCAL_BITS, L, "n2r_inv")
         # score * inv as two products on the low and high INV_SPLIT bits of inv: each fits one 18x18 multiplier.
-        inv_bits = len(d_inv[0])
         parts_layout = data.StructLayout({**framing, "lo": data.ArrayLayout(bits_for(B_MAX) + INV_SPLIT, L),
-                                          "hi": data.ArrayLayout(bits_for(B_MAX) + inv_bits - INV_SPLIT, L)})
+                                          "hi": data.ArrayLayout(bits_for(B_MAX) + RECIPROCAL_BITS - INV_SPLIT, L)})
         n3, n3r = Signal(parts_layout), Signal(parts_layout)
         n4 = Signal(data.StructLayout({**framing, "product": data.ArrayLayout(PRODUCT_BITS, L)}))
         n4_out16 = Replicated(1, L, "n4_out16")
         with m.If(advance):
-            m.d.sync += [n1.valid.eq(n_issue), n1.first.eq(n_ptr_now == 0), n1.last.eq(n_last)]
-            m.d.sync += [n_read.valid.eq(n1.valid), n_read.first.eq(n1.first), n_read.last.eq(n1.last),
-                         n_read.row.eq(n_row), n_read.word.eq(rd_norm.data)]
-            p = n_read.row.params
-            m.d.sync += [n_dist.valid.eq(n_read.valid), n_dist.first.eq(n_read.first), n_dist.last.eq(n_read.last),
-                         n_dist.head.eq(n_read.row.head), n_dist.mask.eq(n_read.word.mask), n_dist.out.eq(p.out),
-                         n_dist.B.eq(p.B), n_dist.S.eq(p.S), n_dist.inv.eq(n_read.row.inv)]
-            m.d.sync += [n_dist.d[j].eq(d)
-                         for j, d in enumerate(_capped_distances(n_read.row.max, p.dmax, n_read.word))]
-            m.d.sync += [n_ops.eq(n_dist), n_ops_S.eq(n_dist.S)]
+            m.d.sync += [n_ops[name].eq(value) for name, value in arriving.items()] + n_ops_S.eq(tag.S)
             m.d.sync += [n_sd[name].eq(n_ops[name]) for name in carried]
             m.d.sync += [n_sd.pairs[j][i].eq(pair) for j in range(L) for i, pair in enumerate(sd_pairs[j])]
             m.d.sync += [n_sdr[name].eq(n_sd[name]) for name in carried]
@@ -604,11 +936,77 @@ class HCCS(wiring.Component):
             m.d.sync += [self.o.valid.eq(n4.valid), self.o.payload.mask.eq(n4.mask),
                          self.o.payload.first.eq(n4.first), self.o.payload.last.eq(n4.last),
                          self.o.payload.head.eq(n4.head)]
+        stages = [n_ops, n_sd, n_sdr, n2, n2r, n3, n3r, n4, self.o]
+        assert len(stages) == self.latency
+        m.d.comb += self.busy.eq(Cat(stage.valid for stage in stages).any())
+        return m
 
-        with m.If(self.clear_status):
-            m.d.sync += [self.status.overflow.eq(0), self.status.framing.eq(0), self.status.bad_head.eq(0)]
-        pipeline_valid = [stage.valid for stage in max_pipe + [n1, n_read, n_dist, n_ops, n_sd, n_sdr, n2, n2r, n3,
-                                                                n3r, n4, self.o]]
-        m.d.comb += self.status.busy.eq(in_row | Cat(state[b] != FREE for b in range(BANKS)).any()
-                                        | Cat(pipeline_valid).any())
+
+class HCCS(wiring.Component):
+    """The HCCS unit; see the module docstring for ports, structure and contract.
+
+    ``HCCS(lanes=8, heads=2, n_max=256, out_type="uint8", div_bits=2)`` or ``HCCS(config=HCCSConfig(...))``.
+    """
+
+    def __init__(self, config: HCCSConfig | None = None, **params):
+        if config is None:
+            config = HCCSConfig(**params)
+        elif params:
+            raise TypeError("pass either config= or keyword parameters, not both")
+        self.config = config
+        super().__init__({
+            "i": In(stream.Signature(in_beat_layout(config))),
+            "o": Out(stream.Signature(out_beat_layout(config))),
+            "cfg": In(stream.Signature(cfg_layout(config))),
+            "status": Out(status_layout),
+            "clear_status": In(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        m = Module()
+        # One memory with one write and two read ports; bank b's row at addresses b << ptr_bits onwards.
+        m.submodules.rows = rows = Memory(shape=word_layout(cfg), depth=BANKS << _ptr_bits(cfg), init=[])
+        m.submodules.heads = heads = HeadTable(cfg)
+        m.submodules.banks = banks = BankRing(cfg)
+        m.submodules.ingest = ingest = Ingest(cfg)
+        m.submodules.row_max = row_max = RowMax(cfg)
+        m.submodules.sum_reader = sum_reader = SumReader(cfg)
+        m.submodules.sum_distances = sum_distances = CappedDistances(cfg, sum_tag_layout(cfg), always_ready=True)
+        m.submodules.sum_tree = sum_tree = SumTree(cfg)
+        m.submodules.row_total = row_total = RowTotal(cfg)
+        m.submodules.reciprocal = reciprocal = Reciprocal(cfg)
+        m.submodules.norm_reader = norm_reader = NormaliseReader(cfg)
+        m.submodules.norm_distances = norm_distances = CappedDistances(cfg, normalise_tag_layout(cfg),
+                                                                       always_ready=False)
+        m.submodules.scale = scale = Scale(cfg)
+        assert ingest_pipeline(cfg) == row_max.latency + BANK_LATENCY - 1
+        assert sum_pipeline(cfg) == (sum_reader.latency + sum_distances.latency + sum_tree.latency
+                                     + row_total.latency + BANK_LATENCY - 1)
+        assert NORMALISE_PIPELINE == norm_reader.latency + norm_distances.latency + scale.latency
+
+        wiring.connect(m, wiring.flipped(self.cfg), heads.cfg)
+        wiring.connect(m, heads.view, ingest.heads)
+        wiring.connect(m, banks.view, ingest.banks, sum_reader.banks, row_total.banks, reciprocal.banks,
+                       norm_reader.banks)
+        wiring.connect(m, wiring.flipped(self.i), ingest.i)
+        wiring.connect(m, ingest.wr, rows.write_port())
+        wiring.connect(m, sum_reader.rd, rows.read_port())
+        wiring.connect(m, norm_reader.rd, rows.read_port())
+        # Ingest -> row max -> sum (reader, distances, tree, total) -> reciprocal -> normalise (reader,
+        # distances, scale), each stage passing a row on through the ring's bank states.
+        flows = [(ingest.beat, row_max.beat), (sum_reader.o, sum_distances.i), (sum_distances.o, sum_tree.i),
+                 (sum_tree.o, row_total.i), (norm_reader.o, norm_distances.i), (norm_distances.o, scale.i)]
+        events = [(ingest.closed, banks.closed), (row_max.full, banks.full), (sum_reader.release, banks.summing),
+                  (row_total.summed, banks.summed), (reciprocal.inverted, banks.inverted),
+                  (norm_reader.release, banks.freed)]
+        for producer, consumer in flows + events:
+            wiring.connect(m, producer, consumer)
+        wiring.connect(m, scale.o, wiring.flipped(self.o))
+
+        m.d.comb += [ingest.clear.eq(self.clear_status), self.status.overflow.eq(ingest.status.overflow),
+                     self.status.framing.eq(ingest.status.framing), self.status.bad_head.eq(ingest.status.bad_head)]
+        # The sum stage's pipeline holds a bank SUMMING until its total is written: the ring's states cover it.
+        m.d.comb += self.status.busy.eq(ingest.in_row | banks.busy | row_max.busy | norm_reader.o.valid
+                                        | norm_distances.busy | scale.busy)
         return m
