@@ -1,6 +1,8 @@
 """Run the HCCS unit in RTL simulation on int8 logits and check it against the model: library and CLI.
 
 ``somatile sim hccs --vectors FILE.npz [--lanes L] [--mode div|clb] [--out uint8|int16] [--waves]``
+``somatile sim hccs --profile wide --vectors FILE.npz [--normaliser exp|hccs|pwl2] [--lanes L]``: the wide
+profile's unit (hw/wide.py) on int16 logits, checked against ``somatile.model.wide.wide_softmax``.
 ``somatile sim hccs --random ROWS [--cols N] [--heads H] [--chunk C] [--jobs J | --cluster ADDRESS] [--seed S]``
 FILE holds ``x`` int8 (H, R, N), ``B``, ``S``, ``dmax`` integers (H,) and optionally ``mask`` bool (H, R, N)
 (True = the element takes part). Row r of head h enters the unit as head h, heads one after another, back
@@ -29,6 +31,8 @@ import numpy as np
 
 TOPLEVEL = "hccs"
 TEST_MODULE = "somatile.sim.tb_hccs"
+WIDE_TOPLEVEL = "wide_normaliser"
+WIDE_TEST_MODULE = "somatile.sim.tb_wide"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +88,38 @@ def simulate(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=
                    status, int(result.outputs["cycles"]), wall, float(result.outputs["loop_seconds"]), result.waves)
 
 
-def load_vectors(path: str | Path) -> dict[str, np.ndarray]:
+def simulate_wide(x: np.ndarray, heads: np.ndarray, normalisers, B, S, dmax, *, mask=None, unit: dict,
+                  idle: float = 0.0, backpressure: float = 0.0, seed: int = 0, strict: bool = False,
+                  waves: bool = False, simulator: str | None = None) -> HCCSRun:
+    """:func:`simulate` for the wide profile's unit (hw/wide.py ``WideNormaliser(**unit)``): rows ``x`` int16
+    (R, N), per head a normaliser ("exp", "hccs", "pwl2") and B, S, dmax (``somatile.model.wide``)."""
+    from somatile.hw.wide import WideConfig, WideNormaliser
+    from somatile.model import wide
+    from somatile.sim import runner
+    from somatile.sim.tb_hccs import mismatches as find_mismatches
+    from somatile.sim.tb_wide import golden, make_job
+
+    config = WideConfig(**unit)
+    if np.asarray(heads).max(initial=0) >= config.heads:
+        raise ValueError(f"heads: rows name head {int(np.max(heads))} but the unit has {config.heads} heads")
+    if x.shape[-1] > config.n_max:
+        raise ValueError(f"x: rows of {x.shape[-1]} elements exceed the unit's n_max = {config.n_max}")
+    for h, name in enumerate(normalisers):
+        wide.check_params(name, B[h], S[h], dmax[h], 1)
+    job = make_job(x, heads, normalisers, B, S, dmax, mask=mask, lanes=config.lanes, head_bits=config.head_bits,
+                   idle=idle, backpressure=backpressure, seed=seed, strict=strict)
+    expected = golden(job)
+    started = time.perf_counter()
+    result = runner.build_and_test(WideNormaliser, dataclasses.asdict(config), WIDE_TOPLEVEL, WIDE_TEST_MODULE,
+                                   "wide_rows", inputs=job, waves=waves, simulator=simulator)
+    wall = time.perf_counter() - started
+    out = result.outputs["out"]
+    status = dict(zip(("overflow", "framing", "bad_head"), result.outputs["status"].tolist()))
+    return HCCSRun(out, expected, find_mismatches(job, out, expected), list(result.outputs["framing_errors"]),
+                   status, int(result.outputs["cycles"]), wall, float(result.outputs["loop_seconds"]), result.waves)
+
+
+def load_vectors(path: str | Path, profile: str = "paper") -> dict[str, np.ndarray]:
     """Read and check a vectors file; errors name the file, the key and what was expected."""
     path = Path(path)
     try:
@@ -94,11 +129,13 @@ def load_vectors(path: str | Path) -> dict[str, np.ndarray]:
         raise ValueError(f"{path}: cannot read as .npz ({exc})") from None
     for key in ("x", "B", "S", "dmax"):
         if key not in vectors:
-            raise ValueError(f"{path}: key '{key}' is missing (expected x int8 (H, R, N), B, S, dmax (H,), "
-                             f"optional mask bool (H, R, N))")
+            raise ValueError(f"{path}: key '{key}' is missing (expected x {'int16' if profile == 'wide' else 'int8'} "
+                             f"(H, R, N), B, S, dmax (H,), optional mask bool (H, R, N))")
     x = vectors["x"]
-    if x.dtype != np.int8 or x.ndim != 3 or 0 in x.shape:
-        raise ValueError(f"{path}: 'x' must be int8 of shape (H, R, N) with no empty axis, got {x.dtype} {x.shape}")
+    logit = np.dtype(np.int16 if profile == "wide" else np.int8)
+    if x.dtype != logit or x.ndim != 3 or 0 in x.shape:
+        raise ValueError(f"{path}: 'x' must be {logit} of shape (H, R, N) with no empty axis (profile {profile}), "
+                         f"got {x.dtype} {x.shape}")
     for key in ("B", "S", "dmax"):
         value = vectors[key]
         if value.dtype.kind not in "iu" or value.shape != (x.shape[0],):
@@ -127,6 +164,22 @@ def run_vectors(vectors: dict[str, np.ndarray], *, lanes: int, mode: str, out: s
                    mask=None if mask is None else mask.reshape(heads * rows, n), unit=unit, waves=waves,
                    allow_zero_floor=allow_zero_floor)
     return run, expected_cycles(HCCSConfig(**unit), heads * rows, n, mode=mode, out=out)
+
+
+def run_wide_vectors(vectors: dict[str, np.ndarray], *, lanes: int, normaliser: str,
+                     waves: bool = False) -> tuple[HCCSRun, int]:
+    """Simulate a checked wide-profile vectors dict (x int16) through the wide unit with ``normaliser`` for
+    every head; return the run and the expected cycles."""
+    from somatile.hw.wide import WideConfig, expected_cycles
+
+    x3 = vectors["x"]
+    heads, rows, n = x3.shape
+    unit = {"lanes": lanes, "heads": heads, "n_max": -(-n // lanes) * lanes}
+    mask = vectors.get("mask")
+    run = simulate_wide(x3.reshape(heads * rows, n), np.repeat(np.arange(heads), rows), [normaliser] * heads,
+                        vectors["B"], vectors["S"], vectors["dmax"],
+                        mask=None if mask is None else mask.reshape(heads * rows, n), unit=unit, waves=waves)
+    return run, expected_cycles(WideConfig(**unit), heads * rows, n)
 
 
 def report(run: HCCSRun, expected_cycles: int, rows: int, *, shown: int = 10, file=None) -> int:
@@ -227,7 +280,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--random: chunks run in this many processes (default 1; each is a simulator)")
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
                         help="--random: run the chunks on a Dask distributed scheduler, e.g. tcp://HOST:8786")
-    parser.add_argument("--lanes", type=int, default=8, choices=(1, 4, 8, 16, 32), help="int8 lanes per beat")
+    parser.add_argument("--profile", choices=("paper", "wide"), default="paper",
+                        help="integer profile (docs/numerics.md): paper (the HCCS unit, int8 logits) or wide (the "
+                             "wide unit of hw/wide.py, int16 logits, Q15 out; --vectors only)")
+    parser.add_argument("--normaliser", choices=("exp", "hccs", "pwl2"), default="pwl2",
+                        help="--profile wide: the normaliser of every head (default pwl2)")
+    parser.add_argument("--lanes", type=int, default=None, choices=(1, 2, 4, 8, 16, 32),
+                        help="lanes per beat (default 8 for paper, 4 for wide)")
     parser.add_argument("--mode", choices=("div", "clb"), default="div", help="normalisation (default div)")
     parser.add_argument("--out", choices=("uint8", "int16"), default="uint8", help="output type (default uint8)")
     parser.add_argument("--allow-zero-floor", action="store_true",
@@ -256,12 +315,21 @@ def run_regression(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.lanes is None:
+        args.lanes = 4 if args.profile == "wide" else 8
     if args.random is not None:
+        if args.profile == "wide":
+            print("somatile sim hccs: --random runs the paper profile's unit; give --vectors for --profile wide",
+                  file=sys.stderr)
+            return 2
         return run_regression(args)
     try:
-        vectors = load_vectors(args.vectors)
-        sim, expected = run_vectors(vectors, lanes=args.lanes, mode=args.mode, out=args.out, waves=args.waves,
-                                    allow_zero_floor=args.allow_zero_floor)
+        vectors = load_vectors(args.vectors, args.profile)
+        if args.profile == "wide":
+            sim, expected = run_wide_vectors(vectors, lanes=args.lanes, normaliser=args.normaliser, waves=args.waves)
+        else:
+            sim, expected = run_vectors(vectors, lanes=args.lanes, mode=args.mode, out=args.out, waves=args.waves,
+                                        allow_zero_floor=args.allow_zero_floor)
     except ValueError as exc:
         print(f"somatile sim hccs: {exc}", file=sys.stderr)
         return 2

@@ -83,13 +83,14 @@ def mismatches(job: dict[str, np.ndarray], got: np.ndarray, expected: np.ndarray
 
 
 def row_beats(job: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The input beats of every row of a job as arrays: data int8 (K, L), mask bool (K, L), first, last,
-    head (K,). A partial last beat is padded with masked zero lanes."""
+    """The input beats of every row of a job as arrays: data (K, L) of the logits' type (int8, or int16 for
+    the wide unit of sim/tb_wide.py), mask bool (K, L), first, last, head (K,). A partial last beat is padded
+    with masked zero lanes."""
     lanes = int(job["lanes"])
     x, mask, heads = job["x"], job["mask"], job["heads"]
     rows, n = x.shape
     beats = -(-n // lanes)
-    data = np.zeros((rows, beats * lanes), np.int8)
+    data = np.zeros((rows, beats * lanes), x.dtype)
     data[:, :n] = x
     keep = np.zeros((rows, beats * lanes), bool)
     keep[:, :n] = mask
@@ -99,13 +100,14 @@ def row_beats(job: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def pack_beats(beats: dict[str, np.ndarray]) -> list[int]:
-    """Payload integers of input beats (struct order: data, mask, first, last, head)."""
+    """Payload integers of input beats (struct order: data, mask, first, last, head); a lane is as wide as
+    the data's type."""
     lanes = beats["data"].shape[1]
-    data_bits = 8 * lanes
+    data_bits = 8 * beats["data"].dtype.itemsize * lanes
     masks = np.packbits(beats["mask"], axis=1, bitorder="little")
     words = []
     for k in range(len(beats["data"])):
-        word = int.from_bytes(beats["data"][k].tobytes(), "little")
+        word = int.from_bytes(beats["data"][k].astype(beats["data"].dtype.newbyteorder("<")).tobytes(), "little")
         word |= int.from_bytes(masks[k].tobytes(), "little") << data_bits
         word |= int(beats["first"][k]) << (data_bits + lanes)
         word |= int(beats["last"][k]) << (data_bits + lanes + 1)
@@ -143,12 +145,13 @@ def unpack_rows(job: dict[str, np.ndarray], words: list[int]) -> tuple[np.ndarra
     return got["data"].reshape(rows, -1)[:, :n], problems
 
 
-def pack_cfg(job: dict[str, np.ndarray], head: int) -> int:
-    """Payload of one ``cfg`` write: head, then the fields of ``head_params_layout`` at the offsets the job
-    carries (so that the simulator process needs neither Amaranth nor the model to pack it)."""
+def pack_cfg(job: dict[str, np.ndarray], head: int, fields: tuple[str, ...] = CFG_FIELDS) -> int:
+    """Payload of one ``cfg`` write: head, then the parameter ``fields`` (the unit's ``head_params_layout``)
+    at the offsets the job carries (so that the simulator process needs neither Amaranth nor the model to
+    pack it)."""
     word = head
     shift = int(job["head_bits"])
-    for name, offset in zip(CFG_FIELDS, job["cfg_offsets"]):
+    for name, offset in zip(fields, job["cfg_offsets"]):
         word |= int(job[name][head]) << (shift + int(offset))
     return word
 
@@ -179,11 +182,14 @@ class HCCSTB:
             await RisingEdge(dut.clk)
         dut.rst.value = 0
 
-    async def configure(self, job):
+    async def configure(self, job, pack=None):
+        """Write every head's parameters through ``cfg`` (``pack(job, head)``: the payload; default
+        :func:`pack_cfg`)."""
         dut = self.dut
+        pack = pack_cfg if pack is None else pack
         await FallingEdge(dut.clk)
         for head in range(len(job["B"])):
-            dut.cfg__payload.value = pack_cfg(job, head)
+            dut.cfg__payload.value = pack(job, head)
             dut.cfg__valid.value = 1
             await FallingEdge(dut.clk)
         dut.cfg__valid.value = 0
@@ -234,12 +240,13 @@ class HCCSTB:
         return {name: (word >> bit) & 1 for bit, name in enumerate(("overflow", "framing", "bad_head", "busy"))}
 
 
-@cocotb.test()
-async def hccs_rows(dut):
-    job = job_inputs()
+async def run_rows(dut, job, pack, reference, model: str) -> None:
+    """The rows test of a row unit (this unit, or the wide one of sim/tb_wide.py): configure the heads with
+    ``pack(job, head)``, stream the job's rows under its idles and backpressure, write the outputs back and,
+    with ``strict``, fail on the first row that differs from ``reference(job)`` (the model named ``model``)."""
     tb = HCCSTB(dut)
     await tb.reset()
-    await tb.configure(job)
+    await tb.configure(job, pack)
     words = pack_beats(row_beats(job))
     started = time.perf_counter()
     out_words, cycles = await tb.run(words, len(words), float(job["idle"]), float(job["backpressure"]),
@@ -252,8 +259,13 @@ async def hccs_rows(dut):
                       status=np.array([status["overflow"], status["framing"], status["bad_head"]]))
     if bool(job["strict"]):
         assert not framing, "framing: " + "; ".join(framing[:MAX_REPORTED])
-        bad = mismatches(job, got)
-        assert not bad, f"{len(bad)} of {len(got)} rows differ from hccs_int: " + "; ".join(bad[:MAX_REPORTED])
+        bad = mismatches(job, got, reference(job))
+        assert not bad, f"{len(bad)} of {len(got)} rows differ from {model}: " + "; ".join(bad[:MAX_REPORTED])
+
+
+@cocotb.test()
+async def hccs_rows(dut):
+    await run_rows(dut, job_inputs(), pack_cfg, golden, "hccs_int")
 
 
 @cocotb.test()

@@ -1,7 +1,8 @@
 """The wide profile's row normaliser (hw/wide.py) in the Amaranth simulator: each component against the numpy
 spec of somatile.model.wide, the whole unit bit-exact on random, adversarial and masked rows of every
-normaliser under input idles and output backpressure, and its measured cycles equal to ``expected_cycles``.
-The Verilator run of the same unit is in tests/hw/test_wide_rtl.py."""
+normaliser under input idles and output backpressure, and its measured cycles equal to ``expected_cycles``;
+then the same unit in Verilator through cocotb (sim/tb_wide.py), on random, adversarial and MiniLM's own
+attention logits, and the ``somatile sim hccs --profile wide`` command."""
 
 import numpy as np
 import pytest
@@ -221,3 +222,65 @@ def test_a_row_for_a_missing_head_outputs_zeros_and_is_flagged(rng):
 def test_bad_configuration_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         WideConfig(**kwargs)
+
+
+# Verilator (cocotb) runs of the same unit: sim/tb_wide.py through somatile.sim.run_hccs.simulate_wide.
+def assert_bit_exact(run):
+    assert not run.framing_errors, run.framing_errors[:3]
+    assert not run.mismatches, run.mismatches[:3]
+    assert run.status == {"overflow": 0, "framing": 0, "bad_head": 0}
+
+
+def test_verilator_rows_of_every_normaliser_are_bit_exact_under_idles_and_backpressure(rng):
+    from somatile.sim.run_hccs import simulate_wide
+
+    unit = dict(lanes=4, heads=len(HEADS), n_max=128)
+    x, mask = rows_for(rng, 300, 100, "random")
+    x2, mask2 = rows_for(rng, 100, 100, "adversarial")
+    x, mask = np.concatenate([x, x2]), np.concatenate([mask, mask2])
+    heads = rng.integers(0, len(HEADS), len(x))
+    run = simulate_wide(x, heads, [NAMES[h[0]] for h in HEADS], *zip(*(h[1:] for h in HEADS)), mask=mask,
+                        unit=unit, idle=0.2, backpressure=0.3, seed=3)
+    assert_bit_exact(run)
+
+
+def test_verilator_real_minilm_logits_with_the_eval_calibration_are_bit_exact_at_the_expected_cycles():
+    """MiniLM's own attention logits (layer 1, the committed excerpt), pwl2 parameters calibrated per head on
+    other sentences than the rows sent (fallback heads run the exp): back to back, bit-exact, exact cycles."""
+    from somatile.eval import text
+    from somatile.eval.minilm import collect_minilm_logits
+    from somatile.model.calibrate import calibrate_wide_params
+    from somatile.model.minilm import MiniLM
+    from somatile.sim.run_hccs import simulate_wide
+
+    cols = 64
+    model = MiniLM.load()
+    pool = [s for s in text.sentences(text.load_text(), None) if len(model.encode(s)) <= cols]
+    calib_logits, calib_mask = collect_minilm_logits(model, pool[:16], cols)[1]
+    params = calibrate_wide_params(calib_logits, calib_mask, normaliser="pwl2")
+    logits, mask = collect_minilm_logits(model, pool[16:22], cols)[1]
+    x = wide.logits_from_float(logits, mask)
+    H, R, N = x.shape
+    normalisers = ["exp" if f else "pwl2" for f in params.fallback]
+    B, S, dmax = (np.where(params.fallback, 0, v) for v in (params.B, params.S, params.dmax))
+    unit = dict(lanes=4, heads=H, n_max=cols)
+    run = simulate_wide(x.reshape(H * R, N), np.repeat(np.arange(H), R), normalisers, B, S, dmax,
+                        mask=mask.reshape(H * R, N), unit=unit)
+    assert_bit_exact(run)
+    assert run.cycles == expected_cycles(WideConfig(**unit), H * R, N)
+
+
+def test_sim_command_runs_the_wide_unit_on_a_vectors_file(tmp_path, capsys, rng):
+    from somatile.host.cli import main
+
+    x = rng.integers(-4000, 4000, (2, 30, 40)).astype(np.int16)
+    np.savez(tmp_path / "v.npz", x=x, B=np.array([32768, 30000]), S=np.array([300, 200]), dmax=np.array([9000, 8000]))
+    assert main(["sim", "hccs", "--profile", "wide", "--normaliser", "hccs", "--vectors", str(tmp_path / "v.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "rows: 60, mismatching rows: 0, framing errors: 0" in out
+    expected = expected_cycles(WideConfig(lanes=4, heads=2, n_max=40), 60, 40)
+    assert f"cycles: measured {expected}, expected {expected} (1.000x)" in out
+    np.savez(tmp_path / "w.npz", x=x.astype(np.int8), B=np.array([1, 1]), S=np.array([0, 0]), dmax=np.array([0, 0]))
+    assert main(["sim", "hccs", "--profile", "wide", "--vectors", str(tmp_path / "w.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "w.npz: 'x' must be int16 of shape (H, R, N)" in err and "(profile wide)" in err
