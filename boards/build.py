@@ -130,9 +130,14 @@ def source_hash() -> str:
 
 def make_unit(cfg: BoardConfig, top: str):
     """Elaborate-ready Amaranth component of ``top`` with the board's parameters (no toolchain needed)."""
+    if top == "hccs" and cfg.profile == "wide":
+        from somatile.hw.wide import WideNormaliser
+
+        return _construct(cfg, top, WideNormaliser, cfg.wide_kwargs())
     if cfg.profile not in RTL_PROFILES:
-        raise BoardError(f"board {cfg.name} ({cfg.source}): key 'profile': {cfg.profile!r} has no RTL yet (the tile "
-                         f"RTL implements {', '.join(RTL_PROFILES)}; emu://?board={cfg.name} and the firmware run it)")
+        raise BoardError(f"board {cfg.name} ({cfg.source}): key 'profile': {cfg.profile!r} has no tile RTL yet (the "
+                         f"tile RTL implements {', '.join(RTL_PROFILES)}; --top hccs builds the profile's row unit; "
+                         f"emu://?board={cfg.name} and the firmware run it)")
     if top == SOC_TOP:
         from .soc import soc_unit
 
@@ -146,11 +151,14 @@ def make_unit(cfg: BoardConfig, top: str):
         if exc.name == python_module:
             raise BuildError(f"top '{top}': {python_module} is not in this checkout yet") from exc
         raise
-    kwargs = getattr(cfg, kwargs_method)()
+    return _construct(cfg, top, getattr(module, class_name), getattr(cfg, kwargs_method)())
+
+
+def _construct(cfg: BoardConfig, top: str, unit_class, kwargs: dict):
     try:
-        return getattr(module, class_name)(**kwargs)
+        return unit_class(**kwargs)
     except ValueError as exc:
-        raise BuildError(f"board {cfg.name} ({cfg.source}), top '{top}': {class_name}({kwargs}) refused the "
+        raise BuildError(f"board {cfg.name} ({cfg.source}), top '{top}': {unit_class.__name__}({kwargs}) refused the "
                          f"parameters: {exc}") from exc
 
 

@@ -248,6 +248,11 @@ class BoardConfig:
         """Keyword arguments of the standalone HCCS unit (``hw/hccs.py``)."""
         return {"lanes": self.hccs_lanes, "n_max": self.n_max, "heads": self.heads, "out_type": self.hccs_out}
 
+    def wide_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the wide profile's row unit (``hw/wide.py``), the ``hccs`` top of a board with
+        ``profile: wide``: ``hccs_lanes`` int16 lanes."""
+        return {"lanes": self.hccs_lanes, "n_max": self.n_max, "heads": self.heads}
+
     def parameters(self) -> dict[str, Any]:
         """Every parameter as plain data (for manifests, the firmware header and the host ``info()``)."""
         out = {k: getattr(self, k) for k in SCHEMA}

@@ -205,11 +205,23 @@ def test_parameters_a_unit_refuses_are_reported_with_the_board(tmp_path, capsys)
     assert "board sim" in err and "top 'hccs'" in err and "n_max: expected a positive multiple of lanes (8)" in err
 
 
-@pytest.mark.parametrize("top", ["array", "tile", "hccs", "soc"])
-def test_a_profile_without_rtl_is_refused_at_build_time_naming_the_key(tmp_path, capsys, top):
+@pytest.mark.parametrize("top", ["array", "tile", "soc"])
+def test_a_profile_without_tile_rtl_is_refused_at_build_time_naming_the_key(tmp_path, capsys, top):
     assert cli(["build", "--board", "sim_wide", "--top", top, "--no-pnr", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
-    assert "board sim_wide" in err and "key 'profile': 'wide' has no RTL yet" in err and len(err.splitlines()) == 1
+    assert "board sim_wide" in err and "key 'profile': 'wide' has no tile RTL yet" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_the_hccs_top_of_a_wide_board_is_the_wide_row_unit(tmp_path):
+    from somatile.hw.wide import WideNormaliser
+
+    cfg = boards.load("sim_wide")
+    unit = build.make_unit(cfg, "hccs")
+    unit._MustUse__silence = True  # inspected, not elaborated
+    assert isinstance(unit, WideNormaliser) and unit.config.lanes == cfg.hccs_lanes
+    assert cli(["build", "--board", "sim_wide", "--top", "hccs", "--no-pnr", "--out", str(tmp_path)]) == 0
+    assert "module somatile_hccs" in (tmp_path / "sim_wide" / "hccs" / "somatile_hccs.v").read_text()
 
 
 def test_a_tile_build_whose_extra_nextpnr_options_use_their_budget_is_run_again_without_them(tmp_path,
