@@ -620,9 +620,12 @@ def _soc_files(unit, out_dir: Path) -> list[Path]:
 
 def standard_builds(cfg: BoardConfig) -> list[tuple[BoardConfig, str]]:
     """What ``--all`` builds for a board: the tile array and the HCCS unit (and the SoC on an FPGA board with
-    a ``soc:`` section); an FPGA board with more than one tile also one decode tile alone (the clock target is the tile's; a lone tile places and routes in a
-    fraction of the array's time); on the ECP5 board also the HCCS unit at 4 and 16 lanes (the issue's
-    target is 8 lanes at >= 100 MHz there)."""
+    a ``soc:`` section); an FPGA board with more than one tile also one decode tile alone (the clock target is
+    the tile's; a lone tile places and routes in a fraction of the array's time); on the ECP5 board also the
+    HCCS unit at 4 and 16 lanes (the issue's target is 8 lanes at >= 100 MHz there) and the wide profile's row
+    unit. A board whose profile has no tile RTL yet builds its row unit only."""
+    if cfg.profile not in RTL_PROFILES:  # no tile RTL in this profile yet: its row unit only
+        return [(cfg, "hccs")]
     builds = [(cfg, "array")]
     if cfg.kind == "fpga" and cfg.n_tiles > 1:
         builds.append((cfg, "tile"))
@@ -632,6 +635,7 @@ def standard_builds(cfg: BoardConfig) -> list[tuple[BoardConfig, str]]:
     if cfg.kind == "fpga" and cfg.fpga["family"] == "ecp5":
         builds += [(cfg.with_overrides({"hccs_lanes": lanes}, "sweep"), "hccs") for lanes in (4, 16)
                    if lanes != cfg.hccs_lanes]
+        builds.append((cfg.with_overrides({"profile": "wide"}, "sweep"), "hccs"))  # the wide row unit
     return builds
 
 

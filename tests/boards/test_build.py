@@ -75,10 +75,12 @@ def test_pll_refuses_an_unreachable_target():
 
 def test_all_builds_the_array_a_lone_tile_the_hccs_unit_the_soc_and_a_lane_sweep_on_ecp5():
     jobs = build.standard_builds(boards.load("ulx3s_85f"))
-    assert [(c.hccs_lanes, top) for c, top in jobs] == [(8, "array"), (8, "tile"), (8, "hccs"), (8, "soc"),
-                                                         (4, "hccs"), (16, "hccs")]
+    assert [(c.hccs_lanes, c.profile, top) for c, top in jobs] == [
+        (8, "paper", "array"), (8, "paper", "tile"), (8, "paper", "hccs"), (8, "paper", "soc"), (4, "paper", "hccs"),
+        (16, "paper", "hccs"), (8, "wide", "hccs")]
     assert [top for _, top in build.standard_builds(boards.load("sim"))] == ["array", "hccs"]
     assert [top for _, top in build.standard_builds(boards.load("icebreaker"))] == ["array", "hccs"]
+    assert [top for _, top in build.standard_builds(boards.load("sim_wide"))] == ["hccs"]
 
 
 def test_bad_override_exits_with_a_message(tmp_path, capsys):
