@@ -21,25 +21,31 @@ Contract:
   every head's state in local memory (``heads * state_bytes / word`` cycles with ``s_axis_tready`` low), marks
   the heads unconfigured and clears the error and counters; the next frame starts from a clean state.
 - Elaboration raises ValueError when the heads' state plus the staging area do not fit ``local_memory_bytes``.
+
+Parts, each a component with its own contract and latency constants: the command front end
+(:mod:`~somatile.hw.tile_front`: header capture and checks, ``CHECK_SETTLE``), the head registers
+(:mod:`~somatile.hw.tile_heads`: ``CONFIG_SETTLE``, ``SELECT_LATENCY``), the register reader
+(:mod:`~somatile.hw.tile_regs`), the payload writer and clear sweep (:mod:`~somatile.hw.tile_payload`), the
+response streamer (:mod:`~somatile.hw.tile_response`), the decode unit and the normaliser
+(:mod:`~somatile.hw.soma`); the state machine here sequences them.
 """
 
 from __future__ import annotations
 
-import struct
-
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2 as log2
 
 from somatile.hw import regmap
-from somatile.hw.pipe import (Replicated, block_ram, delay, lut_mul, lut_mul_pipelined, reg, skid_buffer,
-                              split_mul)
-from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
+from somatile.hw.pipe import block_ram, delay, reg
+from somatile.hw.regmap import HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
-from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok
-from somatile.hw.tile_front import CHECK_SETTLE, CommandFront
-from somatile.hw.tile_regs import OK_LATENCY, VALUE_LATENCY, RegisterReader
+from somatile.hw.tile_front import CHECK_SETTLE, PARAMS_DELAY, CommandFront
+from somatile.hw.tile_heads import CONFIG_SETTLE, SELECT_LATENCY, HeadRegisters
+from somatile.hw.tile_payload import PayloadWriter
+from somatile.hw.tile_response import ResponseStreamer, header_wait
+from somatile.hw.tile_regs import VALUE_LATENCY, RegisterReader
 
 
 def stream_ports(stream_width: int) -> dict:
@@ -49,29 +55,20 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
-PARAM_INDEX_COPIES = 4  # copies of a head index that selects the head parameters (Tile.copied_fields)
-CONFIG_SETTLE = 8
-"""Cycles between a CONFIGURE_HEAD block's last beat and its execution: the beat's capture (the block's beats
-are written into its register one cycle after they arrive, from a registered one-hot enable), the rules'
-pipeline depth (RULES_LATENCY + 1), then the head's write enable in a register (it enables some 150
-flip-flops of the head's parameters)."""
-
-
 def expected_decode_cycles(params: TileParams, configs) -> int:
     """Cycles of a DECODE frame for heads with these configs (anything with ``normaliser`` and
     ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
     the first header beat is accepted through the cycle the last response beat is accepted: header beats,
-    ``CHECK_SETTLE`` settle cycles and a check cycle, payload beats, one execute cycle, per head one start
+    ``CHECK_SETTLE`` settle cycles (the front end's) and a check cycle, payload beats, one execute cycle, per head one start
     cycle and its decode step, response header and payload beats (as CYCLES_LAST counts them: up to the last
-    beat entering the output register slice, which presents it one cycle later). Independent of the sequence
-    position."""
+    beat entering the output register slice, which presents it one cycle later; a one-beat header waits
+    for the first word's read, the streamer's ``header_wait``). Independent of the sequence position."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
     intake = header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb
     steps = sum(expected_cycles(params, c.normaliser, c.hccs_mode) for c in configs)
     execute = 1 + steps + count
-    # A one-beat response header waits a cycle for the first word's read (resp_word_reg in Tile).
-    respond = header + (header == 1) + params.head_dim * count // sb
+    respond = header + header_wait(params) + params.head_dim * count // sb
     return intake + execute + respond
 
 
@@ -88,602 +85,466 @@ class Tile(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         p = self.params
-        SB, W, D = p.stream_bytes, p.word_bytes, p.head_dim
-        SW = 8 * SB
-        HB = regmap.HEADER_BYTES // SB
-        beats_per_word = W // SB
-        dw = D // W
-        state_words = regmap.state_bytes(p) // W
-        stage_word = p.heads * state_words
-        mem_words = p.local_memory_bytes // W
-        out_word = stage_word + 3 * p.heads * dw
+        mem_words = p.local_memory_bytes // p.word_bytes
         out_bytes = 2 if p.hccs_out == "int16" else 1
-
-        mem, rd = block_ram(m, "mem", unsigned(8 * W), mem_words)
+        info = regmap.info_values(p, self.tile_index)
+        mem, rd = block_ram(m, "mem", unsigned(8 * p.word_bytes), mem_words)
         wr = mem.write_port(granularity=8)
         m.submodules.decode = dec = SomaDecode(p, mem_words)
         m.submodules.norm = norm = RowNormaliser(p.n_max)
-
-        s_beat = self.s_axis_tvalid & self.s_axis_tready
-        # The response leaves through a register slice (hw/pipe.py skid_buffer): the FSM drives resp_valid,
-        # resp_data and resp_last; resp_ready is a register.
-        resp_valid, resp_last_beat, resp_data = Signal(), Signal(), Signal(self.params.stream_width)
-        resp_ready, out_valid, out_payload = skid_buffer(m, resp_valid, Cat(resp_data, resp_last_beat),
-                                                         self.m_axis_tready, "m_axis")
-        m.d.comb += [self.m_axis_tvalid.eq(out_valid), self.m_axis_tdata.eq(out_payload[:-1]),
-                     self.m_axis_tlast.eq(out_payload[-1])]
-        m_beat = resp_valid & resp_ready
-
         # Command header, its checks and the sizes it implies (hw/tile_front.py).
         m.submodules.front = front = CommandFront(p)
-        m.d.comb += [front.data.eq(self.s_axis_tdata)]
+        # Every head's parameters (hw/tile_heads.py); the header's head index bits once more, in copies written
+        # with the header's first beat (for the head parameter multiplexers).
+        m.submodules.heads = heads = HeadRegisters(p)
+        # The payload's beats and the clear sweep (hw/tile_payload.py).
+        m.submodules.payload = payload = PayloadWriter(p)
+        # The response (hw/tile_response.py): header beats, then memory words, the INFO words or HCCS rows.
+        m.submodules.response = resp = ResponseStreamer(p, info, out_bytes)
+        seq = _Sequencer(m, self, front, heads, payload, resp, dec, norm)
+
         fields = front.header
-        opcode, head, count, arg0, arg1 = fields.opcode, fields.head, fields.count, fields.arg0, fields.arg1
-        head_end, arg1_last, n_pad, rows_last = front.head_end, front.arg1_last, front.n_pad, front.rows_last
-        hccs_bytes, hccs_bytes_nonzero = front.hccs_bytes, front.hccs_bytes_nonzero
-        decode_out_bytes, decode_out_nonzero = front.decode_out_bytes, front.decode_out_nonzero
-        decode_out_words = front.decode_out_words
-        head_words, next_head_words, end_head_words = front.head_words, front.next_head_words, front.end_head_words
-        expected, last_beat_at, first_is_last = front.expected, front.last_beat_at, front.first_is_last
-        before_last_beat, check_error, check_failed = front.before_last_beat, front.check_error, front.check_failed
-        no_payload = front.no_payload
-        is_op = {op: front.is_op[op.name.lower()] for op in Opcode}
-        # The header's head index bits once more, in copies written with the header's first beat (for the
-        # head parameter multiplexers, below).
-        head_bits = max(1, (p.heads - 1).bit_length())
-        header_head = Replicated(head_bits, PARAM_INDEX_COPIES, "header_head")
-        settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
-        # One register, two roles that never overlap: from HEADER to the check, the frame ended with the
-        # header's last beat (tlast); in RESPOND_HEADER, the response presents its last header beat (set by
-        # start_response and the header beats).
-        header_last = Signal()
-
-        # Registers.
-        error_latched = Signal()
-        error_code = Signal(8)
-        error_opcode = Signal(8)
-        cycles_last = Signal(32)
-        cycles_run = Signal(32)
-        commands = Signal(32)
-        tokens = Signal(32)
-        scratch = Signal(32)
-        configured = Signal(p.heads)
-        head_regs = [[Signal(range(hp.hi + 1), name=f"head{h}_{hp.name}", init=hp.default) for hp in HEAD_PARAMS]
-                     for h in range(p.heads)]
-        m.d.comb += [self.error.eq(error_latched), front.configured.eq(configured)]
-
-        # Response fields.
-        resp_opcode = Signal(8)
-        resp_head = Signal(8)
-        resp_error = Signal(8)
-        resp_length = Signal(32)
-        # resp_length != 0, set with it (a 32-bit comparison in RESPOND_HEADER was in front of the response's
-        # and the HCCS command's registers).
-        resp_has_payload = Signal()
-
-        def set_length(value, nonzero):
-            m.d.sync += [resp_length.eq(value), resp_has_payload.eq(nonzero)]
-        resp_result = Signal(32)
-        response_header = Cat(Const(regmap.FRAME_MAGIC, 8), resp_opcode, resp_head, resp_error, resp_length,
-                              resp_result, Const(0, 32))
+        # The header head's parameters (the HCCS rule check reads three of them; the decode unit's parameters
+        # are loaded from them for its first head).
+        assert SELECT_LATENCY == PARAMS_DELAY
+        m.d.comb += [front.data.eq(self.s_axis_tdata), front.configured.eq(heads.configured),
+                     *[getattr(front, f"hccs_{n}").eq(v) for n, v in seq.selected.items()],
+                     heads.head.eq(fields.head), heads.block_data.eq(self.s_axis_tdata),
+                     heads.select.eq(self.s_axis_tdata[16:16 + heads.index_bits]), heads.block_we.eq(payload.block_we),
+                     heads.cur.eq(seq.cur), dec.head.eq(heads.cur_params)]
+        m.d.comb += [payload.expected.eq(front.expected), payload.last_beat_at.eq(front.last_beat_at),
+                     payload.first_is_last.eq(front.first_is_last), payload.before_last_beat.eq(front.before_last_beat),
+                     payload.base.eq(Mux(seq.is_op[Opcode.LOAD_STATE], front.head_words, seq.stage_word)),
+                     payload.data.eq(self.s_axis_tdata), payload.to_block.eq(seq.is_op[Opcode.CONFIGURE_HEAD]),
+                     payload.check_counters.eq(seq.is_op[Opcode.LOAD_STATE]), payload.clear_from.eq(front.head_words)]
+        m.d.comb += [resp.header.eq(Cat(Const(regmap.FRAME_MAGIC, 8), seq.resp_opcode, seq.resp_head, seq.resp_error,
+                                        seq.resp_length, seq.resp_result, Const(0, 32))),
+                     resp.has_payload.eq(seq.resp_has_payload), resp.rows.eq(seq.hccs_active),
+                     resp.info.eq(seq.is_op[Opcode.INFO]), resp.tlast.eq(self.s_axis_tlast), resp.rd_data.eq(rd.data),
+                     resp.m_axis_tready.eq(self.m_axis_tready), self.m_axis_tdata.eq(resp.m_axis_tdata),
+                     self.m_axis_tvalid.eq(resp.m_axis_tvalid), self.m_axis_tlast.eq(resp.m_axis_tlast),
+                     self.error.eq(seq.error_latched)]
 
         # Register read decode (hw/tile_regs.py): registered like every product and rule check on the captured
         # header, and read CHECK_SETTLE cycles after HEADER's last beat, when it describes this header.
-        info = regmap.info_values(p, self.tile_index)
-        globals_ = {"ID": regmap.ID_VALUE, "API_LEVEL": regmap.API_LEVEL, "STATUS": error_latched,
-                    "ERROR_CODE": error_code, "ERROR_OPCODE": error_opcode, "CYCLES_LAST": cycles_last,
-                    "COMMANDS": commands, "TOKENS": tokens, "CONFIGURED": configured, "SCRATCH": scratch}
+        globals_ = {"ID": regmap.ID_VALUE, "API_LEVEL": regmap.API_LEVEL, "STATUS": seq.error_latched,
+                    "ERROR_CODE": seq.error_code, "ERROR_OPCODE": seq.error_opcode, "CYCLES_LAST": seq.cycles_last,
+                    "COMMANDS": seq.commands, "TOKENS": seq.tokens, "CONFIGURED": heads.configured,
+                    "SCRATCH": seq.scratch}
         readable = ([(i * regmap.REGISTER_BYTES, globals_[name]) for i, (name, _, _) in
                      enumerate(regmap.GLOBAL_REGISTERS)]
                     + [(regmap.INFO_BASE + i * regmap.REGISTER_BYTES, value) for i, value in enumerate(info)]
-                    + [(regmap.head_register(h, i), head_regs[h][i]) for h in range(p.heads)
-                       for i in range(len(HEAD_PARAMS))])
+                    + [(regmap.head_register(h, i), heads.regs[h][hp.name]) for h in range(p.heads)
+                       for i, hp in enumerate(HEAD_PARAMS)])
         m.submodules.registers = registers = RegisterReader(
             [(a, v if isinstance(v, int) else None) for a, v in readable])
-        m.d.comb += [registers.address.eq(arg0), front.reg_ok.eq(registers.ok)]
+        m.d.comb += [registers.address.eq(fields.arg0), front.reg_ok.eq(registers.ok)]
         for port, value in zip(registers.live, [v for _, v in readable if not isinstance(v, int)]):
             m.d.comb += port.eq(value)
         # The value is read in EXECUTE, at least one cycle after CHECK.
-        reg_value = registers.value
+        seq.reg_value = registers.value
         assert VALUE_LATENCY <= CHECK_SETTLE + 1
 
-        last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
+        seq.drive_normaliser(rd)
+        # Decode unit: addresses, memory ports. The current head's addresses advance with cur (no multiplier
+        # between cur and the decode unit).
+        m.d.comb += [dec.state_base.eq(seq.dec_state_base), dec.stage_base.eq(seq.dec_stage_base),
+                     dec.out_base.eq(seq.dec_out_base), dec.rd_data.eq(rd.data), dec.start.eq(seq.dec_start)]
+        # Memory port defaults: the read address follows the response stream; writes come from the payload,
+        # the clear sweep or the decode unit. The read address is selected by flags kept in registers beside
+        # the state (the decode unit's busy, fetching HCCS rows, the response's own): decoded from the state and
+        # counters, the selection was in front of the block RAMs' address inputs.
+        m.d.comb += [rd.addr.eq(Mux(dec.busy, dec.rd_addr, Mux(seq.fetching, seq.fetch_addr, resp.rd_addr))),
+                     wr.addr.eq(Mux(dec.busy, dec.wr_addr, payload.wr_addr)),
+                     wr.data.eq(Mux(dec.busy, dec.wr_data, payload.wr_data)),
+                     wr.en.eq(Mux(dec.busy, dec.wr_en, payload.wr_en))]
 
-        def head_field(h_index, name):
-            """Parameter ``name`` of head ``h_index``, selected by the index bits a valid head uses (a head
-            out of range is refused before its parameters are used)."""
-            regs = [head_regs[h][HEAD_INDEX[name]] for h in range(p.heads)]
-            return regs[0] if p.heads == 1 else Array(regs)[h_index[:head_bits]]
+        with m.FSM(init="CLEAR") as fsm:
+            m.d.comb += heads.decoding.eq(fsm.ongoing("DECODE") | fsm.ongoing("DECODE_NEXT"))
+            seq.intake_states()
+            seq.execute_states()
+            seq.response_states()
+            seq.hccs_states()
+        return m
 
-        def copied_fields(copies: Replicated, prefix: str) -> dict:
-            """Every head parameter of the head ``copies`` hold, registered: each copy of the index steers a
-            share of the parameters (one index reaching them all would span the die)."""
-            share = -(-len(HEAD_PARAMS) // PARAM_INDEX_COPIES)
-            return {hp.name: reg(m, head_field(copies.copy(i // share), hp.name), f"{prefix}_{hp.name}")
-                    for i, hp in enumerate(HEAD_PARAMS)}
 
-        # The header head's parameters, registered (the HCCS rule check reads three of them; the decode unit's
-        # parameters are loaded from them for its first head, below).
-        head_params = copied_fields(header_head, "head_p")
-        selected = {n: head_params[f"hccs_{n}"] for n in ("B", "S", "dmax")}
-        m.d.comb += [getattr(front, f"hccs_{n}").eq(v) for n, v in selected.items()]
+class _Sequencer:
+    """The tile's command sequencing: its registers (error, counters, the response's fields, the decode loop
+    over heads, the HCCS rows) and the states of its state machine, which steer the parts (front end, head
+    registers, payload writer, response streamer, decode unit, normaliser)."""
 
-        # CONFIGURE_HEAD: the parameter block as received, its range checks and the SomaConfig rules.
-        config_bytes = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
-        config = Signal(8 * config_bytes, reset_less=True)  # applied only through head_we (reset)
-        config_values = [config.word_select(i, 32) for i in range(len(HEAD_PARAMS))]
-        # Each range check registered on its own, their AND RULES_LATENCY - 1 cycles later (like the HCCS rules).
-        ranges_ok = reg(m, Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]),
-                        "ranges").all()
-        cv = {hp.name: v for hp, v in zip(HEAD_PARAMS, config_values)}
-        choice = {name: HEAD_PARAMS[HEAD_INDEX[name]].choices for name in ("gating", "field_source", "normaliser")}
-        gating_ok = (cv["gating"] != choice["gating"].index("query")) | \
-                    (cv["field_source"] == choice["field_source"].index("values"))
-        uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
-        config_hccs_ok = rules_ok(m, "config_hccs_ok", cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8],
-                                  p.slots)
-        ranges_ok = delay(m, ranges_ok, RULES_LATENCY - 1)
-        gating_ok, uses_hccs = (delay(m, v, RULES_LATENCY) for v in (gating_ok, uses_hccs))
-        # RULES_LATENCY + 2 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles.
-        config_ok = reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")
-        # One-hot: head h's parameters are written in this cycle (CONFIGURE_HEAD's EXECUTE cycle); set in the
-        # last CONFIG_SETTLE cycle, so that the enable of the head's registers comes from one flip-flop.
-        head_we = Signal(p.heads)
-        m.d.sync += head_we.eq(0)
-        for h in range(p.heads):
-            with m.If(head_we[h]):
-                m.d.sync += [r.eq(value) for r, value in zip(head_regs[h], config_values)] + [configured[h].eq(1)]
+    def __init__(self, m, tile: Tile, front, heads, payload, resp, dec, norm):
+        self.m, self.tile, self.front, self.heads, self.payload, self.resp = m, tile, front, heads, payload, resp
+        self.dec, self.norm = dec, norm
+        p = self.p = tile.params
+        W = p.word_bytes
+        self.state_words = regmap.state_bytes(p) // W
+        self.stage_word = p.heads * self.state_words
+        mem_words = p.local_memory_bytes // W
+        self.out_word = self.stage_word + 3 * p.heads * (p.head_dim // W)
+        self.out_bytes = 2 if p.hccs_out == "int16" else 1
+        self.is_op = {op: front.is_op[op.name.lower()] for op in Opcode}
+        self.selected = {n: heads.header_params[f"hccs_{n}"] for n in ("B", "S", "dmax")}
+        self.s_beat = tile.s_axis_tvalid & tile.s_axis_tready
+        self.settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
+        self.reg_value = None  # the register reader's value (Tile.elaborate)
 
-        # Error latch.
-        def fail(code, detail=0, echo=True):
-            m.d.sync += [resp_error.eq(code), resp_result.eq(detail)]
-            set_length(0, 0)
-            if not echo:
-                m.d.sync += [resp_opcode.eq(0), resp_head.eq(0)]
-            with m.If(~error_latched):
-                m.d.sync += [error_latched.eq(1), error_code.eq(code), error_opcode.eq(opcode if echo else 0)]
+        # Registers.
+        self.error_latched = Signal()
+        self.error_code = Signal(8)
+        self.error_opcode = Signal(8)
+        self.cycles_last = Signal(32)
+        self.cycles_run = Signal(32)
+        self.commands = Signal(32)
+        self.tokens = Signal(32)
+        self.scratch = Signal(32)
+        m.d.sync += self.cycles_run.eq(self.cycles_run + 1)
 
-        # The block's beats are captured a cycle after they arrive: the beat, and a one-hot enable of the
-        # word it fills, in registers (decoded from the state, the opcode and the byte counter in the same
-        # cycle, the enables of the 600-odd flip-flops of the block were among the tile's longest paths).
-        config_beats = config_bytes // SB
-        config_we_now = Signal(config_beats)
-        config_we = reg(m, config_we_now, "config_we")  # no reset: config is applied only through head_we
-        config_data = reg(m, self.s_axis_tdata, "config_data")
-        for i in range(config_beats):
-            with m.If(config_we[i]):
-                m.d.sync += config.word_select(i, SW).eq(config_data)
+        # Response fields.
+        self.resp_opcode = Signal(8)
+        self.resp_head = Signal(8)
+        self.resp_error = Signal(8)
+        self.resp_length = Signal(32)
+        # resp_length != 0, set with it (a 32-bit comparison in RESPOND_HEADER was in front of the response's
+        # and the HCCS command's registers).
+        self.resp_has_payload = Signal()
+        self.resp_result = Signal(32)
+        self.pending_error = Signal(8)
+        self.load_length_ok = Signal()
 
-        # The payload's and the clear sweep's writes reach the memory a cycle late, from registers (host_*):
-        # the state, the opcode and the byte counter decoded in front of the block RAMs' write ports were the
-        # tile's longest paths. Nothing reads a word in the cycle after it is written by them.
-        host_addr, host_data, host_en = Signal.like(wr.addr), Signal.like(wr.data), Signal.like(wr.en)
-        host = {name: reg(m, value, f"host_{name}", reset_less=name != "en") for name, value in
-                (("addr", host_addr), ("data", host_data), ("en", host_en))}
-
-        # Byte counter of the payload and where its beats go.
-        byte_count = Signal(32)
-        # byte_count < expected, kept in a register beside byte_count (it gates the memory's write port, where a
-        # 32-bit comparison in the same cycle was among the longest paths of the ECP5 tile).
-        in_payload = Signal()
-        payload_addr = Signal(range(mem_words + 1))   # word the next payload beat goes to
-        counters_bad = Signal()
-        load_length_ok = Signal()
-        at_last_beat = Signal()
-        counter_offset = dict((n, o) for n, o, _, _ in regmap.state_layout(p))["counters"]
-        counter_limits = (p.ring - 1, p.ring, (1 << 31) - 1)
-        beat_counters_bad = Signal()
-        for i, limit in enumerate(counter_limits):
-            offset = counter_offset + 4 * i
-            value = self.s_axis_tdata.word_select((offset % SB) // 4, 32)
-            with m.If((byte_count == offset - offset % SB) & (value > limit)):
-                m.d.comb += beat_counters_bad.eq(1)
-
-        # The decode loop over heads and the memory clear sweep.
-        cur = Signal(8)
-        last = Signal(8)
-        cur_is_last = reg(m, cur == last, "cur_is_last")  # cur and last change long before a step's done
-        # The decode unit's head parameters come from registers (cur_params), not through the head multiplexer
-        # from cur: that path would fan out to the decode unit's parameter registers across the die, and an
-        # enable from the command decoding would reach them as far. They load every cycle, in
-        # DECODE and DECODE_NEXT those of cur + 1 (registered twice behind cur), else those of the header's
-        # head (registered; the header is decoded cycles before EXECUTE). The unit samples them in DECODE_NEXT,
-        # the cycle after cur was set; they were loaded at that same edge (in EXECUTE for the first head, from
-        # cur + 1 of the previous head for the others) and change at the earliest at the sampling edge. The
-        # normaliser takes its parameters from the unit's sampled copies (n_B, ...), held for the whole step.
-        cur_next = reg(m, cur + 1, "cur_next", cur.shape())
-        cur_next_index = Replicated(head_bits, PARAM_INDEX_COPIES, "cur_next_index")
-        m.d.sync += cur_next_index.eq(cur + 1)
-        next_params = copied_fields(cur_next_index, "next_p")
-        cur_params = {hp.name: Signal(range(hp.hi + 1), name=f"cur_{hp.name}") for hp in HEAD_PARAMS}
-        decoding = Signal()
-        m.d.sync += [cur_params[n].eq(Mux(decoding, next_params[n], head_params[n])) for n in cur_params]
-
-        # The sweep clears [clear_word, clear_end): after reset every head's state (the reset values), else the
-        # range CLEAR is entered with. clear_last (the word being cleared is the last one) is kept in a register:
-        # every sweep covers at least one head's state, which is more than one word.
-        assert state_words >= 2
-        clear_word = Signal(range(mem_words + 1))
-        clear_end = Signal(range(mem_words + 1), init=p.heads * state_words)
-        after_reset = Signal(init=1)
-        clear_last = Signal()
-
-        def enter_clear(end, error):
-            m.d.sync += [clear_word.eq(head_words), clear_end.eq(end), pending_error.eq(error),
-                         after_reset.eq(0), clear_last.eq(0)]
-            m.next = "CLEAR"
-        pending_error = Signal(8)
-
-        # Response payload streaming: memory words (READ_STATE, DECODE), INFO words, or HCCS rows.
-        resp_beat = Signal(range(HB + 1))
-        resp_word = Signal(range(mem_words + 1))
-        resp_last_word = Signal(signed(len(Const(mem_words)) + 1))
-        word_beat = Signal(range(beats_per_word + 1))
-        info_bytes = struct.pack(f"<{len(info)}I", *info)
-        info_beats = regmap.padded(len(info_bytes)) // SB
-        info_payload = Const(int.from_bytes(info_bytes, "little"), 8 * SB * info_beats)
-        info_beat = Signal(range(info_beats + 1))
+        # The decode loop over heads.
+        self.cur = Signal(8)
+        self.last = Signal(8)
+        self.cur_is_last = reg(m, self.cur == self.last, "cur_is_last")  # cur and last change long before a step's done
+        # The decode unit's head parameters come from registers (heads.cur_params, hw/tile_heads.py), not
+        # through the head multiplexer from cur. They load every cycle, in DECODE and DECODE_NEXT those of
+        # cur + 1 (registered NEXT_LATENCY times behind cur), else those of the header's head (registered; the
+        # header is decoded cycles before EXECUTE). The unit samples them in DECODE_NEXT, the cycle after cur
+        # was set; they were loaded at that same edge (in EXECUTE for the first head, from cur + 1 of the
+        # previous head for the others) and change at the earliest at the sampling edge. The normaliser takes
+        # its parameters from the unit's sampled copies (n_B, ...), held for the whole step.
+        self.cur_next = reg(m, self.cur + 1, "cur_next", self.cur.shape())
+        self.dec_state_base = Signal(range(mem_words))
+        self.dec_stage_base = Signal(range(mem_words))
+        self.dec_out_base = Signal(range(mem_words))
+        self.dec_start = Signal()
 
         # HCCS rows: row r's bytes sit at stage_word + r * n_pad / W; the output is packed into beats.
-        row = Signal(32)
-        row_index = Signal(range(regmap.padded(p.n_max) + 1))
-        elems_per_beat = SB // out_bytes
-        beat_data = Signal(SW)
-        beat_fill = Signal(range(elems_per_beat + 1))
-        hccs_active = Signal()
-        row_start = Signal(32)
-        fetch_valid = Signal()
-        fetch_elem = Signal(32)
-        m.d.sync += last_row.eq(row == rows_last)
-        row_done = Signal()
-        fetch_addr = Signal(range(mem_words + 1))
+        self.hccs_active = Signal()
+        self.row = Signal(32)
+        self.row_index = Signal(range(regmap.padded(p.n_max) + 1))
+        self.row_start = Signal(32)
+        self.fetch_valid = Signal()
+        self.fetch_elem = Signal(32)
+        self.last_row = Signal()   # row == rows_last, registered (row changes many cycles before it is read)
+        m.d.sync += self.last_row.eq(self.row == front.rows_last)
+        self.row_done = Signal()
+        self.fetch_addr = Signal(range(mem_words + 1))
+        self.fetching = Signal()
         # The next row's first element and word, in registers (row_start changes a row's length of cycles
         # before they are read): as two adders in front of the fetch registers they would not fit a cycle.
-        next_row_start = reg(m, row_start + n_pad, "next_row_start", 32)
-        next_row_addr = reg(m, stage_word + (next_row_start >> log2(W)), "next_row_addr", range(mem_words + 1))
-        fetched_lane = reg(m, fetch_elem[:log2(W)], "fetched_lane")
+        self.next_row_start = reg(m, self.row_start + front.n_pad, "next_row_start", 32)
+        self.next_row_addr = reg(m, self.stage_word + (self.next_row_start >> log2(W)), "next_row_addr",
+                                 range(mem_words + 1))
+        self.fetched_lane = reg(m, self.fetch_elem[:log2(W)], "fetched_lane")
+        self.hccs_start = Signal()
+        self.hccs_row_we = Signal()
+        self.hccs_prob_index = Signal(range(p.n_max + 1))
 
-        # Normaliser: driven by the decode unit, or by the HCCS command (the members it drives, below).
-        hccs_start = Signal()
-        hccs_row_we = Signal()
-        hccs_prob_index = Signal(range(p.n_max + 1))
+    def drive_normaliser(self, rd):
+        """The normaliser's inputs: the decode unit's, or the HCCS command's (the members it drives)."""
+        m, norm, dec = self.m, self.norm, self.dec
         # The HCCS command's row writes (and its start, after the last) reach the normaliser two cycles late,
         # from registers: the memory word is registered as it leaves the block RAM, the byte selected out of
         # it the next cycle, and the write follows.
         fetched_word = reg(m, rd.data, "fetched_word")
-        late_x = reg(m, fetched_word.word_select(delay(m, fetched_lane, 1), 8), "late_x")
-        late_start, late_we = (delay(m, v, 2, reset_less=False) for v in (hccs_start, hccs_row_we))
-        late_index = delay(m, row_index, 2)
+        late_x = reg(m, fetched_word.word_select(delay(m, self.fetched_lane, 1), 8), "late_x")
+        late_start, late_we = (delay(m, v, 2, reset_less=False) for v in (self.hccs_start, self.hccs_row_we))
+        late_index = delay(m, self.row_index, 2)
         # The HCCS command's parameters from the registers its rule check reads (the exp head is never asked for
         # there), a decode step's from the decode unit: no head multiplexer in front of the normaliser. The
         # exp multiplier is a decode step's only.
-        hccs_drive = {"start": late_start, "count": arg1, "use_exp": 0, "clb": head_field(head, "hccs_mode") == 1,
-                      "out16": out_bytes == 2, "row_we": late_we, "row_index": late_index, "row_x": late_x,
-                      "row_valid": 1, "prob_index": hccs_prob_index, **selected}
+        hccs_drive = {"start": late_start, "count": self.front.header.arg1, "use_exp": 0,
+                      "clb": self.heads.hccs_mode == 1, "out16": self.out_bytes == 2, "row_we": late_we,
+                      "row_index": late_index, "row_x": late_x, "row_valid": 1, "prob_index": self.hccs_prob_index,
+                      **self.selected}
         for name, member in norm.signature.members.items():
             if member.flow == wiring.In:  # into the normaliser
                 source = getattr(dec.norm, name)
-                m.d.comb += getattr(norm, name).eq(Mux(hccs_active, hccs_drive[name], source)
+                m.d.comb += getattr(norm, name).eq(Mux(self.hccs_active, hccs_drive[name], source)
                                                    if name in hccs_drive else source)
             else:
                 m.d.comb += getattr(dec.norm, name).eq(getattr(norm, name))
 
-        # Decode unit: parameters of the current head, addresses, memory ports.
-        m.d.comb += [dec.head[hp.name].eq(cur_params[hp.name]) for hp in HEAD_PARAMS]
-        # The current head's addresses advance with cur (no multiplier between cur and the decode unit).
-        dec_state_base = Signal(range(mem_words))
-        dec_stage_base = Signal(range(mem_words))
-        dec_out_base = Signal(range(mem_words))
-        m.d.comb += [dec.state_base.eq(dec_state_base), dec.stage_base.eq(dec_stage_base),
-                     dec.out_base.eq(dec_out_base), dec.rd_data.eq(rd.data)]
-        dec_start = Signal()
-        m.d.comb += dec.start.eq(dec_start)
+    def set_length(self, value, nonzero):
+        self.m.d.sync += [self.resp_length.eq(value), self.resp_has_payload.eq(nonzero)]
 
-        # Memory port defaults: the read address follows the response stream; writes come from the payload,
-        # the clear sweep or the decode unit.
-        # The response's memory words leave the block RAM into a register (resp_word_reg, the word whose beats
-        # are being sent) and the block RAM already holds the next one at its output: the beats are selected
-        # from a register, not from the block RAM's output (whose clock-to-output alone is over half a cycle
-        # on the ECP5). Read pointer: resp_addr (the word the block RAM shows, to be loaded next) and
-        # resp_addr + 1 in registers; the pointer steps when a word's last beat leaves (or the header's,
-        # loading the first word). The read address is selected by flags kept in registers beside the state
-        # (responding with memory words, fetching HCCS rows, the last beat of a word, the header's last beat):
-        # decoded from the state and counters, the selection was in front of the block RAMs' address inputs.
-        words_state, fetching, word_last, at_last_word = Signal(), Signal(), Signal(), Signal()
-        header_hold = Signal()     # one-beat header of a word response: its first cycle waits for the read
-        resp_addr = Signal(range(mem_words + 2))
-        resp_addr_next = Signal(range(mem_words + 3))
-        resp_word_reg = Signal(8 * W)
-        step = resp_ready & Mux(words_state, word_last, header_last)
-        # After a step the block RAM shows the next word one cycle late; with two or more beats per word the
-        # next step is at least two cycles later, so the read address is the pointer itself (no path from the
-        # output handshake to the block RAMs' address inputs). With one beat per word it steps ahead.
-        resp_read = Mux(step, resp_addr_next, resp_addr) if beats_per_word == 1 else resp_addr
-        m.d.comb += rd.addr.eq(Mux(dec.busy, dec.rd_addr, Mux(fetching, fetch_addr, resp_read)))
-        with m.If(step):
-            m.d.sync += [resp_word_reg.eq(rd.data), resp_addr.eq(resp_addr_next),
-                         resp_addr_next.eq(resp_addr_next + 1)]
-        m.d.comb += [wr.addr.eq(Mux(dec.busy, dec.wr_addr, host["addr"])),
-                     wr.data.eq(Mux(dec.busy, dec.wr_data, host["data"])),
-                     wr.en.eq(Mux(dec.busy, dec.wr_en, host["en"]))]
+    def fail(self, code, detail=0, echo=True):
+        """The response reports error ``code`` (``detail`` in its result); the error latch keeps the first."""
+        m = self.m
+        m.d.sync += [self.resp_error.eq(code), self.resp_result.eq(detail)]
+        self.set_length(0, 0)
+        if not echo:
+            m.d.sync += [self.resp_opcode.eq(0), self.resp_head.eq(0)]
+        with m.If(~self.error_latched):
+            m.d.sync += [self.error_latched.eq(1), self.error_code.eq(code),
+                         self.error_opcode.eq(self.front.header.opcode if echo else 0)]
 
-        m.d.sync += cycles_run.eq(cycles_run + 1)
+    def fail_pending(self):
+        """Report the error found before the frame's end (a BAD_LENGTH with the expected length)."""
+        self.fail(self.pending_error, Mux(self.pending_error == ErrorCode.BAD_LENGTH, self.front.expected, 0))
 
-        def start_response(words=0, base=0):
-            # A one-beat header of a word response is held a cycle: the first word is read in the first
-            # cycle and loaded into resp_word_reg as the header's beat leaves.
-            hold = Value.cast(words) != 0 if HB == 1 else Const(0)
-            m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0),
-                         resp_last_word.eq(words - 1), resp_addr.eq(base), resp_addr_next.eq(base + 1),
-                         word_last.eq(beats_per_word == 1), at_last_word.eq(words == 1),
-                         header_hold.eq(hold), header_last.eq(~hold if HB == 1 else 0)]
-            m.next = "RESPOND_HEADER"
+    def enter_clear(self, end, error):
+        """The sweep clears [head_words, end), then the response reports ``error`` (0: none)."""
+        self.m.d.comb += [self.payload.clear_start.eq(1), self.payload.clear_to.eq(end)]
+        self.m.d.sync += self.pending_error.eq(error)
+        self.m.next = "CLEAR"
 
-        def finish():
-            m.d.sync += [cycles_last.eq(cycles_run + 1), commands.eq(commands + 1)]
-            m.d.comb += front.restart.eq(1)
-            m.next = "HEADER"
+    def start_response(self, words=0, base=0):
+        self.m.d.comb += [self.resp.start.eq(1), self.resp.words.eq(words), self.resp.base.eq(base)]
+        self.m.next = "RESPOND_HEADER"
 
-        with m.FSM(init="CLEAR") as fsm:
-            m.d.comb += decoding.eq(fsm.ongoing("DECODE") | fsm.ongoing("DECODE_NEXT"))
-            with m.State("CLEAR"):
-                # After reset, and for RESET_STATE / a faulting LOAD_STATE: zero [clear_word, clear_end).
-                m.d.comb += [host_addr.eq(clear_word), host_data.eq(0), host_en.eq((1 << W) - 1)]
-                m.d.sync += [clear_word.eq(clear_word + 1), clear_last.eq(clear_word + 2 >= clear_end)]
-                with m.If(clear_last):
-                    with m.If(after_reset):
-                        m.d.comb += front.restart.eq(1)
-                        m.next = "HEADER"
+    def finish(self):
+        self.m.d.sync += [self.cycles_last.eq(self.cycles_run + 1), self.commands.eq(self.commands + 1)]
+        self.m.d.comb += self.front.restart.eq(1)
+        self.m.next = "HEADER"
+
+    def intake_states(self):
+        """CLEAR, then a frame's header, its check, its payload (or the drain of a refused frame)."""
+        m, tile, front, payload, is_op, settle = self.m, self.tile, self.front, self.payload, self.is_op, self.settle
+        fail, start_response, enter_clear = self.fail, self.start_response, self.enter_clear
+        expected = front.expected
+        # One register (resp.header_last), two roles that never overlap: from HEADER to the check, the frame
+        # ended with the header's last beat (tlast); in RESPOND_HEADER, the response presents its last header
+        # beat.
+        header_last = self.resp.header_last
+        with m.State("CLEAR"):
+            # After reset, and for RESET_STATE / a faulting LOAD_STATE: zero the sweep's range.
+            m.d.comb += payload.clearing.eq(1)
+            with m.If(payload.clear_last):
+                with m.If(payload.after_reset):
+                    m.d.comb += front.restart.eq(1)
+                    m.next = "HEADER"
+                with m.Else():
+                    with m.If(self.pending_error != 0):
+                        self.fail_pending()
+                    start_response()
+
+        with m.State("HEADER"):
+            m.d.comb += [tile.s_axis_tready.eq(1), front.beat.eq(self.s_beat)]
+            with m.If(self.s_beat):
+                with m.If(front.first_beat):
+                    m.d.sync += self.cycles_run.eq(1)
+                    m.d.comb += self.heads.select_we.eq(1)
+                with m.If(front.last_beat):
+                    m.d.comb += self.resp.capture_last.eq(1)
+                    m.d.sync += settle.eq(0)
+                    m.next = "SETTLE"
+                with m.Elif(tile.s_axis_tlast):
+                    m.d.sync += [self.resp_opcode.eq(0), self.resp_head.eq(0)]
+                    fail(ErrorCode.BAD_LENGTH, 0, echo=False)
+                    start_response()
+
+        with m.State("SETTLE"):
+            m.d.sync += settle.eq(settle + 1)
+            with m.If(settle == CHECK_SETTLE - 1):
+                m.next = "CHECK"
+
+        with m.State("CHECK"):
+            m.d.sync += [self.resp_opcode.eq(front.header.opcode), self.resp_head.eq(front.header.head),
+                         self.resp_error.eq(0), self.resp_result.eq(0)]
+            m.d.comb += payload.begin.eq(1)
+            self.set_length(0, 0)
+            with m.If(front.check_failed):
+                with m.If(header_last):
+                    fail(front.check_error, Mux(front.check_error == ErrorCode.BAD_LENGTH, expected, 0))
+                    start_response()
+                with m.Else():
+                    m.d.sync += self.pending_error.eq(front.check_error)
+                    m.next = "DRAIN"
+            with m.Elif(header_last != front.no_payload):
+                # The frame ends where the payload should start, or carries one the opcode forbids.
+                with m.If(header_last):
+                    with m.If(is_op[Opcode.LOAD_STATE]):
+                        enter_clear(front.next_head_words, ErrorCode.BAD_LENGTH)
                     with m.Else():
-                        with m.If(pending_error != 0):
-                            fail(pending_error, Mux(pending_error == ErrorCode.BAD_LENGTH, expected, 0))
+                        fail(ErrorCode.BAD_LENGTH, expected)
                         start_response()
+                with m.Else():
+                    m.d.sync += self.pending_error.eq(ErrorCode.BAD_LENGTH)
+                    m.next = "DRAIN"
+            with m.Else():
+                m.d.comb += payload.base_we.eq(1)
+                with m.If(header_last):
+                    m.next = "EXECUTE"
+                with m.Else():
+                    m.next = "PAYLOAD"
 
-            with m.State("HEADER"):
-                m.d.comb += self.s_axis_tready.eq(1)
-                m.d.comb += front.beat.eq(s_beat)
-                with m.If(s_beat):
-                    with m.If(front.first_beat):
-                        m.d.sync += [cycles_run.eq(1), *header_head.eq(self.s_axis_tdata[16:16 + head_bits])]
-                    with m.If(front.last_beat):
-                        m.d.sync += header_last.eq(self.s_axis_tlast)
+        with m.State("PAYLOAD"):
+            m.d.comb += [tile.s_axis_tready.eq(1), payload.beat.eq(self.s_beat)]
+            with m.If(self.s_beat & tile.s_axis_tlast):
+                length_ok = payload.at_last_beat
+                with m.If(is_op[Opcode.LOAD_STATE]):
+                    # Decided in LOAD_CHECK from registers (the last beat's counter check included).
+                    m.d.sync += self.load_length_ok.eq(length_ok)
+                    m.next = "LOAD_CHECK"
+                with m.Elif(length_ok):
+                    m.next = "EXECUTE"
+                    with m.If(is_op[Opcode.CONFIGURE_HEAD]):
                         m.d.sync += settle.eq(0)
-                        m.next = "SETTLE"
-                    with m.Elif(self.s_axis_tlast):
-                        m.d.sync += [resp_opcode.eq(0), resp_head.eq(0)]
-                        fail(ErrorCode.BAD_LENGTH, 0, echo=False)
-                        start_response()
-
-            with m.State("SETTLE"):
-                m.d.sync += settle.eq(settle + 1)
-                with m.If(settle == CHECK_SETTLE - 1):
-                    m.next = "CHECK"
-
-            with m.State("CHECK"):
-                m.d.sync += [resp_opcode.eq(opcode), resp_head.eq(head), resp_error.eq(0), resp_result.eq(0),
-                             byte_count.eq(0), in_payload.eq(expected > 0), counters_bad.eq(0),
-                             at_last_beat.eq(first_is_last)]
-                set_length(0, 0)
-                with m.If(check_failed):
-                    with m.If(header_last):
-                        fail(check_error, Mux(check_error == ErrorCode.BAD_LENGTH, expected, 0))
-                        start_response()
-                    with m.Else():
-                        m.d.sync += pending_error.eq(check_error)
-                        m.next = "DRAIN"
-                with m.Elif(header_last != no_payload):
-                    # The frame ends where the payload should start, or carries one the opcode forbids.
-                    with m.If(header_last):
-                        with m.If(is_op[Opcode.LOAD_STATE]):
-                            enter_clear(next_head_words, ErrorCode.BAD_LENGTH)
-                        with m.Else():
-                            fail(ErrorCode.BAD_LENGTH, expected)
-                            start_response()
-                    with m.Else():
-                        m.d.sync += pending_error.eq(ErrorCode.BAD_LENGTH)
-                        m.next = "DRAIN"
+                        m.next = "CONFIG_SETTLE"
                 with m.Else():
-                    m.d.sync += payload_addr.eq(Mux(is_op[Opcode.LOAD_STATE], head_words, stage_word))
-                    with m.If(header_last):
-                        m.next = "EXECUTE"
-                    with m.Else():
-                        m.next = "PAYLOAD"
+                    fail(ErrorCode.BAD_LENGTH, expected)
+                    start_response()
 
-            with m.State("PAYLOAD"):
-                m.d.comb += self.s_axis_tready.eq(1)
-                with m.If(s_beat):
-                    # byte_count + SB < expected, i.e. byte_count < expected - SB: no adder before the comparison.
-                    m.d.sync += [byte_count.eq(byte_count + SB), in_payload.eq(byte_count < last_beat_at),
-                                 at_last_beat.eq(byte_count == before_last_beat)]
-                    with m.If(in_payload):
-                        with m.If(is_op[Opcode.CONFIGURE_HEAD]):
-                            m.d.comb += config_we_now.eq(Const(1, config_beats) << (byte_count[:8] >> log2(SB)))
-                        with m.Else():
-                            lane = (byte_count >> log2(SB)) % beats_per_word if beats_per_word > 1 else 0
-                            with m.If(lane == beats_per_word - 1):
-                                m.d.sync += payload_addr.eq(payload_addr + 1)
-                            m.d.comb += [host_addr.eq(payload_addr),
-                                         host_data.eq(Cat(*[self.s_axis_tdata] * beats_per_word)),
-                                         host_en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
-                        with m.If(is_op[Opcode.LOAD_STATE] & beat_counters_bad):
-                            m.d.sync += counters_bad.eq(1)
-                    with m.If(self.s_axis_tlast):
-                        length_ok = at_last_beat
-                        with m.If(is_op[Opcode.LOAD_STATE]):
-                            # Decided in LOAD_CHECK from registers (the last beat's counter check included).
-                            m.d.sync += load_length_ok.eq(length_ok)
-                            m.next = "LOAD_CHECK"
-                        with m.Elif(length_ok):
-                            m.next = "EXECUTE"
-                            with m.If(is_op[Opcode.CONFIGURE_HEAD]):
-                                m.d.sync += settle.eq(0)
-                                m.next = "CONFIG_SETTLE"
-                        with m.Else():
-                            fail(ErrorCode.BAD_LENGTH, expected)
-                            start_response()
+        with m.State("LOAD_CHECK"):
+            with m.If(~self.load_length_ok | payload.counters_bad):
+                enter_clear(front.next_head_words,
+                            Mux(self.load_length_ok, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_LENGTH))
+            with m.Else():
+                m.next = "EXECUTE"
 
-            with m.State("LOAD_CHECK"):
-                with m.If(~load_length_ok | counters_bad):
-                    enter_clear(next_head_words, Mux(load_length_ok, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_LENGTH))
+        with m.State("CONFIG_SETTLE"):
+            m.d.sync += settle.eq(settle + 1)
+            with m.If(settle == CONFIG_SETTLE - 1):
+                m.d.comb += self.heads.commit.eq(1)
+                m.next = "EXECUTE"
+
+        with m.State("DRAIN"):
+            m.d.comb += tile.s_axis_tready.eq(1)
+            with m.If(self.s_beat & tile.s_axis_tlast):
+                self.fail_pending()
+                start_response()
+
+    def execute_states(self):
+        """EXECUTE (a command's one cycle, or the start of its decode loop or clear sweep) and the decode loop."""
+        m, front, is_op, start_response, set_length = self.m, self.front, self.is_op, self.start_response, self.set_length
+        p, dec = self.p, self.dec
+        dw = p.head_dim // p.word_bytes
+        with m.State("EXECUTE"):
+            with m.If(is_op[Opcode.INFO]):
+                set_length(self.resp.info_beats * p.stream_bytes, self.resp.info_beats > 0)
+                start_response()
+            with m.Elif(is_op[Opcode.REG_READ]):
+                m.d.sync += self.resp_result.eq(self.reg_value)
+                start_response()
+            with m.Elif(is_op[Opcode.REG_WRITE]):
+                m.d.sync += self.scratch.eq(front.header.arg1)
+                start_response()
+            with m.Elif(is_op[Opcode.CLEAR_ERROR]):
+                m.d.sync += [self.error_latched.eq(0), self.error_code.eq(0), self.error_opcode.eq(0)]
+                start_response()
+            with m.Elif(is_op[Opcode.CONFIGURE_HEAD]):
+                # The head's registers are written in this cycle (committed in CONFIG_SETTLE).
+                with m.If(~self.heads.config_ok):
+                    self.fail(ErrorCode.BAD_ARGUMENT)
+                start_response()
+            with m.Elif(is_op[Opcode.LOAD_STATE]):
+                start_response()
+            with m.Elif(is_op[Opcode.READ_STATE]):
+                set_length(self.state_words * p.word_bytes, self.state_words > 0)
+                start_response(self.state_words, front.head_words)
+            with m.Elif(is_op[Opcode.RESET_STATE]):
+                self.enter_clear(front.end_head_words, 0)
+            with m.Elif(is_op[Opcode.DECODE]):
+                # The decode unit samples its head's parameters at start: cur first.
+                m.d.sync += [self.cur.eq(front.header.head), self.last.eq(front.head_end - 1),
+                             self.dec_state_base.eq(front.head_words), self.dec_stage_base.eq(self.stage_word),
+                             self.dec_out_base.eq(self.out_word)]
+                m.next = "DECODE_NEXT"
+            with m.Elif(is_op[Opcode.HCCS]):
+                m.d.sync += [self.row.eq(0), self.hccs_active.eq(1)]
+                set_length(front.hccs_bytes * self.out_bytes, front.hccs_bytes_nonzero)
+                start_response()
+
+        with m.State("DECODE"):
+            with m.If(dec.done):
+                m.d.sync += self.tokens.eq(self.tokens + 1)
+                with m.If(self.cur_is_last):
+                    set_length(front.decode_out_bytes, front.decode_out_nonzero)
+                    start_response(front.decode_out_words, self.out_word)
                 with m.Else():
-                    m.next = "EXECUTE"
-
-            with m.State("CONFIG_SETTLE"):
-                m.d.sync += settle.eq(settle + 1)
-                with m.If(settle == CONFIG_SETTLE - 1):
-                    m.d.sync += head_we.eq(Mux(config_ok, Cat(head == h for h in range(p.heads)), 0))
-                    m.next = "EXECUTE"
-
-            with m.State("DRAIN"):
-                m.d.comb += self.s_axis_tready.eq(1)
-                with m.If(s_beat & self.s_axis_tlast):
-                    fail(pending_error, Mux(pending_error == ErrorCode.BAD_LENGTH, expected, 0))
-                    start_response()
-
-            with m.State("EXECUTE"):
-                with m.If(is_op[Opcode.INFO]):
-                    set_length(info_beats * SB, info_beats > 0)
-                    start_response()
-                with m.Elif(is_op[Opcode.REG_READ]):
-                    m.d.sync += resp_result.eq(reg_value)
-                    start_response()
-                with m.Elif(is_op[Opcode.REG_WRITE]):
-                    m.d.sync += scratch.eq(arg1)
-                    start_response()
-                with m.Elif(is_op[Opcode.CLEAR_ERROR]):
-                    m.d.sync += [error_latched.eq(0), error_code.eq(0), error_opcode.eq(0)]
-                    start_response()
-                with m.Elif(is_op[Opcode.CONFIGURE_HEAD]):
-                    # The head's registers are written in this cycle from head_we (above).
-                    with m.If(~config_ok):
-                        fail(ErrorCode.BAD_ARGUMENT)
-                    start_response()
-                with m.Elif(is_op[Opcode.LOAD_STATE]):
-                    start_response()
-                with m.Elif(is_op[Opcode.READ_STATE]):
-                    set_length(state_words * W, state_words > 0)
-                    start_response(state_words, head_words)
-                with m.Elif(is_op[Opcode.RESET_STATE]):
-                    enter_clear(end_head_words, 0)
-                with m.Elif(is_op[Opcode.DECODE]):
-                    # The decode unit samples its head's parameters at start: cur first.
-                    m.d.sync += [cur.eq(head), last.eq(head_end - 1), dec_state_base.eq(head_words),
-                                 dec_stage_base.eq(stage_word), dec_out_base.eq(out_word)]
+                    m.d.sync += [self.cur.eq(self.cur_next),
+                                 self.dec_state_base.eq(self.dec_state_base + self.state_words),
+                                 self.dec_stage_base.eq(self.dec_stage_base + 3 * dw),
+                                 self.dec_out_base.eq(self.dec_out_base + dw)]
                     m.next = "DECODE_NEXT"
-                with m.Elif(is_op[Opcode.HCCS]):
-                    m.d.sync += [row.eq(0), hccs_active.eq(1)]
-                    set_length(hccs_bytes * out_bytes, hccs_bytes_nonzero)
-                    start_response()
+        with m.State("DECODE_NEXT"):
+            m.d.comb += self.dec_start.eq(1)
+            m.next = "DECODE"
 
-            with m.State("DECODE"):
-                with m.If(dec.done):
-                    m.d.sync += tokens.eq(tokens + 1)
-                    with m.If(cur_is_last):
-                        set_length(decode_out_bytes, decode_out_nonzero)
-                        start_response(decode_out_words, out_word)
-                    with m.Else():
-                        m.d.sync += [cur.eq(cur_next), dec_state_base.eq(dec_state_base + state_words),
-                                     dec_stage_base.eq(dec_stage_base + 3 * dw), dec_out_base.eq(dec_out_base + dw)]
-                        m.next = "DECODE_NEXT"
-            with m.State("DECODE_NEXT"):
-                m.d.comb += dec_start.eq(1)
-                m.next = "DECODE"
+    def response_states(self):
+        """The response's header, then its INFO or memory words (an HCCS response goes on in hccs_states)."""
+        m, resp, finish = self.m, self.resp, self.finish
+        with m.State("RESPOND_HEADER"):
+            m.d.comb += resp.send_header.eq(1)
+            with m.If(resp.header_done):
+                with m.If(~self.resp_has_payload):
+                    finish()
+                with m.Elif(self.hccs_active):
+                    m.d.sync += [self.row_index.eq(0), self.row_start.eq(0), self.fetch_valid.eq(0),
+                                 self.fetch_elem.eq(0), self.fetch_addr.eq(self.stage_word), self.fetching.eq(1)]
+                    m.next = "HCCS_LOAD"
+                with m.Elif(self.is_op[Opcode.INFO]):
+                    m.next = "RESPOND_INFO"
+                with m.Else():
+                    m.next = "RESPOND_WORDS"
+        with m.State("RESPOND_INFO"):
+            m.d.comb += resp.send_info.eq(1)
+            with m.If(resp.info_done):
+                finish()
+        with m.State("RESPOND_WORDS"):
+            m.d.comb += resp.send_words.eq(1)
+            with m.If(resp.words_done):
+                finish()
 
-            with m.State("RESPOND_HEADER"):
-                # header_last (resp_beat == HB - 1 whenever a beat can leave: not while header_hold) in place of
-                # the comparison.
-                m.d.comb += [resp_valid.eq(~header_hold), resp_data.eq(response_header.word_select(resp_beat, SW)),
-                             resp_last_beat.eq(header_last & ~resp_has_payload)]
-                with m.If(header_hold):
-                    m.d.sync += [header_hold.eq(0), header_last.eq(1)]
-                with m.If(m_beat):
-                    m.d.sync += resp_beat.eq(resp_beat + 1)
-                    if HB > 1:
-                        with m.If(resp_beat == HB - 2):
-                            m.d.sync += header_last.eq(1)
-                    with m.If(header_last):
-                        m.d.sync += header_last.eq(0)
-                        with m.If(~resp_has_payload):
-                            finish()
-                        with m.Elif(hccs_active):
-                            m.d.sync += [row_index.eq(0), row_start.eq(0), fetch_valid.eq(0), fetch_elem.eq(0),
-                                         fetch_addr.eq(stage_word), fetching.eq(1)]
-                            m.next = "HCCS_LOAD"
-                        with m.Elif(is_op[Opcode.INFO]):
-                            m.next = "RESPOND_INFO"
-                        with m.Else():
-                            m.d.sync += words_state.eq(1)
-                            m.next = "RESPOND_WORDS"
-
-            with m.State("RESPOND_INFO"):
-                m.d.comb += [resp_valid.eq(1), resp_data.eq(info_payload.word_select(info_beat, SW)),
-                             resp_last_beat.eq(info_beat == info_beats - 1)]
-                # info_beat is 0 from reset and returns to 0 with the last beat, so that no other state's
-                # response start writes it (those writes would sit in front of its enable).
-                with m.If(m_beat):
-                    m.d.sync += info_beat.eq(info_beat + 1)
-                    with m.If(info_beat == info_beats - 1):
-                        m.d.sync += info_beat.eq(0)
-                        finish()
-
-            with m.State("RESPOND_WORDS"):
-                final = word_last & at_last_word
-                m.d.comb += [resp_valid.eq(1), resp_data.eq(resp_word_reg.word_select(word_beat, SW)),
-                             resp_last_beat.eq(final)]
-                with m.If(m_beat):
-                    m.d.sync += [word_beat.eq(Mux(word_last, 0, word_beat + 1)),
-                                 word_last.eq(Mux(word_last, beats_per_word == 1, word_beat == beats_per_word - 2))]
-                    with m.If(word_last):
-                        m.d.sync += [resp_word.eq(resp_word + 1), at_last_word.eq(resp_word + 1 == resp_last_word)]
-                    with m.If(final):
-                        m.d.sync += words_state.eq(0)
-                        finish()
-
-            with m.State("HCCS_LOAD"):
-                # Read the row's words from staging and write its n elements into the normaliser, one a cycle.
-                # fetch_elem is the element whose word (fetch_addr) is addressed this cycle; the one consumed was
-                # addressed the cycle before (its byte lane in fetched_lane).
-                m.d.sync += [fetch_valid.eq(1), fetch_elem.eq(fetch_elem + 1)]
-                with m.If(fetch_elem[:log2(W)] == W - 1):
-                    m.d.sync += fetch_addr.eq(fetch_addr + 1)
-                with m.If(fetch_valid):
-                    m.d.comb += hccs_row_we.eq(1)
-                    m.d.sync += row_index.eq(row_index + 1)
-                    with m.If(row_index == arg1_last):
-                        m.d.comb += hccs_start.eq(1)
-                        m.d.sync += fetching.eq(0)
-                        m.next = "HCCS_RUN"
-            with m.State("HCCS_RUN"):
-                # The probabilities are read one cycle after their index: HCCS_PACK consumes row_index's and
-                # addresses the next; HCCS_SEND holds the address of the one it will consume next.
-                m.d.comb += hccs_prob_index.eq(0)
-                with m.If(norm.done):
-                    m.d.sync += [row_index.eq(0), beat_fill.eq(0), beat_data.eq(0)]
+    def hccs_states(self):
+        """The HCCS command's rows: each loaded from staging into the normaliser, normalised, sent."""
+        m, resp, W = self.m, self.resp, self.p.word_bytes
+        row_index, fetch_elem, fetch_addr = self.row_index, self.fetch_elem, self.fetch_addr
+        arg1 = self.front.header.arg1
+        with m.State("HCCS_LOAD"):
+            # Read the row's words from staging and write its n elements into the normaliser, one a cycle.
+            # fetch_elem is the element whose word (fetch_addr) is addressed this cycle; the one consumed was
+            # addressed the cycle before (its byte lane in fetched_lane).
+            m.d.sync += [self.fetch_valid.eq(1), fetch_elem.eq(fetch_elem + 1)]
+            with m.If(fetch_elem[:log2(W)] == W - 1):
+                m.d.sync += fetch_addr.eq(fetch_addr + 1)
+            with m.If(self.fetch_valid):
+                m.d.comb += self.hccs_row_we.eq(1)
+                m.d.sync += row_index.eq(row_index + 1)
+                with m.If(row_index == self.front.arg1_last):
+                    m.d.comb += self.hccs_start.eq(1)
+                    m.d.sync += self.fetching.eq(0)
+                    m.next = "HCCS_RUN"
+        with m.State("HCCS_RUN"):
+            # The probabilities are read one cycle after their index: HCCS_PACK consumes row_index's and
+            # addresses the next; HCCS_SEND holds the address of the one it will consume next.
+            m.d.comb += self.hccs_prob_index.eq(0)
+            with m.If(self.norm.done):
+                m.d.sync += row_index.eq(0)
+                m.d.comb += resp.pack_clear.eq(1)
+                m.next = "HCCS_PACK"
+        with m.State("HCCS_PACK"):
+            m.d.comb += self.hccs_prob_index.eq(row_index + 1)
+            value = Mux(row_index < arg1, self.norm.prob, 0)[:8 * self.out_bytes]
+            # row_done: the row's last element is packed (row_index == n_pad when HCCS_SEND reads it), in a
+            # register: a comparison there was in front of the enables of the frame's counters.
+            m.d.comb += [resp.pack.eq(1), resp.value.eq(value)]
+            m.d.sync += [row_index.eq(row_index + 1), self.row_done.eq(row_index + 1 == self.front.n_pad)]
+            with m.If(resp.beat_full):
+                m.next = "HCCS_SEND"
+        with m.State("HCCS_SEND"):
+            final = self.row_done & self.last_row
+            m.d.comb += [resp.send_row.eq(1), resp.row_last.eq(final), self.hccs_prob_index.eq(row_index)]
+            with m.If(resp.beat):
+                with m.If(final):
+                    m.d.sync += self.hccs_active.eq(0)
+                    self.finish()
+                with m.Elif(self.row_done):
+                    m.d.sync += [self.row.eq(self.row + 1), row_index.eq(0), self.row_start.eq(self.next_row_start),
+                                 self.fetch_valid.eq(0), fetch_elem.eq(self.next_row_start),
+                                 fetch_addr.eq(self.next_row_addr), self.fetching.eq(1)]
+                    m.next = "HCCS_LOAD"
+                with m.Else():
                     m.next = "HCCS_PACK"
-            with m.State("HCCS_PACK"):
-                m.d.comb += hccs_prob_index.eq(row_index + 1)
-                value = Mux(row_index < arg1, norm.prob, 0)[:8 * out_bytes]
-                # row_done: the row's last element is packed (row_index == n_pad when HCCS_SEND reads it), in a
-                # register: a comparison there was in front of the enables of the frame's counters.
-                m.d.sync += [beat_data.word_select(beat_fill, 8 * out_bytes).eq(value),
-                             beat_fill.eq(beat_fill + 1), row_index.eq(row_index + 1),
-                             row_done.eq(row_index + 1 == n_pad)]
-                with m.If(beat_fill == elems_per_beat - 1):
-                    m.next = "HCCS_SEND"
-            with m.State("HCCS_SEND"):
-                final = row_done & last_row
-                m.d.comb += [resp_valid.eq(1), resp_data.eq(beat_data), resp_last_beat.eq(final),
-                             hccs_prob_index.eq(row_index)]
-                with m.If(m_beat):
-                    m.d.sync += [beat_fill.eq(0), beat_data.eq(0)]
-                    with m.If(final):
-                        m.d.sync += hccs_active.eq(0)
-                        finish()
-                    with m.Elif(row_done):
-                        m.d.sync += [row.eq(row + 1), row_index.eq(0), row_start.eq(next_row_start),
-                                     fetch_valid.eq(0), fetch_elem.eq(next_row_start),
-                                     fetch_addr.eq(next_row_addr), fetching.eq(1)]
-                        m.next = "HCCS_LOAD"
-                    with m.Else():
-                        m.next = "HCCS_PACK"
-        return m
