@@ -127,24 +127,16 @@ def cfg_layout(cfg: WideConfig) -> data.StructLayout:
 status_layout = data.StructLayout({"overflow": 1, "framing": 1, "bad_head": 1, "busy": 1})
 
 
-def _octave_round(m: Module, v, z, name: str) -> Signal:
-    """``(v + ((1 << z) >> 1)) >> z`` for ``z < 16``, else 0 (the weights' octave shift, rounded half up)."""
-    zc = z[:4]
-    out = Signal(WEIGHT, name=name)
-    rounded = (v + (Const(1, 17) << zc >> 1)) >> zc
-    m.d.comb += out.eq(Mux(z >= wide.ZERO_SHIFT, 0, rounded))
-    return out
-
-
 class WideWeight(wiring.Component):
     """One lane's weight ``E(t)`` of the three normalisers (docs/numerics.md "Wide normalisers", step 3),
     selected by ``params.code``; free-running and fully pipelined: ``t``, ``valid`` and ``params`` are sampled
     together and ``E`` follows :data:`WideWeight.LATENCY` cycles later (each stage carries the parameters its
     successors need, so consecutive beats may belong to rows of different heads).
 
-    ``t`` (u16) is ``m - x``; ``valid`` 0 gives E = 0."""
+    ``t`` (u16) is ``m - x``; ``valid`` 0 gives E = 0. Every stage has at most one multiplier or one carry
+    chain (and the octave shift its barrel shifter alone), which is what a 100 MHz clock on the ECP5 allows."""
 
-    LATENCY = 6
+    LATENCY = 8
 
     def __init__(self):
         super().__init__({"t": In(16), "valid": In(1), "params": In(head_params_layout), "E": Out(WEIGHT)})
@@ -153,18 +145,14 @@ class WideWeight(wiring.Component):
         m = Module()
 
         def carry(name, value):
-            reg = Signal.like(value, name=name) if isinstance(value, Signal) else Signal(value.shape(), name=name)
-            m.d.sync += reg.eq(value)
-            return reg
+            return reg(m, value, name)
 
-        par, ok = self.params, self.valid
-        code = carry("code1", par.code)
-        B, S = carry("B1", par.B), carry("S1", par.S)
+        par = self.params
+        code, B, S, ok = carry("code1", par.code), carry("B1", par.B), carry("S1", par.S), carry("ok1", self.valid)
         # 1: the clipped distance (hccs, pwl2) and the exp's fraction and octave
         d = carry("d", Mux(self.t > par.dmax, par.dmax, self.t))
         r = carry("r", (self.t[:8] << 7)[:15])
         z_exp = carry("z_exp1", self.t[8:])
-        ok = carry("ok1", ok)
         # 2: S * d (u32), the exp's w
         sd = carry("sd", S * d)
         w = carry("w", ((POLY_B - r) >> 1)[:15])
@@ -177,20 +165,30 @@ class WideWeight(wiring.Component):
         # 4: pwl2's knot, knot step and offset; the exp's q
         knots = Array(Const(k, 16) for k in wide.PWL2_KNOTS)
         seg = u[FRAC_SHIFT:wide.LOGIT_FRAC_BITS]
-        hi = carry("hi", knots[seg])
+        hi = carry("hi4", knots[seg])
         step = carry("step", (knots[seg] - knots[seg + 1])[:16])
         g = carry("g", u[:FRAC_SHIFT])
         z_pwl = carry("z_pwl4", u[wide.LOGIT_FRAC_BITS:])
         q = carry("q", ww[13:])
         hccs_e, code, z_exp, ok = carry("hccs_e4", hccs_e), carry("code4", code), carry("z_exp4", z_exp), carry("ok4", ok)
-        # 5: the pwl2 chord value and the exp quadratic, each before its octave shift
-        v = carry("v", (hi - ((step * g) >> FRAC_SHIFT))[:16])
-        e = carry("e", (((POLY_A * q) >> 15) + POLY_C)[:16])
-        z_pwl, z_exp = carry("z_pwl5", z_pwl), carry("z_exp5", z_exp)
+        # 5: the two products of the chord and the quadratic
+        chord = carry("chord", step * g)
+        quad = carry("quad", POLY_A * q)
+        hi, z_pwl, z_exp = carry("hi5", hi), carry("z_pwl5", z_pwl), carry("z_exp5", z_exp)
         hccs_e, code, ok = carry("hccs_e5", hccs_e), carry("code5", code), carry("ok5", ok)
-        # 6: octave shift and the selection by code
-        exp_w = _octave_round(m, e, z_exp, "exp_w")
-        pwl_w = _octave_round(m, v, z_pwl, "pwl_w")
+        # 6: the pwl2 chord value and the exp quadratic, each before its octave shift
+        v = carry("v", (hi - (chord >> FRAC_SHIFT))[:16])
+        e = carry("e", ((quad >> 15) + POLY_C)[:16])
+        z_pwl, z_exp = carry("z_pwl6", z_pwl), carry("z_exp6", z_exp)
+        hccs_e, code, ok = carry("hccs_e6", hccs_e), carry("code6", code), carry("ok6", ok)
+        # 7: the octave's rounding half added (an octave of 16 or more leaves 0)
+        shifted = [(carry(f"{name}_half", (value + (Const(1, 17) << z[:4] >> 1))[:17]), carry(f"{name}_z", z[:4]),
+                    carry(f"{name}_zero", z >= wide.ZERO_SHIFT)) for name, value, z in (("exp", e, z_exp), ("pwl", v, z_pwl))]
+        hccs_e, code, ok = carry("hccs_e7", hccs_e), carry("code7", code), carry("ok7", ok)
+        # 8: the octave shift and the selection by code
+        (exp_half, exp_z, exp_zero), (pwl_half, pwl_z, pwl_zero) = shifted
+        exp_w = Mux(exp_zero, 0, exp_half >> exp_z)
+        pwl_w = Mux(pwl_zero, 0, pwl_half >> pwl_z)
         weight = Mux(code == wide.NORM_EXP, exp_w, Mux(code == wide.NORM_HCCS, hccs_e, pwl_w))
         m.d.sync += self.E.eq(Mux(ok, weight, 0))
         return m
@@ -198,10 +196,13 @@ class WideWeight(wiring.Component):
 
 class RowMax(wiring.Component):
     """The running maximum of a row's valid lanes: ``beat`` (L int16 with ``mask``) when ``take``; ``first``
-    restarts it. ``row_max`` is the row's maximum :data:`RowMax.LATENCY` cycles after its last beat was taken
-    (``LOGIT_MIN`` for a row without a valid lane, whose weights are all masked anyway)."""
+    restarts it. ``row_max`` is the row's maximum :func:`RowMax.latency` cycles after its last beat was taken
+    (``LOGIT_MIN`` for a row without a valid lane, whose weights are all masked anyway): the beat registered,
+    one compare level of the lanes' tree per stage, then the running maximum."""
 
-    LATENCY = 2
+    @staticmethod
+    def latency(lanes: int) -> int:
+        return 2 + ceil_log2(lanes)
 
     def __init__(self, lanes: int):
         self.lanes = lanes
@@ -210,14 +211,14 @@ class RowMax(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        # 1: the beat registered
-        beat = Signal(data.ArrayLayout(LOGIT, self.lanes))
-        mask, take, first = Signal(self.lanes), Signal(), Signal()
-        m.d.sync += [beat.eq(self.data), mask.eq(self.mask), take.eq(self.take), first.eq(self.first)]
-        # 2: the beat's maximum (a tree of compares) into the running maximum
-        values = [Mux(mask[j], beat[j], wide.LOGIT_MIN) for j in range(self.lanes)]
+        values = [reg(m, Mux(self.mask[j], self.data[j], wide.LOGIT_MIN), f"lane{j}") for j in range(self.lanes)]
+        take, first = reg(m, self.take, "take0", reset_less=False), reg(m, self.first, "first0")
+        level = 0
         while len(values) > 1:
-            values = [Mux(a > b, a, b) for a, b in zip(values[0::2], values[1::2])]
+            level += 1
+            values = [reg(m, Mux(a > b, a, b), f"max{level}_{i}") for i, (a, b) in enumerate(zip(values[0::2],
+                                                                                               values[1::2]))]
+            take, first = reg(m, take, f"take{level}", reset_less=False), reg(m, first, f"first{level}")
         beat_max = values[0]
         with m.If(take):
             m.d.sync += self.row_max.eq(Mux(first | (beat_max > self.row_max), beat_max, self.row_max))
@@ -234,6 +235,20 @@ def reciprocal_cycles(cfg: WideConfig) -> int:
     """Cycles the reciprocal stage holds a row: the leading-one step, the normalising shift, then the
     quotient at ``div_bits`` bits per cycle."""
     return 2 + quotient_bits(cfg) // cfg.div_bits
+
+
+def _leading_one(value):
+    """The position of the highest set bit of ``value`` (0 for 0), by halving: is anything set in the upper
+    half, then in the upper half of the half that holds it, ... (log2 levels, not a chain of one mux per bit)."""
+    width = 1 << ceil_log2(len(value))
+    part = value.as_unsigned() if len(value) == width else Cat(value, Const(0, width - len(value)))
+    bits = []
+    while width > 1:
+        width //= 2
+        upper = part[width:].any()
+        bits.append(upper)
+        part = Mux(upper, part[width:], part[:width])
+    return Cat(*reversed(bits))
 
 
 class RowReciprocal(wiring.Component):
@@ -258,9 +273,7 @@ class RowReciprocal(wiring.Component):
         quotient = Signal(quotient_bits(cfg))
         steps = Signal(range(quotient_bits(cfg) + 1))
         zero = Signal()
-        leading = 0
-        for bit in range(TOTAL_BITS):  # the highest set bit wins (later assignments take priority)
-            leading = Mux(total[bit], bit, leading)
+        leading = _leading_one(total)
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.idle.eq(1)
@@ -294,22 +307,22 @@ class RowReciprocal(wiring.Component):
 
 class ProbabilityLane(wiring.Component):
     """Step 8 for one lane: ``p = min((E * inv + 2^(15+k)) >> (16+k), 32768)``; free-running,
-    :data:`ProbabilityLane.LATENCY` cycles from ``E`` to ``p`` (``inv`` and ``k`` hold for the row)."""
+    :data:`ProbabilityLane.LATENCY` cycles from ``E`` (sampled with ``inv`` and ``k``) to ``p``: the product,
+    the rounding half added, the shift, the bound."""
 
-    LATENCY = 3
+    LATENCY = 4
 
     def __init__(self):
         super().__init__({"E": In(WEIGHT), "inv": In(INV_BITS), "k": In(K_LAYOUT), "p": Out(WEIGHT)})
 
     def elaborate(self, platform):
         m = Module()
-        product = Signal(33)
-        shift = Signal(5)
-        m.d.sync += [product.eq(self.E * self.inv), shift.eq(self.k + wide.SUM_NORM_BITS)]
-        rounded = Signal(33)
-        shift2 = Signal(5)
-        m.d.sync += [rounded.eq((product + (Const(1, 33) << shift >> 1)) >> shift), shift2.eq(shift)]
-        m.d.sync += self.p.eq(Mux(rounded > wide.PROB_ONE, wide.PROB_ONE, rounded))
+        product = reg(m, self.E * self.inv, "product", unsigned(33))
+        shift = reg(m, (self.k + wide.SUM_NORM_BITS)[:5], "shift")
+        rounded = reg(m, product + (Const(1, 33) << shift >> 1), "rounded", unsigned(33))
+        shift2 = reg(m, shift, "shift2")
+        scaled = reg(m, rounded >> shift2, "scaled", unsigned(33))
+        m.d.sync += self.p.eq(Mux(scaled > wide.PROB_ONE, wide.PROB_ONE, scaled))
         return m
 
 
@@ -326,19 +339,20 @@ class _Bank:
     inv: Signal
 
 
-WEIGH_READ = 2
-"""The logit memory's read and the read register in front of the weight lanes."""
+WEIGH_READ = 3
+"""The logit memory's read, the read register and the distance register in front of the weight lanes."""
 SUM_LATENCY = 2
 """The beat's sum over the lanes, then the running total."""
 NORMALISE_READ = 2
 """The weight memory's read and the read register in front of the probability lanes."""
-OUTPUT_FIFO = 8
-"""Beats the output FIFO holds: the normalise stage reads a weight only while everything in flight fits."""
+OUTPUT_FIFO = 16
+"""Beats the output FIFO holds: the normalise stage reads a weight only while it has a credit (a place in the
+FIFO for everything in flight); with ``o`` always ready the credits never run out."""
 
 
-def ingest_latency() -> int:
+def ingest_latency(cfg: WideConfig) -> int:
     """Cycles from a row's last beat accepted to the weigh stage's first read of it."""
-    return RowMax.LATENCY + 2
+    return RowMax.latency(cfg.lanes) + 2
 
 
 def weigh_latency() -> int:
@@ -371,7 +385,7 @@ def expected_cycles(cfg: WideConfig, rows: int, n: int) -> int:
         i_start = 0 if r == 0 else ingest[r - 1] + nb
         if r >= BANKS:
             i_start = max(i_start, norm[r - BANKS] + nb)
-        w_start = max(i_start + nb - 1 + ingest_latency(), weigh[r - 1] + nb if r else 0)
+        w_start = max(i_start + nb - 1 + ingest_latency(cfg), weigh[r - 1] + nb if r else 0)
         d_start = max(w_start + nb - 1 + weigh_latency(), recips[r - 1] + recip + RECIPROCAL_HANDOVER - 1 if r else 0)
         n_start = max(d_start + recip + RECIPROCAL_HANDOVER, norm[r - 1] + nb if r else 0)
         ingest.append(i_start)
@@ -384,7 +398,7 @@ def expected_cycles(cfg: WideConfig, rows: int, n: int) -> int:
 def bank_overhead(cfg: WideConfig) -> int:
     """``H`` of the throughput bound: the cycles a bank is held beyond its row's three passes of ``nb`` beats
     (the ingest and weigh pipelines, the reciprocal and the hand-overs between the stages)."""
-    return (ingest_latency() - 1) + (weigh_latency() - 1) + reciprocal_cycles(cfg) + RECIPROCAL_HANDOVER
+    return (ingest_latency(cfg) - 1) + (weigh_latency() - 1) + reciprocal_cycles(cfg) + RECIPROCAL_HANDOVER
 
 
 def streaming_row_beats(cfg: WideConfig) -> int:
@@ -478,8 +492,8 @@ class WideNormaliser(RowUnit):
         m.d.comb += [row_max.take.eq(take), row_max.first.eq(starts), row_max.data.eq(p.data),
                      row_max.mask.eq(Mux(keep, p.mask, 0))]
         # The row's last beat (and its bank), delayed until its maximum is final: then the row is handed on.
-        ended = [Signal(name=f"ended{i}") for i in range(RowMax.LATENCY)]
-        ended_bank = [Signal(2, name=f"ended_bank{i}") for i in range(RowMax.LATENCY)]
+        ended = [Signal(name=f"ended{i}") for i in range(RowMax.latency(cfg.lanes))]
+        ended_bank = [Signal(2, name=f"ended_bank{i}") for i in range(RowMax.latency(cfg.lanes))]
         m.d.sync += [ended[0].eq(take & p.last), ended_bank[0].eq(bank[:2])]
         m.d.sync += [a.eq(b) for a, b in zip(ended[1:] + ended_bank[1:], ended[:-1] + ended_bank[:-1])]
         with m.If(ended[-1]):
@@ -509,17 +523,18 @@ class WideNormaliser(RowUnit):
         tag = Signal(data.StructLayout({"valid": 1, "last": 1, "addr": len(read.addr)}))
         m.d.comb += [tag.valid.eq(issue), tag.last.eq(finished), tag.addr.eq(read.addr)]
         tags = delay_line(m, tag, WEIGH_READ + WideWeight.LATENCY, "weigh_tag", reset_less=False)
-        at_word = tags[WEIGH_READ]
-        bank = at_word.addr[-2:]
+        bank = tags[WEIGH_READ - 1].addr[-2:]       # the word's bank
+        # The distances, the lanes' valid bits and the row's parameters into registers in front of the lanes.
+        row_max, zero = self._bank(bank, "row_max"), self._bank(bank, "zero")
+        params = reg(m, self._bank(bank, "params"), "weigh_params")
         weights = []
         for j in range(cfg.lanes):
             m.submodules[f"weight{j}"] = lane = WideWeight()
-            t = (self._bank(bank, "row_max") - word.lanes[j].as_signed())[:16]
-            m.d.comb += [lane.t.eq(t), lane.valid.eq(word.mask[j] & ~self._bank(bank, "zero")),
-                         lane.params.eq(self._bank(bank, "params"))]
+            m.d.comb += [lane.t.eq(reg(m, (row_max - word.lanes[j].as_signed())[:16], f"t{j}")),
+                         lane.valid.eq(reg(m, word.mask[j] & ~zero, f"valid{j}")), lane.params.eq(params)]
             weights.append(lane.E)
         out = tags[-1]
-        mask = delay(m, word.mask, WideWeight.LATENCY, "weigh_mask")
+        mask = delay(m, word.mask, WideWeight.LATENCY + 1, "weigh_mask")
         done = out.valid
         m.d.comb += [write.addr.eq(out.addr), write.data.lanes.eq(Cat(*weights)), write.data.mask.eq(mask),
                      write.en.eq(done)]
@@ -558,12 +573,12 @@ class WideNormaliser(RowUnit):
         beat = Signal(range(cfg.beats_max + 1))
         beats = self._bank(row, "beats")
         pipeline = NORMALISE_READ + ProbabilityLane.LATENCY
-        valid = Signal(pipeline)
-        in_flight = sum(valid[i] for i in range(pipeline))
-        room = fifo.level + in_flight < OUTPUT_FIFO
+        # A read takes a credit, a beat leaving the FIFO gives one back: a register, not a sum over the pipeline.
+        credits = Signal(range(OUTPUT_FIFO + 1), init=OUTPUT_FIFO)
         with m.If(~active & (rows["inverted"] != row)):
             m.d.sync += [active.eq(1), beat.eq(0)]
-        issue = active & (beat < beats) & room
+        issue = active & (beat < beats) & (credits != 0)
+        m.d.sync += credits.eq(credits - issue + (self.o.valid & self.o.ready))
         with m.If(issue):
             m.d.sync += beat.eq(beat + 1)
         with m.If(issue & (beat + 1 == beats)):
@@ -579,7 +594,6 @@ class WideNormaliser(RowUnit):
                      tag.inv.eq(Mux(self._bank(row, "zero"), 0, self._bank(row, "inv"))),
                      tag.k.eq(self._bank(row, "k"))]
         tags = delay_line(m, tag, pipeline, "norm_tag", reset_less=False)
-        m.d.comb += valid.eq(Cat(*(t.valid for t in tags[1:])))
         at_word = tags[NORMALISE_READ]
         probs = []
         for j in range(cfg.lanes):

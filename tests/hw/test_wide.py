@@ -72,7 +72,7 @@ def test_the_row_max_takes_valid_lanes_and_restarts_at_first():
              ([32767, 0, 0, 0], 0b0000, 0), ([-1, -2, -3, -4], 0b0110, 1)]
     inputs = [[(dut.take, 1), (dut.first, f), (dut.mask, mask), *((dut.data[j], v) for j, v in enumerate(d))]
               for d, mask, f in beats]
-    got = run_pipeline(dut, inputs, RowMax.LATENCY, dut.row_max)
+    got = run_pipeline(dut, inputs, RowMax.latency(4), dut.row_max)
     assert got.tolist() == [5, 100, -32768, -32768, -2]
 
 
