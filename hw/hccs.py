@@ -78,6 +78,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from somatile.hw.pipe import Replicated, lut_mul_pairs, reduce_levels, reduce_tree, reg
+from somatile.hw.row_unit import RowUnit
 # The unit accepts the lane counts and output types a board may give the tile: one value set for both.
 from somatile.hw.tile_params import HCCS_LANES, HCCS_OUT_TYPES
 from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
@@ -942,25 +943,17 @@ class Scale(wiring.Component):
         return m
 
 
-class HCCS(wiring.Component):
+class HCCS(RowUnit):
     """The HCCS unit; see the module docstring for ports, structure and contract.
 
     ``HCCS(lanes=8, heads=2, n_max=256, out_type="uint8", div_bits=2)`` or ``HCCS(config=HCCSConfig(...))``.
     """
 
-    def __init__(self, config: HCCSConfig | None = None, **params):
-        if config is None:
-            config = HCCSConfig(**params)
-        elif params:
-            raise TypeError("pass either config= or keyword parameters, not both")
-        self.config = config
-        super().__init__({
-            "i": In(stream.Signature(in_beat_layout(config))),
-            "o": Out(stream.Signature(out_beat_layout(config))),
-            "cfg": In(stream.Signature(cfg_layout(config))),
-            "status": Out(status_layout),
-            "clear_status": In(1),
-        })
+    config_class = HCCSConfig
+
+    @classmethod
+    def layouts(cls, config):
+        return in_beat_layout(config), out_beat_layout(config), cfg_layout(config), status_layout
 
     def elaborate(self, platform):
         cfg = self.config
