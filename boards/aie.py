@@ -9,7 +9,10 @@ Softmax kernel holds one parameter set::
         -> QuantizeLinear -> DequantizeLinear (uint8 at 2^-8, or int16 at 2^-15) -> probs_h<i>
 
 HCCS heads carry aie4ml's ``hccs`` directive with the head's B, S, Dmax; fallback heads run aie4ml's exact-exp
-kernel (:mod:`somatile.model.aie_exp`), whose step KQ comes from the constant the Mul folds into the Softmax:
+kernel (:mod:`somatile.model.aie_exp`), which the file must name (``fallback_exp: aie4ml``, written by
+``somatile calibrate --fallback-exp aie4ml``): a file whose fallback heads name somatile's integer exp predicts
+bits the AI Engine does not return, and is refused (:func:`check_fallback_exp`). The kernel's step KQ comes
+from the constant the Mul folds into the Softmax:
 the scale that the head's KQ represents exactly, so that aie4ml derives the KQ the model predicts with.
 aie4ml's ONNX frontend then writes the project (ADF graph, AIE API kernels, ``src/parameters.h``, Makefile,
 ``aie_pipeline.json``) into the build folder, with seeded simulator inputs in ``data/`` and beside them the
@@ -36,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from somatile.model import aie_exp, hccs
-from somatile.model.params import HccsParams
+from somatile.model.params import AIE4ML_EXP, HccsParams
 
 from .config import BoardConfig
 
@@ -95,19 +98,20 @@ def platform_for(cfg: BoardConfig) -> str:
     return found[0]
 
 
-def load_params(path: Path | str) -> HccsParams:
-    """The calibrated file, checked against what aie4ml's kernels take (errors name the head and the rule)."""
+def load_params(path: Path | str, fallback_on_aie: bool = True) -> HccsParams:
+    """The calibrated file, checked against what aie4ml's kernels take (errors name the head and the rule).
+    ``fallback_on_aie``: the fallback heads run on the AI Engine too (``--top aie``), so the file must name
+    aie4ml's exp for them (:func:`check_fallback_exp`; the file's own validation then checks their KQ) and
+    their output type must suit that kernel; the near field leaves them on the PL tile."""
     params = HccsParams.from_yaml(path, profile="paper")
     _aie4ml()
     from aie4ml.op_impls.families.softmax.common import validate_hccs_params
 
-    try:
-        aie_exp.exp_kq_from_scale(params.scale, params.fallback)
-    except ValueError as exc:
-        raise AieError(f"{path}: {exc}") from exc
+    if fallback_on_aie:
+        check_fallback_exp(params, path)
     for h in range(params.heads):
         if params.fallback[h]:
-            if params.out != "uint8":
+            if fallback_on_aie and params.out != "uint8":
                 raise AieError(f"{path}: head {h}: key 'out': {params.out!r} with a fallback head; aie4ml's "
                                f"exact-exp kernel normalises int16 output with floor(32767 / sum) of Q14 terms "
                                f"(sum >= 16384): inv is 0 or 1 and the output the raw terms or zeros; use out: "
@@ -119,6 +123,17 @@ def load_params(path: Path | str) -> HccsParams:
             raise AieError(f"{path}: head {h} (B={params.B[h]}, S={params.S[h]}, dmax={params.dmax[h]}, "
                            f"cols={params.cols}): aie4ml refuses it: {exc}") from exc
     return params
+
+
+def check_fallback_exp(params: HccsParams, path) -> None:
+    """The AI Engine has one integer exp, aie4ml's: a file with fallback heads must name it, or the project
+    would return other bits than the file predicts on the host."""
+    heads = np.flatnonzero(params.fallback).tolist()
+    if heads and params.fallback_exp != AIE4ML_EXP:
+        raise AieError(f"{path}: key 'fallback_exp': {params.fallback_exp!r} for fallback heads {heads}, but the AI "
+                       f"Engine cannot run somatile's integer exp (aie4ml has only its exact-exp kernel); calibrate "
+                       f"with --fallback-exp {AIE4ML_EXP} (or set fallback_exp: {AIE4ML_EXP}) so the file predicts "
+                       f"the AI Engine's bits")
 
 
 def _hccs_values(params: HccsParams, h: int) -> dict[str, Any]:
@@ -268,7 +283,8 @@ def _record(cfg: BoardConfig, top: str, out_dir: Path, params: HccsParams, param
               "overrides": dict(cfg.overrides), "rows": rows, "cols": params.cols, "layout": layout,
               "hccs_lanes": cfg.hccs_lanes,
               "params": {"path": str(params_path), "sha256": hashlib.sha256(Path(params_path).read_bytes()).hexdigest(),
-                         "heads": params.heads, "mode": params.mode, "out": params.out},
+                         "heads": params.heads, "mode": params.mode, "out": params.out,
+                         "fallback_exp": params.fallback_exp},
               "aie4ml": {"version": aie4ml_version(), "platform": platform, "generation": cfg.aie["generation"],
                          "log": chatter.strip().splitlines()},
               "heads": kernel_rows(model, params), "cost": cost_rows(model, params, cfg, rows),
@@ -424,7 +440,7 @@ def generate_near_field(cfg: BoardConfig, out_dir: Path, params_path: Path | str
     """Write the near-field project of ``params_path`` for the board (slots = sinks + ring, head_dim) into
     ``out_dir``; ``rows`` is ignored (a decode step has one query row per head). Returns (files, record)."""
     platform = platform_for(cfg)
-    params = load_params(params_path)
+    params = load_params(params_path, fallback_on_aie=False)
     slots = cfg.sinks + cfg.ring
     if params.cols != slots:
         raise AieError(f"{params_path}: key 'cols': {params.cols}, the board {cfg.name}'s near field has sinks + "

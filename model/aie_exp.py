@@ -163,16 +163,14 @@ def aie_exp_softmax(x: np.ndarray, kq, *, out: str = "uint8", impl: str = "numba
 def predict_aie(params, x: np.ndarray, *, impl: str = "numba") -> np.ndarray:
     """The bits the AI Engine project of ``params`` (an HccsParams of profile "paper", as ``somatile build
     --top aie`` generates it) returns for int8 logits (H, R, cols): HCCS on calibrated heads (aie4ml's HCCS
-    kernel follows :func:`hccs.hccs_int`), aie4ml's exact exp on fallback heads, with KQ from each head's
-    scale."""
+    kernel follows :func:`hccs.hccs_int`), aie4ml's exact exp on fallback heads, which is what
+    ``params.apply_int`` computes when the file says ``fallback_exp: aie4ml``. A file whose fallback heads
+    name somatile's exp has no AI Engine project (ValueError naming the key)."""
     if params.profile != "paper":
         raise ValueError(f"params: profile {params.profile!r} has no AI Engine kernel; expected 'paper'")
+    if params.fallback.any() and params.fallback_exp != "aie4ml":
+        raise ValueError(f"params: key 'fallback_exp': {params.fallback_exp!r}; the AI Engine runs aie4ml's "
+                         f"exact exp on fallback heads, so only a file with fallback_exp: aie4ml predicts its bits")
     if x.ndim != 3 or x.shape[0] != params.heads or x.shape[-1] != params.cols:
         raise ValueError(f"x: expected ({params.heads}, R, {params.cols}) logits, got {x.shape}")
-    y = hccs.hccs_int(x, params.B, params.S, params.dmax, mode=params.mode, out=params.out, impl=impl,
-                      allow_zero_floor=params.allow_zero_floor)
-    fb = np.flatnonzero(params.fallback)
-    if fb.size:
-        kq = exp_kq_from_scale(params.scale, params.fallback)[fb]
-        y[fb] = aie_exp_softmax(np.ascontiguousarray(x[fb]), kq, out=params.out, impl=impl)
-    return y
+    return params.apply_int(x, impl=impl)

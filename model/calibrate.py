@@ -20,7 +20,7 @@ import numpy as np
 from somatile.model import hccs, nbcache, quant
 from somatile.model.logits import (OBJECTIVES, add_input_arguments, head_metrics, load_input, objective_term,
                                    row_objective)
-from somatile.model.params import HccsParams
+from somatile.model.params import FALLBACK_EXPS, SOMATILE_EXP, HccsParams
 
 # Its kernels inline @njit code of these files: a change there must reach this module's numba cache.
 nbcache.drop_stale(__file__, ("calibrate.py", "hccs.py", "logits.py"))
@@ -210,9 +210,11 @@ def calibrate_int(x: np.ndarray, scale, mask=None, *, candidates=None, objective
 
 def calibrate_params(logits: np.ndarray, mask=None, *, scale=None, search: str = "int", mode: str = "div",
                      out: str = "uint8", objective: str = DEFAULT_OBJECTIVE, threshold: float = DEFAULT_THRESHOLD,
-                     c_range=DEFAULT_C_RANGE, steps: int = DEFAULT_STEPS, progress: bool = False) -> HccsParams:
+                     c_range=DEFAULT_C_RANGE, steps: int = DEFAULT_STEPS, progress: bool = False,
+                     fallback_exp: str = SOMATILE_EXP) -> HccsParams:
     """Float logits (H, R, N) -> a complete :class:`HccsParams`: per-head int8 scales (``scale``, or
-    max |logit| / 127 when None), then
+    max |logit| / 127 when None), the integer exp of its fallback heads named by ``fallback_exp``
+    (:data:`params.FALLBACK_EXPS`: somatile's for the PL tile, aie4ml's for the AI Engine), then
     either the integer search on the quantised logits against the float softmax (``search="int"``) or the
     float search over c converted with :func:`quant.int_params_from_clip` (``search="float"``)."""
     x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
@@ -234,7 +236,7 @@ def calibrate_params(logits: np.ndarray, mask=None, *, scale=None, search: str =
     else:
         raise ValueError(f"search: expected 'int' or 'float', got {search!r}")
     return HccsParams(B=B, S=S, dmax=dmax, fallback=cal.fallback, scale=scale, cols=x3.shape[-1], mode=mode,
-                      out=out, c=c, error=cal.error, objective=objective)
+                      out=out, c=c, error=cal.error, objective=objective, fallback_exp=fallback_exp)
 
 
 def study_objectives(logits: np.ndarray, mask=None, values=None, *, scale=None, search: str = "int",
@@ -282,6 +284,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="float search: grid steps (default 80)")
     parser.add_argument("--mode", choices=sorted(hccs.MODE_CODES), default="div")
     parser.add_argument("--out-type", choices=sorted(hccs.OUT_CODES), default="uint8")
+    parser.add_argument("--fallback-exp", choices=FALLBACK_EXPS, default=SOMATILE_EXP,
+                        help="profile paper: the integer exp the fallback heads run, written to the file as "
+                             "fallback_exp: somatile (default; the PL tile's) or aie4ml (the AI Engine's "
+                             "exact-exp kernel, for somatile build --top aie; docs/aie.md)")
     parser.add_argument("-o", "--output", help="YAML file for the calibrated parameters (required unless --study)")
     parser.add_argument("--study", action="store_true",
                         help="instead of writing parameters: calibrate with every objective on half the rows, "
@@ -339,6 +345,9 @@ def run(args: argparse.Namespace) -> int:
                                                 search=args.search, threshold=args.threshold, progress=True)))
             return 0
         if profile == "wide":
+            if args.fallback_exp != SOMATILE_EXP:
+                raise ValueError(f"--fallback-exp {args.fallback_exp}: needs --profile paper (aie4ml's exact-exp "
+                                 f"kernel takes int8 logits)")
             params = calibrate_wide_params(data.logits, data.mask, data.values, normaliser=normaliser,
                                            objective=objective, threshold=args.threshold)
             how = f"profile wide, {normaliser}"
@@ -346,8 +355,8 @@ def run(args: argparse.Namespace) -> int:
             params = calibrate_params(data.logits, data.mask, scale=data.scale, search=args.search,
                                       mode=args.mode, out=args.out_type, objective=objective,
                                       threshold=args.threshold, c_range=args.c_range, steps=args.steps,
-                                      progress=True)
-            how = f"{args.search} search"
+                                      progress=True, fallback_exp=args.fallback_exp)
+            how = f"{args.search} search, fallback heads on {args.fallback_exp}'s integer exp"
     except (TypeError, ValueError) as exc:
         print(f"somatile calibrate: {exc}")
         return 2

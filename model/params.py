@@ -18,6 +18,12 @@ YAML layout (one list entry per head, lists of equal length)::
     objective: tv        # optional: which objective produced `error`
     profile: paper       # optional (default paper): the integer profile of docs/numerics.md
     normaliser: hccs     # optional (default hccs)
+    fallback_exp: somatile    # optional (default somatile): the integer exp of the fallback heads
+
+``fallback_exp`` names which integer exp the fallback heads run, so that the file predicts the bits of the
+hardware it is for: ``somatile`` (:mod:`somatile.model.intexp`, what the PL tile and every somatile backend
+run) or ``aie4ml`` (:mod:`somatile.model.aie_exp`, aie4ml's exact-exp kernel, what the AI Engine runs for
+``somatile build --top aie``; docs/aie.md). Profile ``paper`` only: the wide profile has its own exp.
 
 Profile ``wide`` (docs/numerics.md, "Wide normalisers"): ``normaliser`` is hccs or pwl2, B/S/dmax follow
 the wide rules (S in Q8, dmax in 2^-8 bit of int16 base-2 logits), ``mode``, ``out`` and ``scale`` are not
@@ -33,15 +39,18 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from somatile.model import hccs, intexp, wide
+from somatile.model import aie_exp, hccs, intexp, wide
 from somatile.model.files import load_yaml
 
 FORMAT = "somatile-hccs-params"
 VERSION = 1
 _REQUIRED = ("format", "version", "cols", "mode", "out", "B", "S", "dmax", "fallback", "scale")
-_OPTIONAL = ("c", "error", "objective", "allow_zero_floor", "profile", "normaliser")
+_OPTIONAL = ("c", "error", "objective", "allow_zero_floor", "profile", "normaliser", "fallback_exp")
 _WIDE_OPTIONAL = ("mode", "out", "scale")
 PROFILE_NORMALISERS = {"paper": ("hccs",), "wide": ("hccs", "pwl2")}
+SOMATILE_EXP, AIE4ML_EXP = "somatile", "aie4ml"
+FALLBACK_EXPS = (SOMATILE_EXP, AIE4ML_EXP)
+"""``fallback_exp`` choices: somatile's integer exp (the PL tile's, the default) or aie4ml's exact-exp kernel."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +59,8 @@ class HccsParams:
 
     B, S, dmax: int64 (H,); fallback: bool (H,) (True = the head runs the integer-exp softmax); scale:
     float64 (H,) logit scale per int8 step; cols: row length the integers were checked for; mode, out: the
-    HCCS normalisation and output type; c, error: optional float (H,) calibration record.
+    HCCS normalisation and output type; c, error: optional float (H,) calibration record; fallback_exp: the
+    integer exp of the fallback heads (:data:`FALLBACK_EXPS`).
     """
 
     B: np.ndarray
@@ -67,6 +77,7 @@ class HccsParams:
     allow_zero_floor: bool = False
     profile: str = "paper"
     normaliser: str = "hccs"
+    fallback_exp: str = SOMATILE_EXP
 
     def __post_init__(self):
         heads = len(np.atleast_1d(self.B))
@@ -77,6 +88,11 @@ class HccsParams:
         if self.normaliser not in PROFILE_NORMALISERS[self.profile]:
             raise ValueError(f"normaliser: expected one of {PROFILE_NORMALISERS[self.profile]} in profile "
                              f"{self.profile!r}, got {self.normaliser!r}")
+        if self.fallback_exp not in FALLBACK_EXPS:
+            raise ValueError(f"fallback_exp: expected one of {list(FALLBACK_EXPS)}, got {self.fallback_exp!r}")
+        if self.profile != "paper" and self.fallback_exp != SOMATILE_EXP:
+            raise ValueError(f"fallback_exp: {self.fallback_exp!r} needs profile 'paper' (aie4ml's exact-exp kernel "
+                             f"takes int8 logits); profile {self.profile!r} runs its own exp")
         hccs.code_of(hccs.MODE_CODES, "mode", self.mode)
         hccs.code_of(hccs.OUT_CODES, "out", self.out)
         if self.profile == "wide":
@@ -96,6 +112,8 @@ class HccsParams:
             raise ValueError(f"scale: expected {heads} per-head scales, got {scale.size}")
         if self.profile == "paper":
             intexp.exp_mult_from_scale(scale)
+        if self.fallback_exp == AIE4ML_EXP:
+            aie_exp.exp_kq_from_scale(scale, fallback)
         for name in ("c", "error"):
             value = getattr(self, name)
             if value is not None:
@@ -113,13 +131,19 @@ class HccsParams:
 
     @property
     def exp_mult(self) -> np.ndarray:
-        """Integer input scale M per head for the integer-exp softmax (derived from ``scale``)."""
+        """Integer input scale M per head for somatile's integer-exp softmax (derived from ``scale``)."""
         return intexp.exp_mult_from_scale(self.scale)
+
+    @property
+    def exp_kq(self) -> np.ndarray:
+        """Step KQ per head for aie4ml's exact-exp kernel (derived from ``scale``; checked on fallback heads)."""
+        return aie_exp.exp_kq_from_scale(self.scale, self.fallback)
 
     def apply_int(self, x: np.ndarray, mask=None, *, impl: str = "numba") -> np.ndarray:
         """Run the deployed integer normaliser on the profile's logits (H, R, N) (int8 "paper", int16
-        "wide"): the normaliser per head, integer-exp softmax on fallback heads. Returns ``out`` dtype
-        ("paper") or uint16 Q15 ("wide"); rows of length != cols are rejected."""
+        "wide"): the normaliser per head, on fallback heads the integer exp ``fallback_exp`` names. Returns
+        ``out`` dtype ("paper") or uint16 Q15 ("wide"); rows of length != cols are rejected, and so is a mask
+        that leaves out elements of a fallback head's rows under aie4ml's exp (its kernel has no mask)."""
         if x.ndim != 3 or x.shape[0] != self.heads:
             raise ValueError(f"x: expected ({self.heads}, R, N) logits for {self.heads} heads, got {x.shape}")
         if x.shape[-1] != self.cols:
@@ -135,7 +159,12 @@ class HccsParams:
         y = hccs.hccs_int(x, self.B, self.S, self.dmax, mode=self.mode, out=self.out, mask=mask, impl=impl,
                           allow_zero_floor=self.allow_zero_floor)
         fb = np.flatnonzero(self.fallback)
-        if fb.size:
+        if fb.size and self.fallback_exp == AIE4ML_EXP:
+            if mask is not None and not np.all(np.asarray(mask)[fb]):
+                raise ValueError(f"mask: fallback_exp 'aie4ml': the exact-exp kernel has no mask, and the mask "
+                                 f"leaves out elements of fallback head {int(fb[0])}")
+            y[fb] = aie_exp.aie_exp_softmax(np.ascontiguousarray(x[fb]), self.exp_kq[fb], out=self.out, impl=impl)
+        elif fb.size:
             y[fb] = intexp.intexp_softmax(np.ascontiguousarray(x[fb]), self.exp_mult[fb], out=self.out,
                                           mask=None if mask is None else mask[fb], impl=impl)
         return y
@@ -163,7 +192,7 @@ class HccsParams:
             d.update(mode=self.mode, out=self.out)
         d.update(B=self.B.tolist(), S=self.S.tolist(), dmax=self.dmax.tolist(), fallback=self.fallback.tolist())
         if self.profile == "paper":
-            d["scale"] = self.scale.tolist()
+            d.update(scale=self.scale.tolist(), fallback_exp=self.fallback_exp)
         if self.c is not None:
             d["c"] = self.c.tolist()
         if self.error is not None:
@@ -210,7 +239,7 @@ class HccsParams:
         for key in ("allow_zero_floor",):
             if key in d and not isinstance(d[key], bool):
                 raise ValueError(f"{source}: key {key!r}: expected true or false, got {d[key]!r}")
-        for key in ("profile", "normaliser", "mode", "out", "objective"):
+        for key in ("profile", "normaliser", "mode", "out", "objective", "fallback_exp"):
             if key in d and not isinstance(d[key], str):
                 raise ValueError(f"{source}: key {key!r}: expected a string, got {d[key]!r}")
         lengths = {k: len(v) for k, v in lists.items()}
@@ -223,7 +252,7 @@ class HccsParams:
                        mode=d.get("mode", "div"), out=d.get("out", "uint8"), c=lists.get("c"),
                        error=lists.get("error"), objective=d.get("objective"),
                        allow_zero_floor=bool(d.get("allow_zero_floor", False)), profile=profile,
-                       normaliser=d.get("normaliser", "hccs"))
+                       normaliser=d.get("normaliser", "hccs"), fallback_exp=d.get("fallback_exp", SOMATILE_EXP))
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from exc
 

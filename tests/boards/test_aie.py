@@ -25,7 +25,7 @@ def params_file(tmp_path, name="params.yaml", **changes):
     """Four heads at cols 64: three calibrated (one near each limit of aie4ml's rules), one fallback."""
     d = {"format": "somatile-hccs-params", "version": 1, "cols": 64, "mode": "div", "out": "uint8",
          "B": [255, 511, 64, 200], "S": [6, 1, 0, 3], "dmax": [40, 127, 0, 64], "fallback": [False, False, False, True],
-         "scale": [0.1, 0.05, 0.2, 0.0731]}
+         "scale": [0.1, 0.05, 0.2, 0.0731], "fallback_exp": "aie4ml"}
     d.update(changes)
     path = tmp_path / name
     path.write_text(yaml.safe_dump(d, sort_keys=False))
@@ -117,15 +117,48 @@ def test_generated_project_holds_every_heads_integers_from_the_yaml(tmp_path, ca
     assert result["aie4ml"]["platform"] == f"xilinx_{board}_base"
 
 
-def test_a_file_somatile_calibrate_writes_becomes_a_project(tmp_path, capsys):
+def test_a_hybrid_calibrated_for_the_ai_engine_predicts_its_bits_and_becomes_its_project(tmp_path, capsys, rng):
+    """calibrate --fallback-exp aie4ml: the file names aie4ml's exp; on the host it predicts aie_exp's bits on the
+    fallback heads and HCCS's on the others, and the project built from it holds that choice per head."""
     path = tmp_path / "calibrated.yaml"
     assert cli(["calibrate", "--profile", "paper", "--cols", "64", "--heads", "4", "--threshold", "0.16",
-                "-o", str(path)]) == 0
+                "--fallback-exp", "aie4ml", "-o", str(path)]) == 0
+    assert "fallback_exp: aie4ml" in path.read_text()
     params = HccsParams.from_yaml(path)
     assert params.fallback.any() and not params.fallback.all()  # both kernels in one project
+    x = rng.integers(-128, 128, (params.heads, 40, params.cols), dtype=np.int8)
+    y = params.apply_int(x)
+    for h in range(params.heads):
+        want = (aie_exp.aie_exp_softmax(x[h], params.exp_kq[h]) if params.fallback[h] else
+                hccs_int(x[h], params.B[h], params.S[h], params.dmax[h], mode=params.mode))
+        assert np.array_equal(y[h], want), h
+    assert np.array_equal(aie_exp.predict_aie(params, x), y)
     capsys.readouterr()
     assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 0
-    check_project(tmp_path / "vek280" / "aie", params, capsys.readouterr().out)
+    project = tmp_path / "vek280" / "aie"
+    check_project(project, params, capsys.readouterr().out)
+    kernels = {h: k["config"]["approximation"] for h, k in kernel_choice(project).items()}
+    assert kernels == {h: "exp" if params.fallback[h] else "hccs" for h in range(params.heads)}
+    manifest = json.loads((project / "manifest.json").read_text())
+    assert manifest["result"]["params"]["fallback_exp"] == "aie4ml"
+
+
+@pytest.mark.parametrize("fallback_exp", [None, "somatile"])
+def test_fallback_heads_on_somatiles_exp_are_refused_naming_the_key(tmp_path, capsys, fallback_exp):
+    """The AI Engine has only aie4ml's exp: a file whose fallback heads name somatile's (or leave the default)
+    would predict bits the project does not return."""
+    path = params_file(tmp_path, fallback_exp=fallback_exp)
+    if fallback_exp is None:
+        text = yaml.safe_load(path.read_text())
+        del text["fallback_exp"]
+        path.write_text(yaml.safe_dump(text, sort_keys=False))
+    assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 2
+    line = one_line_error(capsys)
+    assert f"{path}: key 'fallback_exp': 'somatile' for fallback heads [3]" in line
+    assert "the AI Engine cannot run somatile's integer exp" in line and "--fallback-exp aie4ml" in line
+    # Without fallback heads the choice does not matter.
+    path = params_file(tmp_path, fallback_exp="somatile", fallback=[False] * 4)
+    assert cli(["build", "--board", "vek280", "--top", "aie", "--params", str(path), "--out", str(tmp_path)]) == 0
 
 
 def check_expected_outputs(project, heads, params):
@@ -199,7 +232,8 @@ def test_the_aie_top_needs_a_parameter_file(tmp_path, capsys):
     ({"B": [255, 40, 64, 200], "S": [6, 1, 0, 3], "dmax": [40, 40, 0, 64], "allow_zero_floor": True},
      "head 1 (B=40, S=1, dmax=40, cols=64): aie4ml refuses it: HCCS Softmax requires cols * (B - S*Dmax) >= 256"),
     ({"out": "int16"}, "head 3: key 'out': 'int16' with a fallback head"),
-    ({"profile": "wide", "normaliser": "hccs", "B": [4096] * 4, "S": [256] * 4, "dmax": [4096] * 4},
+    ({"profile": "wide", "normaliser": "hccs", "B": [4096] * 4, "S": [256] * 4, "dmax": [4096] * 4,
+      "fallback_exp": "somatile"},
      "key 'profile': the parameters are for profile 'wide', expected 'paper'"),
 ])
 def test_parameters_aie4ml_refuses_are_one_line_naming_the_head_and_rule(tmp_path, capsys, changes, message):

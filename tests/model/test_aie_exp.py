@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from somatile.model import aie_exp
-from somatile.model.aie_exp import aie_exp_softmax, exp_kq_from_scale, exp_term_spec
+from somatile.model.aie_exp import aie_exp_softmax, exp_kq_from_scale, exp_term_spec, predict_aie
 
 OUTS = ("uint8", "int16")
 
@@ -339,7 +339,8 @@ def test_the_generated_kernel_source_computes_what_the_model_says(tmp_path, boar
         "format": "somatile-hccs-params", "version": 1, "cols": 64, "mode": mode, "out": "uint8",
         "B": [255, 511, 64] + [255] * 3, "S": [6, 1, 0] + [6] * 3, "dmax": [40, 127, 0] + [40] * 3,
         "fallback": [False, False, False, True, True, True],
-        "scale": [0.1, 0.1, 0.1] + [float(s) for s in aie_exp.scale_from_exp_kq(kq_edges)]}))
+        "scale": [0.1, 0.1, 0.1] + [float(s) for s in aie_exp.scale_from_exp_kq(kq_edges)],
+        "fallback_exp": "aie4ml"}))
     cfg = boards.load(board)
     project = tmp_path / "project"
     aie.generate(cfg, project, params_path, rows)
@@ -373,3 +374,67 @@ def test_the_generated_kernel_source_computes_what_the_model_says(tmp_path, boar
         else:
             want = hccs_int(flat, params.B[h], params.S[h], params.dmax[h], mode=mode)
         assert np.array_equal(y.reshape(-1, params.cols), want), f"head {h} ({c['struct']}, tiled={c['tiled']})"
+
+
+def hybrid_params(**over):
+    from somatile.model.params import HccsParams
+
+    base = dict(B=np.array([255, 200, 255]), S=np.array([6, 2, 6]), dmax=np.array([40, 90, 40]),
+                fallback=np.array([False, True, True]), scale=np.array([0.1, 0.05, 0.2]), cols=64,
+                fallback_exp="aie4ml")
+    return HccsParams(**(base | over))
+
+
+def test_params_with_aie4mls_exp_run_it_on_fallback_heads_and_round_trip(tmp_path, rng):
+    from somatile.model import intexp
+    from somatile.model.hccs import hccs_int
+    from somatile.model.params import HccsParams
+
+    p = hybrid_params()
+    x = rng.integers(-128, 128, (3, 50, 64), dtype=np.int8)
+    y = p.apply_int(x)
+    assert np.array_equal(y[0], hccs_int(x[0], 255, 6, 40))
+    for h in (1, 2):
+        assert np.array_equal(y[h], aie_exp_softmax(x[h], exp_kq_from_scale(p.scale[h])))
+    assert np.array_equal(p.apply_int(x, impl="numpy"), y)
+    assert np.array_equal(predict_aie(p, x), y)
+    somatile = hybrid_params(fallback_exp="somatile").apply_int(x)
+    assert np.array_equal(somatile[1], intexp.intexp_softmax(x[1], intexp.exp_mult_from_scale(0.05)))
+    assert not np.array_equal(somatile[1:], y[1:])  # the two integer exps differ
+    p.to_yaml(tmp_path / "p.yaml")
+    assert "fallback_exp: aie4ml" in (tmp_path / "p.yaml").read_text()
+    q = HccsParams.from_yaml(tmp_path / "p.yaml")
+    assert q.fallback_exp == "aie4ml" and np.array_equal(q.apply_int(x), y)
+    assert HccsParams.from_dict({k: v for k, v in p.to_dict().items() if k != "fallback_exp"}).fallback_exp == \
+        "somatile"
+    with pytest.raises(ValueError, match="params: key 'fallback_exp': 'somatile'"):
+        predict_aie(hybrid_params(fallback_exp="somatile"), x)
+    mask = np.ones(x.shape, bool)
+    mask[0, :, 60:] = False  # a mask on a calibrated head is HCCS's business
+    assert np.array_equal(p.apply_int(x, mask)[1:], y[1:])
+    mask[2, 3, 0] = False
+    with pytest.raises(ValueError, match="mask: fallback_exp 'aie4ml': the exact-exp kernel has no mask"):
+        p.apply_int(x, mask)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"fallback_exp": "intexp"}, r"fallback_exp: expected one of \['somatile', 'aie4ml'\], got 'intexp'"),
+    ({"fallback_exp": 1}, "key 'fallback_exp': expected a string, got 1"),
+    ({"scale": [0.1, 0.05, 0.5]}, "scale: head 2 scale 0.5 gives KQ = 185, outside 1..128"),
+    ({"profile": "wide", "B": [4096] * 3, "S": [256] * 3, "dmax": [4096] * 3},
+     "fallback_exp: 'aie4ml' needs profile 'paper'"),
+])
+def test_the_fallback_exp_key_is_validated_naming_the_file_and_key(tmp_path, over, message):
+    import yaml
+
+    from somatile.model.params import HccsParams
+
+    d = hybrid_params().to_dict() | over
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    with pytest.raises(ValueError, match=message) as info:
+        HccsParams.from_yaml(path)
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+    # A fallback scale aie4ml's exp cannot take is fine for somatile's exp on a calibrated head.
+    if "scale" in over:
+        assert hybrid_params(fallback=np.array([False, True, False]), scale=np.array(over["scale"])).heads == 3
