@@ -2,10 +2,12 @@
  * the link is the PS UART0 (an Arm PL011), the tile stream an AXI DMA in the PL (AMD PG021, simple mode)
  * between the RPU's memory and the tile's AXI4-Stream ports, time the R5's PMU cycle counter.
  *
- * Addresses come from the block design (docs/aie.md): VERSAL_UART_BASE, VERSAL_DMA_BASE. The DMA's buffer
- * length register must hold a whole frame (PG021 c_sg_length_width >= 15 for the default 16 KB payload). The R5
- * runs with its caches off (its reset state; nothing here enables them), so the DMA's bounce buffers in the
- * on-chip memory (section .dma, reachable from the PL at the same address) need no cache maintenance.
+ * Addresses come from somatile_versal.h, generated from the declaration the block design assigns them from
+ * (boards/vivado.py ADDRESS_MAP; docs/aie.md): VERSAL_UART_BASE, VERSAL_DMA_BASE, and the on-chip memory the
+ * DMA reaches, VERSAL_DMA_BUFFER_BASE. The DMA's length registers must hold a whole frame (checked below
+ * against VERSAL_DMA_LENGTH_BITS, the block design's c_sg_length_width). The R5 runs with its caches off (its
+ * reset state; nothing here enables them), so the DMA's bounce buffers in the on-chip memory (section .dma,
+ * reachable from the PL at the same address) need no cache maintenance.
  * FW_CPU_HZ is the R5 clock the build was made for. */
 #include <string.h>
 
@@ -18,12 +20,9 @@
 #ifndef FW_CPU_HZ
 #error "FW_CPU_HZ (the Cortex-R5F clock in Hz) must be defined by the build"
 #endif
-#ifndef VERSAL_UART_BASE
-#error "VERSAL_UART_BASE (the PS UART's address) must be defined by the build"
-#endif
-#ifndef VERSAL_DMA_BASE
-#error "VERSAL_DMA_BASE (the AXI DMA's address in the block design) must be defined by the build"
-#endif
+
+/* A frame longer than the DMA's length registers hold would be cut short without an error. */
+typedef char dma_length_holds_a_frame[(FW_FRAME_BYTES < (1ul << VERSAL_DMA_LENGTH_BITS)) ? 1 : -1];
 
 #define REG(address) (*(volatile uint32_t *)(uintptr_t)(address))
 
