@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 INPUT_BITS = 8
 """Logits enter as int8."""
@@ -40,6 +43,9 @@ INV_BITS = 23
 ``allow_zero_floor``); without them the paper's bound inv <= 32767 (16 bit) holds."""
 PRODUCT_BITS = 24
 """Unsigned width of score * inv before the shift (clb uint8 reaches 255 << 16 - 1)."""
+DSUM_BLOCK = 512
+"""Elements whose distances (each <= 127) the numba kernel sums in uint16 lanes before widening: 512 * 127
+< 2^16."""
 
 B_MIN, B_MAX = 1, 32767
 S_MIN, S_MAX = 0, 127
@@ -75,6 +81,8 @@ WIDTHS = {
 
 def per_head(name: str, value, heads: int) -> np.ndarray:
     """Expand an integer or a length-``heads`` sequence of integers to int64 (heads,); errors name ``name``."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return np.full(heads, value, np.int64)  # the common case, without the array round trip
     arr = np.asarray(value)
     if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
         raise ValueError(f"{name}: expected integers, got {value!r}")
@@ -199,22 +207,66 @@ def _hccs_spec(x3, valid3, B, S, dmax, mode: int, out: int) -> np.ndarray:
 @numba.njit(cache=True, nogil=True, inline="always")
 def masked_max_at(x, valid, x0, n, every):
     """(max, count) of the valid elements of the row at unsigned offset x0 of the flat arrays x and valid
-    (every element when ``every``) as int32 and int64; (-128, 0) when none is valid. Shared by the row
-    kernels; inlined, at the price of reference counting its two array arguments once per row."""
-    lowest = np.int32(-(1 << (INPUT_BITS - 1)))
+    (every element when ``every``) as int32 and int64; (-128, 0) when none is valid. The max runs in int8
+    lanes (x holds int8 values whatever its dtype). Inlined, at the price of reference counting its two
+    array arguments once per row."""
+    lowest = np.int8(-(1 << (INPUT_BITS - 1)))
     m = lowest
     if every:
         for i in range(n):
-            v = np.int32(x[x0 + np.uint64(i)])
+            v = np.int8(x[x0 + np.uint64(i)])
             m = v if v > m else m
-        return m, np.int64(n)
+        return np.int32(m), np.int64(n)
     count = 0
     for i in range(n):
         valid_i = valid[x0 + np.uint64(i)]
-        v = np.int32(x[x0 + np.uint64(i)]) if valid_i else lowest
+        v = np.int8(x[x0 + np.uint64(i)]) if valid_i else lowest
         m = v if v > m else m
         count += 1 if valid_i else 0
-    return m, np.int64(count)
+    return np.int32(m), np.int64(count)
+
+
+@intrinsic
+def mulhi_u16(typingctx, a, b):
+    """High half of the 32-bit product of two uint16 values, as uint16. Written as LLVM IR in i32 because
+    numba's integer typing widens ``uint32 * uint32`` to 64 bits, which LLVM then vectorises as 64-bit
+    multiplies; in i32 they are 32-bit multiplies (LLVM 20 does not match the broadcast reciprocal to
+    ``vpmulhuw``)."""
+    sig = types.uint16(types.uint16, types.uint16)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        product = builder.mul(builder.zext(args[0], i32), builder.zext(args[1], i32))
+        return builder.trunc(builder.lshr(product, ir.Constant(i32, 16)), ir.IntType(16))
+
+    return sig, codegen
+
+
+@intrinsic
+def shl_i32(typingctx, a, s):
+    """a << s in int32 for 0 <= s < 32. numba types a shift of int32 values as int64, and LLVM cannot narrow
+    a variable shift back (its amount would be poison at 32..63), so the vector loop would run 64-bit
+    lanes."""
+    return types.int32(types.int32, types.int32), lambda context, builder, sig, args: builder.shl(*args)
+
+
+@intrinsic
+def ashr_i32(typingctx, a, s):
+    """a >> s (arithmetic) in int32 for 0 <= s < 32; see :func:`shl_i32`."""
+    return types.int32(types.int32, types.int32), lambda context, builder, sig, args: builder.ashr(*args)
+
+
+@intrinsic
+def mul_i32(typingctx, a, b):
+    """a * b in int32 (the caller knows it does not overflow). numba types it int64; a cast back to int32
+    does not always let LLVM narrow the vector multiply again."""
+    return types.int32(types.int32, types.int32), lambda context, builder, sig, args: builder.mul(*args)
+
+
+@intrinsic
+def sub_i32(typingctx, a, b):
+    """a - b in int32 (no overflow); see :func:`mul_i32`."""
+    return types.int32(types.int32, types.int32), lambda context, builder, sig, args: builder.sub(*args)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -259,50 +311,123 @@ def hccs_rows2(x2, valid2, B, S, dmax, mode_code, out_code, out2):
     dmax; valid2 (R, N), or (R, 0) when every element takes part. Returns the sum of the row totals.
     Single thread.
 
-    The same integers as the spec, rearranged so that each step is a short vectorised loop with no
-    allocation. With ``lo = m - dmax``, ``d_i = m - max(x_i, lo)``, so ``total = B*count - S*(count*m -
-    sum max(x_i, lo))`` and ``score_i * inv = (B - S*m)*inv + (S*inv) * max(x_i, lo)``: one multiply per
-    element, formed modulo 2^32 in int32 lanes and exact because its true value, ``score_i * inv``, is
-    below 2^24 (docs/numerics.md, step 7). Each step is cast back to int32, since numba would otherwise
-    widen to int64 and cut the SIMD lanes. The loops are written out here rather than in helpers taking
-    the arrays: numba reference-counts array arguments of every (even inlined) call with atomic operations,
-    which on a 128-element row cost more than the row; rows are addressed by unsigned offsets into the
-    flat arrays, so that numba's negative-index wrap-around does not turn the loads into gathers.
+    The same integers as the spec, rearranged so that LLVM vectorises every pass in the narrowest lanes
+    that hold it exactly (docs/numerics.md gives the bounds):
+
+    - the max in int8 lanes;
+    - ``d_i = m - max(x_i, lo)`` with ``lo = max(m - dmax, -128)`` lies in 0..dmax <= 127, so it is formed
+      modulo 2^8 and summed in uint16 lanes over blocks of :data:`DSUM_BLOCK` elements (at most 512 * 127
+      each, no overflow); ``total = B*count - S*sum(d_i)``;
+    - ``2*score_i = 2B - 2S*d_i`` fits uint16 (B <= 32767), so when ``inv < 2^16`` (every row that meets
+      the floor-mass rule) ``(score_i * inv) >> 15 = (2*score_i * inv) >> 16``, the high half of a 16 x 16
+      bit product: one multiply per element in uint16 lanes. For int16 output ``score_i * inv <= 65534``
+      (``score_i <= total``, inv <= 32767 >> floor(log2 total)), so the low half is exact. Rows with a
+      wider reciprocal (masks, ``allow_zero_floor``) take int32 lanes.
+
+    Every step is cast back to its lane width, since numba would otherwise widen to int64 and cut the SIMD
+    lanes. The loops are written out here rather than in helpers taking the arrays: numba reference-counts
+    array arguments of every (even inlined) call with atomic operations, which on a 128-element row cost
+    more than the row; rows are addressed by unsigned offsets into the flat arrays, so that numba's
+    negative-index wrap-around does not turn the loads into gathers.
     """
     rows, n = x2.shape
     x, out, valid = x2.reshape(-1), out2.reshape(-1), valid2.reshape(-1)
     every = valid2.shape[1] == 0
-    shift = np.int32(INV_SHIFT if out_code == OUT_UINT8 else 0)
-    cap = np.int32(UINT8_MAX if out_code == OUT_UINT8 else INT16_MAX)
+    narrow_out = out_code == OUT_UINT8
+    shift = np.int32(INV_SHIFT if narrow_out else 0)
+    cap = np.int32(UINT8_MAX if narrow_out else INT16_MAX)
+    cap16 = np.uint16(cap)
+    twice_b = np.uint16(2 * B)
+    twice_s = np.uint16(2 * S)
+    b16, s16 = np.uint16(B), np.uint16(S)
     grand_total = np.int64(0)
     for r in range(rows):
         x0 = np.uint64(r * n)
-        m, count = masked_max_at(x, valid, x0, n, every)
-        lo = np.int32(m - dmax)
-        clipped = np.int32(0)
+        m = np.int8(-(1 << (INPUT_BITS - 1)))
+        count = np.int64(n)
         if every:
             for i in range(n):
-                v = np.int32(x[x0 + np.uint64(i)])
-                clipped = np.int32(clipped + (v if v > lo else lo))
+                v = np.int8(x[x0 + np.uint64(i)])
+                m = v if v > m else m
         else:
+            count = np.int64(0)
             for i in range(n):
-                v = np.int32(x[x0 + np.uint64(i)])
-                clipped = np.int32(clipped + ((v if v > lo else lo) if valid[x0 + np.uint64(i)] else np.int32(0)))
-        if count == 0:
-            for i in range(n):
-                out[x0 + np.uint64(i)] = 0
-            continue
-        total = np.int64(B) * count - np.int64(S) * (count * np.int64(m) - clipped)
+                ok = valid[x0 + np.uint64(i)]
+                v = np.int8(x[x0 + np.uint64(i)]) if ok else np.int8(-(1 << (INPUT_BITS - 1)))
+                m = v if v > m else m
+                count += np.int64(1) if ok else np.int64(0)
+            if count == 0:
+                for i in range(n):
+                    out[x0 + np.uint64(i)] = 0
+                continue
+        lo = np.int8(max(np.int64(m) - dmax, -(1 << (INPUT_BITS - 1))))
+        dsum = np.int64(0)
+        for b0 in range(0, n, DSUM_BLOCK):
+            block = np.uint16(0)
+            b1 = min(b0 + DSUM_BLOCK, n)
+            if every:
+                for i in range(b0, b1):
+                    v = np.int8(x[x0 + np.uint64(i)])
+                    block = np.uint16(block + np.uint16(np.uint8(m - (v if v > lo else lo))))
+            else:
+                for i in range(b0, b1):
+                    v = np.int8(x[x0 + np.uint64(i)])
+                    d = np.uint8(m - (v if v > lo else lo))
+                    block = np.uint16(block + np.uint16(d if valid[x0 + np.uint64(i)] else np.uint8(0)))
+            dsum += np.int64(block)
+        total = np.int64(B) * count - np.int64(S) * dsum
         grand_total += total
         inv = _reciprocal(total, mode_code, out_code)
-        base = np.int32((np.int64(B) - np.int64(S) * m) * inv)
-        slope = np.int32(np.int64(S) * inv)
-        for i in range(n):
-            v = np.int32(x[x0 + np.uint64(i)])
-            p = np.int32(np.int32(base + np.int32(slope * (v if v > lo else lo))) >> shift)
-            p = p if p < cap else cap
-            out[x0 + np.uint64(i)] = p if every or valid[x0 + np.uint64(i)] else 0
+        if narrow_out and inv < 65536:
+            inv16 = np.uint16(inv)
+            # A div row sums to at most 255 << 15 before the shift, so only clb can exceed 255.
+            saturates = mode_code == MODE_CLB
+            if every:
+                for i in range(n):
+                    v = np.int8(x[x0 + np.uint64(i)])
+                    d = np.uint16(np.uint8(m - (v if v > lo else lo)))
+                    p = mulhi_u16(np.uint16(twice_b - np.uint16(twice_s * d)), inv16)
+                    out[x0 + np.uint64(i)] = cap16 if saturates and p > cap16 else p
+            else:
+                for i in range(n):
+                    v = np.int8(x[x0 + np.uint64(i)])
+                    d = np.uint16(np.uint8(m - (v if v > lo else lo)))
+                    p = mulhi_u16(np.uint16(twice_b - np.uint16(twice_s * d)), inv16)
+                    p = p if p < cap16 else cap16
+                    out[x0 + np.uint64(i)] = p if valid[x0 + np.uint64(i)] else np.uint16(0)
+        elif not narrow_out:
+            inv16 = np.uint16(inv)  # <= 32767
+            if every:
+                for i in range(n):
+                    v = np.int8(x[x0 + np.uint64(i)])
+                    d = np.uint16(np.uint8(m - (v if v > lo else lo)))
+                    p = np.uint16(np.uint16(b16 - np.uint16(s16 * d)) * inv16)
+                    out[x0 + np.uint64(i)] = p if p < cap16 else cap16
+            else:
+                for i in range(n):
+                    v = np.int8(x[x0 + np.uint64(i)])
+                    d = np.uint16(np.uint8(m - (v if v > lo else lo)))
+                    p = np.uint16(np.uint16(b16 - np.uint16(s16 * d)) * inv16)
+                    p = p if p < cap16 else cap16
+                    out[x0 + np.uint64(i)] = p if valid[x0 + np.uint64(i)] else np.uint16(0)
+        else:
+            lo32 = np.int32(lo)
+            base = np.int32((np.int64(B) - np.int64(S) * m) * inv)
+            slope = np.int32(np.int64(S) * inv)
+            for i in range(n):
+                v = np.int32(x[x0 + np.uint64(i)])
+                p = np.int32(np.int32(base + np.int32(slope * (v if v > lo32 else lo32))) >> shift)
+                p = p if p < cap else cap
+                out[x0 + np.uint64(i)] = p if every or valid[x0 + np.uint64(i)] else 0
     return grand_total
+
+
+@numba.njit(cache=True, nogil=True)
+def hccs_heads(x3, valid3, B, S, dmax, mode_code, out_code, out3):
+    """:func:`hccs_rows2` of every head of x3 (H, R, N) with head h's B[h], S[h], dmax[h]; valid3 (H, R, N)
+    or (H, R, 0). One call from Python for the whole tensor: a numba dispatch costs microseconds."""
+    for h in range(x3.shape[0]):
+        hccs_rows2(x3[h], valid3[h], B[h], S[h], dmax[h], mode_code, out_code, out3[h])
 
 
 def code_of(table: dict, name: str, value: str) -> int:
@@ -316,8 +441,8 @@ def row_chunks(rows: int, threads: int) -> list[slice]:
     """``threads`` contiguous slices covering ``rows`` rows (fewer when there are fewer rows)."""
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads: expected a positive integer, got {threads!r}")
-    bounds = np.linspace(0, rows, min(threads, max(rows, 1)) + 1).astype(int)
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    parts = min(threads, max(rows, 1))
+    return [slice(rows * i // parts, rows * (i + 1) // parts) for i in range(parts)]
 
 
 def run_threaded(kernel, jobs: list[tuple], threads: int) -> None:
@@ -358,8 +483,12 @@ def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8"
         result = np.empty(x3.shape, OUT_DTYPES[out])
         x3 = np.ascontiguousarray(x3)
         valid = np.empty(x3.shape[:2] + (0,), np.bool_) if valid3 is None else np.ascontiguousarray(valid3)
-        run_threaded(hccs_rows2, [(x3[h, c], valid[h, c], B[h], S[h], dmax[h], mode_code, out_code, result[h, c])
-                                  for h in range(x3.shape[0]) for c in row_chunks(x3.shape[1], threads)], threads)
+        if threads == 1:
+            hccs_heads(x3, valid, B, S, dmax, mode_code, out_code, result)
+        else:
+            run_threaded(hccs_rows2, [(x3[h, c], valid[h, c], B[h], S[h], dmax[h], mode_code, out_code,
+                                       result[h, c]) for h in range(x3.shape[0])
+                                      for c in row_chunks(x3.shape[1], threads)], threads)
     else:
         raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")
     return result[0] if squeeze else result

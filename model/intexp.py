@@ -22,8 +22,9 @@ import numba
 import numpy as np
 
 from somatile.model import nbcache
-from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, code_of,
-                                 floor_log2, leading_bit, masked_max_at, per_head_in_range)
+from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, ashr_i32,
+                                 code_of, floor_log2, leading_bit, masked_max_at, mul_i32, per_head_in_range,
+                                 shl_i32, sub_i32)
 
 # Its kernels inline @njit code of these files: a change there must reach this module's numba cache.
 nbcache.drop_stale(__file__, ("intexp.py", "hccs.py"))
@@ -107,13 +108,15 @@ def _intexp_spec(x3, valid3, mult, out: int) -> np.ndarray:
 @numba.njit(cache=True, nogil=True, inline="always")
 def _exp_term(m, x, mult):
     """E of steps 2-7 (docs/numerics.md) for the valid element x of a row with max m, in int32: every
-    intermediate fits (u < 2**24, w*w < 2**30), and int32 casts keep numba from widening the SIMD lanes."""
-    u = np.int32(np.int32(m - np.int32(x)) * mult)
-    z = np.int32(u >> EXP_FRAC_BITS)
-    w = np.int32(np.int32(POLY_B - np.int32(u & (EXP_ONE - 1))) >> 1)
-    e = np.int32(np.int32(np.int32(POLY_A * np.int32(np.int32(w * w) >> 13)) >> 15) + POLY_C)
+    intermediate fits (u < 2**24, w*w < 2**30). The shifts, multiplies and subtractions are int32 ones
+    (:func:`hccs.ashr_i32` and its siblings): numba types them int64, and LLVM then keeps several of them
+    in 64-bit lanes."""
+    u = mul_i32(sub_i32(m, np.int32(x)), mult)
+    z = ashr_i32(u, EXP_FRAC_BITS)
+    w = ashr_i32(sub_i32(POLY_B, np.int32(u & (EXP_ONE - 1))), 1)
+    e = np.int32(ashr_i32(mul_i32(POLY_A, ashr_i32(mul_i32(w, w), 13)), 15) + POLY_C)
     shift = z if z < EXP_ZERO_SHIFT else np.int32(EXP_ZERO_SHIFT)
-    rounded = np.int32(np.int32(e + np.int32(np.int32(1 << shift) >> 1)) >> shift)
+    rounded = ashr_i32(np.int32(e + np.int32(shl_i32(np.int32(1), shift) >> 1)), shift)
     return rounded if z < EXP_ZERO_SHIFT else np.int32(0)
 
 
@@ -142,7 +145,9 @@ def intexp_rows2(x2, valid2, mult, out_code, out2, terms):
     E. Single thread.
 
     The loops are written out here, with rows addressed by unsigned offsets into the flat arrays, for the
-    reasons of :func:`hccs.hccs_rows2` (reference counting of array arguments, negative-index wrap-around).
+    reasons of :func:`hccs.hccs_rows2` (reference counting of array arguments, negative-index wrap-around);
+    each variant (masked or not, E stored or not) has its own loop, so that no loop body branches. (A
+    per-head table of E by distance, 256 entries, was measured slower: the lookups do not vectorise.)
     """
     rows, n = x2.shape
     x, out, valid = x2.reshape(-1), out2.reshape(-1), valid2.reshape(-1)
@@ -159,24 +164,48 @@ def intexp_rows2(x2, valid2, mult, out_code, out2, terms):
                 out[x0 + np.uint64(i)] = 0
             continue
         total = np.int32(0)
-        for i in range(n):
-            big_e = _exp_term(m, x[x0 + np.uint64(i)], mult32)
-            big_e = big_e if every or valid[x0 + np.uint64(i)] else np.int32(0)
-            if stored:
+        if stored and every:
+            for i in range(n):
+                big_e = _exp_term(m, x[x0 + np.uint64(i)], mult32)
                 terms[i] = big_e
-            total = np.int32(total + big_e)
+                total = np.int32(total + big_e)
+        elif stored:
+            for i in range(n):
+                big_e = _exp_term(m, x[x0 + np.uint64(i)], mult32)
+                big_e = big_e if valid[x0 + np.uint64(i)] else np.int32(0)
+                terms[i] = big_e
+                total = np.int32(total + big_e)
+        elif every:
+            for i in range(n):
+                total = np.int32(total + _exp_term(m, x[x0 + np.uint64(i)], mult32))
+        else:
+            for i in range(n):
+                big_e = _exp_term(m, x[x0 + np.uint64(i)], mult32)
+                total = np.int32(total + (big_e if valid[x0 + np.uint64(i)] else np.int32(0)))
         grand_total += total
         pre_shift = np.int32(max(leading_bit(total) - (SUM_NORM_BITS - 1), 0))
         inv = np.int32(numerator // np.uint32(total >> pre_shift))
         if stored:
             for i in range(n):
-                out[x0 + np.uint64(i)] = np.int32(np.int32(np.int32(terms[i] >> pre_shift) * inv) >> 15)
-            continue
-        for i in range(n):
-            big_e = _exp_term(m, x[x0 + np.uint64(i)], mult32)
-            p = np.int32(np.int32(np.int32(big_e >> pre_shift) * inv) >> 15)
-            out[x0 + np.uint64(i)] = p if every or valid[x0 + np.uint64(i)] else 0
+                out[x0 + np.uint64(i)] = np.int32(np.int32(ashr_i32(terms[i], pre_shift) * inv) >> 15)
+        elif every:
+            for i in range(n):
+                out[x0 + np.uint64(i)] = np.int32(np.int32(ashr_i32(_exp_term(m, x[x0 + np.uint64(i)], mult32),
+                                                                    pre_shift) * inv) >> 15)
+        else:
+            for i in range(n):
+                p = np.int32(np.int32(ashr_i32(_exp_term(m, x[x0 + np.uint64(i)], mult32), pre_shift) * inv) >> 15)
+                out[x0 + np.uint64(i)] = p if valid[x0 + np.uint64(i)] else 0
     return grand_total
+
+
+@numba.njit(cache=True, nogil=True)
+def intexp_heads(x3, valid3, mult, out_code, out3):
+    """:func:`intexp_rows2` of every head of x3 (H, R, N) with head h's M = mult[h], in one call from
+    Python; valid3 (H, R, N) or (H, R, 0)."""
+    terms = np.empty(x3.shape[2], np.int32)
+    for h in range(x3.shape[0]):
+        intexp_rows2(x3[h], valid3[h], mult[h], out_code, out3[h], terms)
 
 
 def intexp_softmax(x: np.ndarray, mult, *, out: str = "uint8", mask=None, impl: str = "numba") -> np.ndarray:
@@ -198,9 +227,7 @@ def intexp_softmax(x: np.ndarray, mult, *, out: str = "uint8", mask=None, impl: 
         result = np.empty(x3.shape, OUT_DTYPES[out])
         x3 = np.ascontiguousarray(x3)
         valid = np.empty(x3.shape[:2] + (0,), np.bool_) if valid3 is None else np.ascontiguousarray(valid3)
-        terms = np.empty(x3.shape[-1], np.int32)
-        for h in range(x3.shape[0]):
-            intexp_rows2(x3[h], valid[h], mult[h], out_code, result[h], terms)
+        intexp_heads(x3, valid, mult, out_code, result)
     else:
         raise ValueError(f"impl: expected 'numba' or 'numpy', got {impl!r}")
     return result[0] if squeeze else result

@@ -262,3 +262,37 @@ def test_rows_split_over_threads_give_the_same_bits(rng, threads):
     assert np.array_equal(hccs.hccs_int(x[:, :2], 60, 1, 40, threads=threads), hccs.hccs_int(x[:, :2], 60, 1, 40))
     with pytest.raises(ValueError, match="threads: expected a positive integer, got 0"):
         hccs.hccs_int(x, 60, 1, 40, threads=0)
+
+
+@pytest.mark.parametrize("mode,out", MODES)
+@pytest.mark.parametrize("cols", [511, 512, 513, 1100])
+def test_lane_width_edges_match_spec(rng, mode, out, cols):
+    """The numba kernel's narrow lanes at their limits: distance sums across the uint16 blocks (every
+    distance at dmax = 127), a max of -128 with the clip below int8, rows whose few valid elements give a
+    reciprocal of 2^16 or more (the int32 fallback), and the largest B of the row-mass rule."""
+    b_max = hccs.MAX_ROW_MASS // cols
+    rows = np.full((6, cols), -128, np.int8)
+    rows[0, 0] = 127                        # every other distance clips at dmax
+    rows[2] = rng.integers(-128, 128, cols)
+    rows[3, ::3] = 127
+    rows[4] = 127
+    rows[5] = rng.integers(-128, -120, cols)
+    S = max(1, (b_max - 1) // 127)
+    for B, S_, D in ((b_max, 0, 0), (b_max, S, 127), (b_max, 1, 1)):
+        if cols * (B - S_ * D) < hccs.MIN_FLOOR_MASS:
+            continue
+        both(rows, B, S_, D, mode=mode, out=out)
+        mask = rng.random(rows.shape) < 0.5
+        mask[1] = False
+        mask[2] = False
+        mask[2, [3, cols - 1]] = True       # two valid elements: total far below the floor mass
+        mask[3, 5:] = False
+        both(rows, B, S_, D, mode=mode, out=out, mask=mask)
+    both(rows, 1, 1, 1, mode=mode, out=out, allow_zero_floor=True)
+    both(rows, 1, 1, 1, mode=mode, out=out, allow_zero_floor=True, mask=rng.random(rows.shape) < 0.01)
+
+
+def test_threads_match_single_thread(rng):
+    x = rng.integers(-128, 128, size=(2, 37, 64)).astype(np.int8)
+    B, S, D = random_params(rng, 2, 64)
+    assert np.array_equal(hccs_int(x, B, S, D, threads=3), hccs_int(x, B, S, D, impl="numpy"))

@@ -147,3 +147,16 @@ def test_scale_conversion_and_errors():
         intexp_softmax(x.astype(np.int16), 5)
     with pytest.raises(ValueError, match="rows are empty"):
         intexp_softmax(np.zeros((2, 0), np.int8), 5)
+
+
+@pytest.mark.parametrize("out", OUTS)
+def test_every_distance_and_shift_matches_spec(out):
+    """Every distance 0..255 in one row, at scales where the int32 shifts of the numba kernel run from 0 to
+    past the zero shift (z >= 16), and a row whose masked elements lie above the valid max."""
+    row = np.arange(-128, 128, dtype=np.int8)
+    rows = np.stack([row, row[::-1], np.roll(row, 77)])
+    mask = np.ones(rows.shape, bool)
+    mask[2, rows[2] > 0] = False
+    for mult in (1, 129, 2048, 4095, 4096, 30000, 65535):
+        both(rows, mult, out=out)
+        both(rows, mult, out=out, mask=mask)
