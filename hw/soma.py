@@ -3,20 +3,27 @@
 The unit works on the tile's local memory (``hw/tile.py`` owns it and lends the unit a read and a write
 port while it runs). A head's state lives there in the layout of :func:`somatile.hw.regmap.state_layout`
 (ring and sink keys/values int8, field and gate field int16 with 7 fraction bits, counters u32); q, k and v
-come from the tile's staging area and the int8 output goes back there.
+come from the tile's staging area and the output goes back there.
 
-One step, per head (docs/numerics.md, section Soma, is the contract):
+It is built for the tile's profile (``TileParams.profile``, docs/numerics.md "Two integer profiles"): "paper"
+(int8 logits, uint8 probabilities, int8 output) or "wide" (int16 logits, Q15 probabilities, int16 output,
+``regmap.decode_out_bytes``); the wide profile changes steps 3, 4 and the output's saturation below and
+nothing else. One step, per head (docs/numerics.md, section Soma, is the contract):
 
 1. LOAD: q, k, v, the field and the gate field into LUT RAMs (ElementRam), the counters into registers.
 2. WRITE (first when ``include_self``, else after step 5): k and v into the next sink slot or the ring.
 3. SCORES: ``q . K[n]`` for every one of the ``sinks + ring`` slots, ``mac_lanes`` int8 MACs per cycle, then
-   ``x8 = sat8(rshift_round(score * score_mult, score_shift) - recency_int * distance)`` (0 where invalid).
-4. NORMALISE: integer HCCS (div/clb) through the streaming HCCS unit of ``hw/hccs.py`` (``hccs_lanes``
-   per beat), or the integer exp through :class:`RowNormaliser`; uint8 probabilities; and, in parallel, the query gate ``sat(64 + rshift_round((q . G) * gate_mult, gate_shift), 0, 128)`` (128 when
+   ``x = sat(rshift_round(score * score_mult, score_shift) - recency_int * distance)`` to int8 (wide: int16;
+   0 where invalid).
+4. NORMALISE: paper: integer HCCS (div/clb) through the streaming HCCS unit of ``hw/hccs.py`` (``hccs_lanes``
+   per beat), or the integer exp through :class:`RowNormaliser`, uint8 probabilities; wide: the head's
+   normaliser (exp, hccs or pwl2) through the wide normaliser of ``hw/wide.py``, Q15 probabilities; and, in
+   parallel, the query gate ``sat(64 + rshift_round((q . G) * gate_mult, gate_shift), 0, 128)`` (128 when
    ungated).
 5. WEIGHTED SUM: ``P . V`` per output lane, ``mac_lanes`` MACs per cycle; per element
-   ``out = sat8(sat16(rshift_round(acc * out_mult, out_shift)) + sat16(rshift_round(F * alpha_mult *
-   gate, alpha_shift + 7)))`` and the field updates ``F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15)``.
+   ``out = sat(sat16(rshift_round(acc * out_mult, out_shift)) + sat16(rshift_round(F * alpha_mult *
+   gate, alpha_shift + 7)))`` to int8 (wide: int16) and the field updates
+   ``F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15)``.
 6. STORE: field, gate field, counters and the output.
 
 Every slot is visited whatever the fill level, so the cycle count depends only on the tile parameters:
@@ -37,11 +44,13 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import hccs as hccs_unit
 from somatile.hw import regmap
+from somatile.hw import wide as wide_unit
 from somatile.hw.pipe import (OffsetCounter, Replicated, TagLine, block_ram, delay, floor_log2, lut_mul_pipelined,
                               reduce_levels, reg, round_shift, saturate, skid_buffer, split_mul)
-from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
+from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, PROFILE_HEAD_PARAMS, TileParams
 from somatile.model import hccs, intexp
 from somatile.model import soma_fixed as soma
+from somatile.model.soma_int import LIMITS, WIDE_NORM_CODES
 
 DIVIDER_BITS = 31
 """Quotient bits of the sequential reciprocal: the largest numerator is 32767 << 15 < 2**30."""
@@ -78,8 +87,20 @@ class NormaliserSignature(wiring.Signature):
         })
 
 
-HEAD_PARAMS_LAYOUT = data.StructLayout({hp.name: range(hp.hi + 1) for hp in HEAD_PARAMS})
-"""One head's parameter registers (``regmap.HEAD_PARAMS``) as one port: the decode unit's ``head``."""
+def head_params_layout(profile: str) -> data.StructLayout:
+    """One head's parameter registers (``regmap.PROFILE_HEAD_PARAMS[profile]``) as one port: the decode unit's
+    ``head``. Same fields in the same order in every profile; the wide profile's are as wide as its ranges."""
+    return data.StructLayout({hp.name: range(hp.hi + 1) for hp in PROFILE_HEAD_PARAMS[profile]})
+
+
+HEAD_PARAMS_LAYOUT = head_params_layout("paper")
+"""The paper profile's head parameter port: the tile's (``RTL_PROFILES``)."""
+
+
+def element_bits(params: TileParams) -> int:
+    """Bits of a decode row's logit, its probability and an output element in the tile's profile (8 paper, 16
+    wide: ``regmap.element_bytes``)."""
+    return 8 * regmap.element_bytes(params)
 
 
 class RowNormaliser(wiring.Component):
@@ -242,12 +263,17 @@ class RowNormaliser(wiring.Component):
         return m
 
 
-def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig":
-    """Configuration of the streaming HCCS unit (hw/hccs.py) that normalises the decode row of HCCS heads:
-    ``hccs_lanes`` lanes, one head (loaded with the current head's parameters before each row), rows of up
-    to ``sinks + ring`` slots rounded up to whole beats, and a divider of one quotient bit per cycle: the unit
-    takes one row per decode step, so its divider's rate does not matter, and two chained subtractors per
-    cycle do not fit one cycle on the ECP5 tile (the 23-bit reciprocal takes 25 cycles instead of 14)."""
+def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig | wide_unit.WideConfig":
+    """Configuration of the streaming row unit that normalises the decode row: in the paper profile the HCCS
+    unit (hw/hccs.py) of HCCS heads with ``hccs_lanes`` lanes, in the wide profile the wide normaliser
+    (hw/wide.py) of every head with as many int16 lanes as it is built for up to ``hccs_lanes``. One head
+    (loaded with the current head's parameters before each row), rows of up to ``sinks + ring`` slots rounded
+    up to whole beats, and a divider of one quotient bit per cycle: the unit takes one row per decode step, so
+    its divider's rate does not matter, and two chained subtractors per cycle do not fit one cycle on the ECP5
+    tile (the paper's 23-bit reciprocal takes 25 cycles instead of 14)."""
+    if params.profile == "wide":
+        lanes = max(lanes for lanes in wide_unit.LANES if lanes <= params.hccs_lanes)
+        return wide_unit.WideConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, div_bits=1)
     lanes = params.hccs_lanes
     return hccs_unit.HCCSConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, out_type="uint8",
                                 div_bits=1)
@@ -346,8 +372,10 @@ def item_layout(params: TileParams) -> data.StructLayout:
 
 def row_layout(params: TileParams) -> data.StructLayout:
     """One logit of the decode row, as SCORES writes it: the write enable, the row's last slot, the slot, whether
-    the slot holds a key (an empty slot's logit is 0 and masked) and the int8 logit."""
-    return data.StructLayout({"we": 1, "last": 1, "index": issue_shape(params), "valid": 1, "x": signed(8)})
+    the slot holds a key (an empty slot's logit is 0 and masked) and the logit (int8, int16 in the wide
+    profile)."""
+    return data.StructLayout({"we": 1, "last": 1, "index": issue_shape(params), "valid": 1,
+                              "x": signed(element_bits(params))})
 
 
 COUNTERS_LAYOUT = data.StructLayout({"write_pos": 32, "fill": 32, "step": 32})
@@ -400,13 +428,20 @@ def parameter_operand(m, head, name: str):
 
 
 def head_choice(head, name: str, choice: str):
-    """Whether the head's parameter ``name`` selects ``choice`` (one of its ``choices``)."""
+    """Whether the head's parameter ``name`` selects ``choice`` (one of its ``choices``; a choice both profiles
+    have has the same register value in each, so the paper's table serves the wide head too)."""
     return head[name] == HEAD_PARAMS[HEAD_INDEX[name]].choices.index(choice)
 
 
+def wide_code(head):
+    """The wide normaliser's code (``wide.NORM_*``) of the head's ``normaliser`` register."""
+    choices = PROFILE_HEAD_PARAMS["wide"][HEAD_INDEX["normaliser"]].choices
+    return Array(Const(WIDE_NORM_CODES[name], 2) for name in choices)[head["normaliser"]]
+
+
 class ScoreStage(wiring.Component):
-    """SCORES' datapath: the int8 logit of every slot, ``sat8(rshift_round((q . K[n]) * score_mult, score_shift) -
-    recency_int * distance)`` (0 and masked for an empty slot).
+    """SCORES' datapath: the logit of every slot, ``sat(rshift_round((q . K[n]) * score_mult, score_shift) -
+    recency_int * distance)`` to int8, or to int16 in the wide profile (0 and masked for an empty slot).
 
     Reads chunk c of slot n's key (``k_word``: the memory word, :data:`READ_LATENCY` cycles after its address)
     and of q (through ``q``), one (slot, chunk) item per cycle as ``read_item`` (the tag line at READ_LATENCY)
@@ -418,7 +453,7 @@ class ScoreStage(wiring.Component):
     def __init__(self, params: TileParams):
         self.params = params
         super().__init__({
-            "head": In(HEAD_PARAMS_LAYOUT), "counters": In(COUNTERS_LAYOUT),
+            "head": In(head_params_layout(params.profile)), "counters": In(COUNTERS_LAYOUT),
             "read_item": In(item_layout(params)), "accumulate_item": In(item_layout(params)),
             "k_word": In(8 * params.word_bytes), "q": Out(RegisterFileRead(params, 8)),
             "row": Out(row_layout(params)),
@@ -475,8 +510,8 @@ class ScoreStage(wiring.Component):
                 m.d.sync += acc.eq(Mux(c_acc == 0, 0, acc) + partial)
         s += 1
 
-        # Logit of the completed dot product: x8 = sat8(rshift_round(dot * score_mult, score_shift) -
-        # recency_int * distance), 0 for an empty slot.
+        # Logit of the completed dot product: x = sat(rshift_round(dot * score_mult, score_shift) -
+        # recency_int * distance) to the profile's logit, 0 for an empty slot.
         dot_slot = dot_tags[2:]
         # The counters' bounds in registers: step and fill change only in WRITE and LOAD, many cycles before
         # a slot's dot product completes (the comparisons of step and fill in the path would not fit a cycle).
@@ -503,12 +538,13 @@ class ScoreStage(wiring.Component):
         # In two registered steps (in one, its adder tree behind distance does not fit a cycle), then
         # delayed to meet scaled.
         recency = lut_mul_pipelined(m, parameter_operand(m, par, "recency_int"), distance, "recency",
-                                    unsigned(7 + len(distance)))
+                                    unsigned(len(par["recency_int"]) + len(distance)))
         scaled = round_shift(m, split_mul(m, dot, parameter_operand(m, par, "score_mult"), "score_product"),
                              par["score_shift"], soma.INT_SHIFT_MAX, "scaled")
         recency = delay(m, recency, 1)
         logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
-        row_x = reg(m, Mux(delay(m, slot_valid, 6), saturate(logit, -128, 127), 0), "row_x", signed(8))
+        row_x = reg(m, Mux(delay(m, slot_valid, 6), saturate(logit, *LIMITS[p.profile]["logit"]), 0), "row_x",
+                    self.row.x.shape())
         row_tags = delay(m, Cat(dot_tags, slot_valid), 7, reset_less=False)
         s += 7
         assert s == self.depth(p)
@@ -519,85 +555,99 @@ class ScoreStage(wiring.Component):
 
 
 class NearFieldFeed(wiring.Component):
-    """The decode row of an HCCS head through the streaming HCCS unit of ``hw/hccs.py`` (:func:`near_field_unit`).
+    """The decode row through a streaming row unit (:func:`near_field_unit`): in the paper profile an HCCS
+    head's row through the HCCS unit of ``hw/hccs.py``, in the wide profile every head's row through the wide
+    normaliser of ``hw/wide.py``, its ``cfg`` written at ``start`` with the code of the head's normaliser
+    (:func:`wide_code`) and its B, S and dmax.
 
     Keeps the row in registers as SCORES writes it (``row``), and from ``start`` (a pulse, the row complete)
-    feeds it in beats of ``hccs_lanes`` through a register slice (:data:`FEED_LATENCY`) and collects the
-    unit's uint8 probabilities in ``probs`` (slot n at byte n); ``done`` is high in the cycle the last beat
-    arrives (``probs`` holds it the cycle after). Does nothing for an integer-exp head (``head``'s normaliser),
-    whose row the :class:`RowNormaliser` takes. The unit's own backpressure holds the feed; it never stalls the
-    output. Latency from ``start`` through ``done``: :meth:`row_cycles`.
+    feeds it in beats of the unit's lanes through a register slice (:data:`FEED_LATENCY`) and collects the
+    unit's probabilities in ``probs`` (slot n at element n: uint8 paper, Q15 uint16 wide); ``done`` is high in
+    the cycle the last beat arrives (``probs`` holds it the cycle after). In the paper profile it does nothing
+    for an integer-exp head (``head``'s normaliser), whose row the :class:`RowNormaliser` takes. The unit's own
+    backpressure holds the feed; it never stalls the output. Latency from ``start`` through ``done``:
+    :meth:`row_cycles`.
     """
 
     def __init__(self, params: TileParams):
         self.params = params
         self.config = near_field_unit(params)
         super().__init__({
-            "head": In(HEAD_PARAMS_LAYOUT), "row": In(row_layout(params)), "start": In(1),
-            "probs": Out(8 * self.config.n_max), "done": Out(1),
+            "head": In(head_params_layout(params.profile)), "row": In(row_layout(params)), "start": In(1),
+            "probs": Out(element_bits(params) * self.config.n_max), "done": Out(1),
         })
 
     @staticmethod
-    def row_cycles(params: TileParams, hccs_mode: str) -> int:
-        """Cycles from the cycle after ``start`` through ``done``: the register slice and the HCCS unit's row."""
+    def row_cycles(params: TileParams, hccs_mode: str = "div") -> int:
+        """Cycles from the cycle after ``start`` through ``done``: the register slice and the unit's row (the
+        wide normaliser's does not depend on the normaliser or ``hccs_mode``)."""
+        if params.profile == "wide":
+            return FEED_LATENCY + wide_unit.expected_cycles(near_field_unit(params), 1, params.slots)
         return FEED_LATENCY + hccs_unit.expected_cycles(near_field_unit(params), 1, params.slots, mode=hccs_mode,
                                                         out="uint8")
 
     def elaborate(self, platform):
         m = Module()
         par, unit_config = self.head, self.config
-        use_exp = head_choice(par, "normaliser", "exp_int")
+        bits = element_bits(self.params)
+        if self.params.profile == "wide":
+            m.submodules.near_wide = near_unit = wide_unit.WideNormaliser(config=unit_config)
+            feeds = Const(1)
+            unit_params = [near_unit.cfg.payload.params.code.eq(wide_code(par))]
+        else:
+            m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
+            feeds = ~head_choice(par, "normaliser", "exp_int")
+            unit_params = [near_unit.cfg.payload.params.mode.eq(par["hccs_mode"]),
+                           near_unit.cfg.payload.params.out.eq(hccs.OUT_UINT8)]
         hl = unit_config.lanes
         row_beats = unit_config.n_max // hl
-        m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
         # Data registers without a reset (every slot is written in each step before it is read).
-        row_bits = Signal(8 * unit_config.n_max, reset_less=True)
+        row_bits = Signal(bits * unit_config.n_max, reset_less=True)
         row_valid_bits = Signal(unit_config.n_max, reset_less=True)
-        prob_bits = Signal(8 * unit_config.n_max, reset_less=True)
+        prob_bits = Signal(bits * unit_config.n_max, reset_less=True)
         m.d.comb += self.probs.eq(prob_bits)
         feed_beat = Signal(range(row_beats + 1))
         # The beat the unit returns next, one-hot: each word of prob_bits is enabled by one of its flip-flops
         # (decoded from a counter, the enables would not fit a cycle).
         drain_sel = Signal(row_beats)
         with m.If(self.row.we):
-            m.d.sync += [row_bits.word_select(self.row.index, 8).eq(self.row.x),
+            m.d.sync += [row_bits.word_select(self.row.index, bits).eq(self.row.x),
                          row_valid_bits.bit_select(self.row.index, 1).eq(self.row.valid)]
         # The beats reach the unit through a register slice (FEED_LATENCY): the beat multiplexer and the
         # counter's comparisons would otherwise sit in front of the unit's first stage and its bank enables.
         feeding = Signal()
-        # The beat's bytes are selected in groups of lanes, each by a copy of feed_beat of its own (one index
-        # steering every byte's multiplexer would span the unit's row memory in one cycle).
+        # The beat's elements are selected in groups of lanes, each by a copy of feed_beat of its own (one index
+        # steering every element's multiplexer would span the unit's row memory in one cycle).
         groups = min(hl, FEED_INDEX_COPIES)
         feed_index = Replicated(range(row_beats + 1), groups, "feed_index")
-        group_bits = 8 * hl // groups
-        beat_bits = [row_bits[8 * hl * b:8 * hl * (b + 1)] for b in range(row_beats)]
-        feed_bytes = Cat(*[Array(bits[g * group_bits:(g + 1) * group_bits] for bits in beat_bits)[feed_index.copy(g)]
-                           for g in range(groups)])
+        group_bits = bits * hl // groups
+        beat_bits = [row_bits[bits * hl * b:bits * hl * (b + 1)] for b in range(row_beats)]
+        feed_data = Cat(*[Array(beat[g * group_bits:(g + 1) * group_bits] for beat in beat_bits)[feed_index.copy(g)]
+                          for g in range(groups)])
         feed_ready, feed_valid, fed = skid_buffer(
-            m, feeding, Cat(feed_bytes, row_valid_bits.word_select(feed_beat, hl),
+            m, feeding, Cat(feed_data, row_valid_bits.word_select(feed_beat, hl),
                             feed_beat == 0, feed_beat == row_beats - 1), near_unit.i.ready, "feed")
         with m.If(feeding & feed_ready):
             m.d.sync += [feed_beat.eq(feed_beat + 1), *feed_index.increment()]
             with m.If(feed_beat == row_beats - 1):
                 m.d.sync += feeding.eq(0)
-        m.d.comb += [near_unit.i.valid.eq(feed_valid),
-                     near_unit.i.payload.data.eq(fed[:8 * hl]), near_unit.i.payload.mask.eq(fed[8 * hl:9 * hl]),
-                     near_unit.i.payload.first.eq(fed[9 * hl]), near_unit.i.payload.last.eq(fed[9 * hl + 1]),
+        m.d.comb += [near_unit.i.valid.eq(feed_valid), near_unit.i.payload.data.eq(fed[:bits * hl]),
+                     near_unit.i.payload.mask.eq(fed[bits * hl:(bits + 1) * hl]),
+                     near_unit.i.payload.first.eq(fed[(bits + 1) * hl]),
+                     near_unit.i.payload.last.eq(fed[(bits + 1) * hl + 1]),
                      near_unit.i.payload.head.eq(0), near_unit.o.ready.eq(1),
                      near_unit.cfg.payload.head.eq(0), near_unit.cfg.payload.params.B.eq(par["hccs_B"]),
                      near_unit.cfg.payload.params.S.eq(par["hccs_S"]),
-                     near_unit.cfg.payload.params.dmax.eq(par["hccs_dmax"]),
-                     near_unit.cfg.payload.params.mode.eq(par["hccs_mode"]),
-                     near_unit.cfg.payload.params.out.eq(hccs.OUT_UINT8),
-                     near_unit.cfg.valid.eq(self.start & ~use_exp),
+                     near_unit.cfg.payload.params.dmax.eq(par["hccs_dmax"]), *unit_params,
+                     near_unit.cfg.valid.eq(self.start & feeds),
                      self.done.eq(near_unit.o.valid & near_unit.o.payload.last)]
         with m.If(near_unit.o.valid):
             m.d.sync += drain_sel.eq(drain_sel << 1)
             for j in range(row_beats):
                 with m.If(drain_sel[j]):
-                    m.d.sync += prob_bits.word_select(j, 8 * hl).eq(near_unit.o.payload.data.as_value())
+                    m.d.sync += prob_bits.word_select(j, bits * hl).eq(near_unit.o.payload.data.as_value())
         with m.If(self.start):  # after the counters' own updates, which it overrides
-            m.d.sync += [feed_beat.eq(0), *feed_index.eq(0), drain_sel.eq(1), feeding.eq(~use_exp)]
+            m.d.sync += [feed_beat.eq(0), *feed_index.eq(0), drain_sel.eq(1), feeding.eq(feeds)]
         return m
 
 
@@ -616,7 +666,7 @@ class GateStage(wiring.Component):
     def __init__(self, params: TileParams):
         self.params = params
         super().__init__({
-            "head": In(HEAD_PARAMS_LAYOUT), "restart": In(1), "advance": In(1), "latch": In(1),
+            "head": In(head_params_layout(params.profile)), "restart": In(1), "advance": In(1), "latch": In(1),
             "accumulate_item": In(item_layout(params)), "done_item": In(item_layout(params)),
             "q": Out(RegisterFileRead(params, 8)), "gate_field": Out(RegisterFileRead(params, 16)),
             "busy": Out(1), "gate": Out(range(soma.GATE_ONE + 1)),
@@ -674,26 +724,30 @@ class GateStage(wiring.Component):
 
 class WeightedStage(wiring.Component):
     """WEIGHTED SUM's datapath: ``acc[l] = sum_n P[n] * V[n][c * L + l]`` over the slots, for chunk c (``c_issue``)
-    of the values, ``mac_lanes`` MACs per cycle.
+    of the values, ``mac_lanes`` MACs per cycle; P uint8 (paper) or Q15 uint16 (wide).
 
     One slot per cycle: slot n's value word arrives in ``v_word`` :data:`READ_LATENCY` cycles after its address
     (``n_issue``, the slot issued, and the tag line's items at ``READ_LATENCY - 2``, ``READ_LATENCY - 1``,
-    ``WEIGHTED_DEPTH - 1`` and ``WEIGHTED_DEPTH``); its probability comes from the :class:`RowNormaliser`
-    (``prob_index -> prob``, one-cycle read) for an integer-exp head, else from ``probs`` (the
-    :class:`NearFieldFeed`'s bytes). ``acc`` holds the sums from the cycle after ``chunk_done`` (high as the last
-    slot's product is added, :data:`WEIGHTED_DEPTH` cycles after its issue) until the next chunk's first slot.
+    ``WEIGHTED_DEPTH - 1`` and ``WEIGHTED_DEPTH``); its probability comes from ``probs`` (the
+    :class:`NearFieldFeed`'s elements), or in the paper profile for an integer-exp head from the
+    :class:`RowNormaliser` (``prob_index -> prob``, one-cycle read; the wide profile has no such ports).
+    ``acc`` holds the sums from the cycle after ``chunk_done`` (high as the last slot's product is added,
+    :data:`WEIGHTED_DEPTH` cycles after its issue) until the next chunk's first slot.
     """
 
     def __init__(self, params: TileParams):
         self.params = params
         item = item_layout(params)
-        super().__init__({
-            "head": In(HEAD_PARAMS_LAYOUT), "n_issue": In(issue_shape(params)), "c_issue": In(item.members["c"]),
-            "prob_address_item": In(item), "prob_item": In(item), "accumulate_item": In(item), "done_item": In(item),
-            "prob_index": Out(range(params.n_max)), "prob": In(16),
-            "probs": In(8 * near_field_unit(params).n_max), "v_word": In(8 * params.word_bytes),
+        ports = {
+            "head": In(head_params_layout(params.profile)), "n_issue": In(issue_shape(params)),
+            "c_issue": In(item.members["c"]), "prob_address_item": In(item), "prob_item": In(item),
+            "accumulate_item": In(item), "done_item": In(item),
+            "probs": In(element_bits(params) * near_field_unit(params).n_max), "v_word": In(8 * params.word_bytes),
             "acc": Out(data.ArrayLayout(signed(32), params.mac_lanes)), "chunk_done": Out(1),
-        })
+        }
+        if params.profile == "paper":
+            ports.update(prob_index=Out(range(params.n_max)), prob=In(16))
+        super().__init__(ports)
 
     @staticmethod
     def cycles(params: TileParams) -> int:
@@ -703,31 +757,40 @@ class WeightedStage(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         p, L = self.params, self.params.mac_lanes
-        use_exp = head_choice(self.head, "normaliser", "exp_int")
+        bits = element_bits(p)
         n_prob_read = self.prob_item.n
-        # The normaliser's probability (a block RAM, over half a cycle from clock to output on the ECP5) is
-        # addressed a cycle earlier and registered as it leaves the RAM.
-        m.d.comb += self.prob_index.eq(self.prob_address_item.n)
-        n_prob = reg(m, self.prob[:8], "n_prob")
-        # The HCCS probability of slot n in two registered steps (a group of 8 slots addressed a stage early,
-        # then the slot): in one step, a 72:1 byte select behind the tag line's index does not fit a cycle.
+        # The near-field probability of slot n in two registered steps (a group of 8 slots addressed a stage
+        # early, then the slot): in one step, a 72:1 byte select behind the tag line's index does not fit a cycle.
         group_bits = 3
         # n_group: the n of at(READ_LATENCY - 2) in a register of its own (the tag line's reaches many loads).
         assert READ_LATENCY - 2 == 1
         n_group = reg(m, self.n_issue >> group_bits, "prob_group_index")
-        padded = Cat(self.probs, Const(0, -len(self.probs) % (8 << group_bits)))
-        prob_group = reg(m, padded.word_select(n_group, 8 << group_bits), "prob_group")
-        prob_reg = reg(m, prob_group.word_select(n_prob_read[:group_bits], 8), "prob_bits_sel")
+        padded = Cat(self.probs, Const(0, -len(self.probs) % (bits << group_bits)))
+        prob_group = reg(m, padded.word_select(n_group, bits << group_bits), "prob_group")
+        prob_reg = reg(m, prob_group.word_select(n_prob_read[:group_bits], bits), "prob_bits_sel")
         # The probability in one copy per value lane (each copy feeds one multiplier).
-        prob = Replicated(unsigned(8), L, "prob")
-        m.d.sync += prob.eq(Mux(use_exp, n_prob, prob_reg))
+        prob = Replicated(unsigned(bits), L, "prob")
+        if p.profile == "paper":
+            # The normaliser's probability (a block RAM, over half a cycle from clock to output on the ECP5) is
+            # addressed a cycle earlier and registered as it leaves the RAM.
+            m.d.comb += self.prob_index.eq(self.prob_address_item.n)
+            n_prob = reg(m, self.prob[:8], "n_prob")
+            m.d.sync += prob.eq(Mux(head_choice(self.head, "normaliser", "exp_int"), n_prob, prob_reg))
+        else:
+            m.d.sync += prob.eq(prob_reg)
         # c_issue's copy for the value lanes: c_issue changes as WEIGHTED begins, its first word arrives
         # READ_LATENCY cycles later.
         s = READ_LATENCY
         v_group = reg(m, lane_group(self.v_word, reg(m, self.c_issue, "c_group"), p), "v_group")
         s += 1
-        products = [lut_mul_pipelined(m, v_group.word_select(l, 8).as_signed(), prob.copy(l), f"pv{l}", signed(17))
-                    for l in range(L)]
+        if p.profile == "paper":
+            products = [lut_mul_pipelined(m, v_group.word_select(l, 8).as_signed(), prob.copy(l), f"pv{l}",
+                                          signed(17)) for l in range(L)]
+        else:
+            # One partial product per bit of the int8 value (the sign bit's subtracted) rather than per bit of
+            # the 16-bit probability: the same adder levels as the paper's.
+            products = [lut_mul_pipelined(m, prob.copy(l), v_group.word_select(l, 8).as_signed(), f"pv{l}",
+                                          signed(bits + 9)) for l in range(L)]
         s += 2
         assert s == WEIGHTED_DEPTH
         lane_acc = [Signal(signed(32), name=f"lane_acc{l}", reset_less=True) for l in range(L)]
@@ -745,9 +808,9 @@ class WeightedStage(wiring.Component):
 
 class OutputStage(wiring.Component):
     """FINAL's near and far terms and the output: for element ``d = c * L + e`` (e the lane issued),
-    ``out = sat8(sat16(rshift_round(acc[e] * out_mult, out_shift)) + sat16(rshift_round(F[d] * alpha_mult *
-    gate, alpha_shift + 7)))``, written into the output register file (``out_write``) :data:`FINAL_DEPTH`
-    cycles after the element's issue.
+    ``out = sat(sat16(rshift_round(acc[e] * out_mult, out_shift)) + sat16(rshift_round(F[d] * alpha_mult *
+    gate, alpha_shift + 7)))`` to int8, or to int16 in the wide profile, written into the output register file
+    (``out_write``) :data:`FINAL_DEPTH` cycles after the element's issue.
 
     ``d_restart`` sets the element counter to 0 (once per step, before the first chunk), ``lane_restart`` the
     lane counter (once per chunk); each ``advance`` cycle issues the next element. Reads the element of the
@@ -762,13 +825,14 @@ class OutputStage(wiring.Component):
         self.params = params
         item = item_layout(params)
         super().__init__({
-            "head": In(HEAD_PARAMS_LAYOUT), "d_restart": In(1), "lane_restart": In(1), "advance": In(1),
+            "head": In(head_params_layout(params.profile)), "d_restart": In(1), "lane_restart": In(1),
+            "advance": In(1),
             "acc": In(data.ArrayLayout(signed(32), params.mac_lanes)), "gate": In(range(soma.GATE_ONE + 1)),
             "field": Out(RegisterFileRead(params, 16)), "gate_field": Out(RegisterFileRead(params, 16)),
             "k": Out(RegisterFileRead(params, 8)), "v": Out(RegisterFileRead(params, 8)),
             "f_old": Out(signed(16)), "g_old": Out(signed(16)), "k_d": Out(signed(8)), "src": Out(signed(8)),
             "write_item": In(item), "element_item": In(item),
-            "out_write": Out(element_write_layout(params, signed(8))), "end": Out(1),
+            "out_write": Out(element_write_layout(params, signed(element_bits(params)))), "end": Out(1),
         })
 
     @staticmethod
@@ -818,14 +882,17 @@ class OutputStage(wiring.Component):
         far = round_shift(m, split_mul(m, far_f, self.gate, "far_product"), alpha_shift,
                           soma.INT_SHIFT_MAX + 7, "far_scaled")
         far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
-        # sat8(near + far) with its bounds moved onto near a stage early: near + far > 127 is far > 127 - near
-        # (registered beside far), so the comparisons run beside the 8-bit sum rather than after an 18-bit one.
+        # sat(near + far) with its bounds moved onto near a stage early: near + far > hi is far > hi - near
+        # (registered beside far), so the comparisons run beside the output-wide sum rather than after an
+        # 18-bit one.
+        lo, hi = LIMITS[p.profile]["out"]
         above, below = (reg(m, bound - near, f"out_{name}", signed(18))
-                        for bound, name in ((127, "above"), (-128, "below")))
+                        for bound, name in ((hi, "above"), (lo, "below")))
         near = reg(m, near, "near_final")
         s += 1
-        out_element = reg(m, Mux(far > above, 127, Mux(far < below, -128, (near + far)[:8])), "out_element",
-                          signed(8))
+        out_shape = self.out_write.value.shape()
+        out_element = reg(m, Mux(far > above, hi, Mux(far < below, lo, (near + far)[:out_shape.width])),
+                          "out_element", out_shape)
         s += 1
         assert s == FINAL_DEPTH
         # The output elements' enable (and FINAL's end, the last element's output) from registers set a stage
@@ -858,7 +925,7 @@ class FieldUpdate(wiring.Component):
         self.params = params
         item = item_layout(params)
         super().__init__({
-            "head": In(HEAD_PARAMS_LAYOUT), "f_old": In(signed(16)), "g_old": In(signed(16)),
+            "head": In(head_params_layout(params.profile)), "f_old": In(signed(16)), "g_old": In(signed(16)),
             "k_d": In(signed(8)), "src": In(signed(8)), "write_item": In(item), "element_item": In(item),
             "field_write": Out(element_write_layout(params, 16)), "gate_write": Out(element_write_layout(params, 16)),
         })
@@ -892,22 +959,30 @@ class FieldUpdate(wiring.Component):
         return m
 
 
+def output_words(params: TileParams) -> int:
+    """Local-memory words of one head's output (``regmap.decode_out_bytes``: int8, or int16 in the wide
+    profile, little-endian, element d at bytes ``d * element_bytes`` on from ``out_base``)."""
+    return regmap.decode_out_bytes(params) // params.word_bytes
+
+
 def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
     """Cycles of one head's decode step in :class:`SomaDecode`: from the cycle after the ``start`` pulse
     through the cycle of the ``done`` pulse, for a head with this normaliser (and HCCS mode).
 
     Depends on ring, sinks, head_dim, lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory word
-    ``max(16, mac_lanes)`` bytes), hccs_lanes and the normaliser only; not on the sequence position or the
-    fill level. The sum of its phases, each the latency its stage states: LOAD ``7 w + 4`` (w = head_dim / word),
-    WRITE ``2 w``, SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with N the normaliser's row
-    latency (:meth:`NearFieldFeed.row_cycles` or :func:`normaliser_cycles` for the integer exp) and G the gate's
+    ``max(16, mac_lanes)`` bytes), hccs_lanes, the profile and (paper) the normaliser only; not on the sequence
+    position or the fill level. The sum of its phases, each the latency its stage states: LOAD ``7 w + 4``
+    (w = head_dim / word), WRITE ``2 w``, SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
+    N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
+    paper's HCCS heads; :func:`normaliser_cycles` for the paper's integer exp) and G the gate's
     (:meth:`GateStage.cycles`), per chunk of the values WEIGHTED SUM (:meth:`WeightedStage.cycles`) and FINAL's
     issue (:meth:`OutputStage.chunk_cycles`), then the last chunk's FINAL pipeline (:data:`FINAL_DEPTH`; the
-    earlier chunks' drain during the next chunk's weighted sum), STORE ``5 w + 1``, DONE 1.
+    earlier chunks' drain during the next chunk's weighted sum), STORE ``4 w + 1 + o`` (o =
+    :func:`output_words`: w paper, 2 w wide), DONE 1.
     """
     words = params.head_dim // params.word_bytes
     chunks = params.head_dim // params.mac_lanes
-    if normaliser == "hccs_int":
+    if params.profile == "wide" or normaliser == "hccs_int":
         row = NearFieldFeed.row_cycles(params, hccs_mode)
     else:
         row = normaliser_cycles(params.slots)
@@ -915,26 +990,32 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     write = 2 * words
     normalise = max(row, GateStage.cycles(params)) + 1
     weighted = chunks * (WeightedStage.cycles(params) + OutputStage.chunk_cycles(params)) + FINAL_DEPTH
-    store = 5 * words + 1
+    store = 4 * words + 1 + output_words(params)
     return load + write + ScoreStage.cycles(params) + normalise + weighted + store + 1
 
 
 class SomaDecode(wiring.Component):
     """One head's integer decode step over the tile's local memory (see the module docstring).
 
-    Ports: ``start`` (pulse; the head's parameters on ``head`` (:data:`HEAD_PARAMS_LAYOUT`) and the three base addresses are sampled
-    in that cycle), ``state_base`` (word address of the head's state), ``stage_base`` (word address of q, k,
-    v: three vectors of head_dim bytes), ``out_base`` (word address for the int8 output); memory ports
-    ``rd_addr -> rd_data`` (synchronous read: the word arrives the cycle after ``rd_addr``) and
-    ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit per byte); all four outputs come from registers. ``busy``
-    is high from the cycle after ``start`` through the ``done`` cycle (the last store is written in the done
-    cycle); while it is high the unit owns the memory ports and drives the :class:`RowNormaliser` through
-    ``norm`` (:class:`NormaliserSignature`, flipped; its ``B``, ``S``, ``dmax``, ``exp_mult`` from the head's
-    parameters sampled at ``start``, so ``head`` may change from the cycle after ``start`` on).
+    The profile is ``params.profile``: "paper" (int8 logits, uint8 probabilities, int8 output) or "wide" (int16
+    logits, Q15 probabilities from the wide normaliser for every head, int16 output; docs/numerics.md, "Two
+    integer profiles").
+
+    Ports: ``start`` (pulse; the head's parameters on ``head`` (:func:`head_params_layout` of the profile) and
+    the three base addresses are sampled in that cycle), ``state_base`` (word address of the head's state),
+    ``stage_base`` (word address of q, k, v: three vectors of head_dim bytes), ``out_base`` (word address of the
+    output, :func:`output_words` words); memory ports ``rd_addr -> rd_data`` (synchronous read: the word
+    arrives the cycle after ``rd_addr``) and ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit per byte); all four
+    outputs come from registers. ``busy`` is high from the cycle after ``start`` through the ``done`` cycle
+    (the last store is written in the done cycle); while it is high the unit owns the memory ports and, in the
+    paper profile, drives the :class:`RowNormaliser` through ``norm`` (:class:`NormaliserSignature`, flipped;
+    its ``B``, ``S``, ``dmax``, ``exp_mult`` from the head's parameters sampled at ``start``, so ``head`` may
+    change from the cycle after ``start`` on). The wide profile has no ``norm``: its near field is the unit's
+    own.
 
     The unit itself sequences the step (LOAD, WRITE, STORE, the issue counter and the tag line every stage
     reads its items from) and composes the datapath stages: :class:`ScoreStage` (SCORES), :class:`NearFieldFeed`
-    (an HCCS head's row through the HCCS unit) and :class:`GateStage` (NORMALISE), :class:`WeightedStage`
+    (the row through the near-field row unit) and :class:`GateStage` (NORMALISE), :class:`WeightedStage`
     (WEIGHTED SUM), :class:`OutputStage` and :class:`FieldUpdate` (FINAL). :func:`expected_cycles` is the sum of
     their latencies.
     """
@@ -942,16 +1023,18 @@ class SomaDecode(wiring.Component):
     def __init__(self, params: TileParams, mem_words: int):
         self.params = params
         word = params.word_bytes
-        super().__init__({
+        ports = {
             "start": In(1), "done": Out(1), "busy": Out(1),
             "state_base": In(range(mem_words)), "stage_base": In(range(mem_words)),
             "out_base": In(range(mem_words)),
             "rd_addr": Out(range(mem_words)), "rd_data": In(8 * word),
             "wr_addr": Out(range(mem_words)), "wr_data": Out(8 * word), "wr_en": Out(word),
+        }
+        if params.profile == "paper":
             # The normaliser's ports, driven by this unit while busy.
-            "norm": In(NormaliserSignature(params.n_max)),
-            "head": In(HEAD_PARAMS_LAYOUT),
-        })
+            ports["norm"] = In(NormaliserSignature(params.n_max))
+        ports["head"] = In(head_params_layout(params.profile))
+        super().__init__(ports)
         self.mem_words = mem_words
 
     def elaborate(self, platform):
@@ -964,12 +1047,14 @@ class SomaDecode(wiring.Component):
         layout = {name: offset // W for name, offset, _, _ in regmap.state_layout(p)}
 
         # The head's parameters and the base addresses, sampled at start.
-        par = Signal(HEAD_PARAMS_LAYOUT)
+        paper = p.profile == "paper"
+        par = Signal(self.head.shape())
         state_base, stage_base, out_base = (Signal(range(self.mem_words), name=n)
                                             for n in ("state_base", "stage_base", "out_base"))
         with m.If(self.start):
             m.d.sync += [par.eq(self.head), state_base.eq(self.state_base), stage_base.eq(self.stage_base),
                          out_base.eq(self.out_base)]
+        # In the paper profile an integer-exp head's row goes to the RowNormaliser (the wide one has none).
         use_exp = head_choice(par, "normaliser", "exp_int")
 
         # Memory ports from registers: the FSM sets the *_next values. The word read is registered as it
@@ -983,7 +1068,8 @@ class SomaDecode(wiring.Component):
 
         # q, k, v, the field, the gate field and the output: LUT RAMs of memory-word rows (ElementRam).
         q, k, v, fld, gate_fld, out = (ElementRam(m, name, bits, D, 8 * W) for name, bits in (
-            ("q_ram", 8), ("k_ram", 8), ("v_ram", 8), ("fld_ram", 16), ("gate_fld_ram", 16), ("out_ram", 8)))
+            ("q_ram", 8), ("k_ram", 8), ("v_ram", 8), ("fld_ram", 16), ("gate_fld_ram", 16),
+            ("out_ram", element_bits(p))))
         write_pos = Signal(32)
         fill = Signal(32)
         step = Signal(32)
@@ -1012,11 +1098,13 @@ class SomaDecode(wiring.Component):
                 else:
                     target.write_word(load_word, rd_word)
                     m.d.sync += load_word.eq(Mux(load_word == target.words - 1, 0, load_word + 1))
-        counter = Signal(range(max(len(load_targets) + READ_LATENCY, 5 * words + 1) + 1))
-        m.d.comb += self.norm.count.eq(slots)
-        m.d.comb += [self.norm.use_exp.eq(use_exp), self.norm.clb.eq(par["hccs_mode"] == 1), self.norm.out16.eq(0),
-                     self.norm.B.eq(par["hccs_B"]), self.norm.S.eq(par["hccs_S"]), self.norm.dmax.eq(par["hccs_dmax"]),
-                     self.norm.exp_mult.eq(par["exp_mult"])]
+        store_length = 4 * words + 1 + output_words(p)
+        counter = Signal(range(max(len(load_targets) + READ_LATENCY, store_length) + 1))
+        if paper:
+            m.d.comb += self.norm.count.eq(slots)
+            m.d.comb += [self.norm.use_exp.eq(use_exp), self.norm.clb.eq(par["hccs_mode"] == 1),
+                         self.norm.out16.eq(0), self.norm.B.eq(par["hccs_B"]), self.norm.S.eq(par["hccs_S"]),
+                         self.norm.dmax.eq(par["hccs_dmax"]), self.norm.exp_mult.eq(par["exp_mult"])]
 
         # Slot n's chunk c of K or V: word row_addr(n) + (c * L) // W, lane group (c * L % W) // L. Slots are
         # issued in order (sinks, then the ring), so the row address advances in a register (by `words`, or to
@@ -1061,11 +1149,13 @@ class SomaDecode(wiring.Component):
                      scores.accumulate_item.eq(item(ScoreStage.accumulate_stage(p), PHASE_SCORES))]
         q.serve(scores.q)
         row = scores.row
-        m.d.comb += [self.norm.row_index.eq(row.index), self.norm.row_valid.eq(row.valid),
-                     self.norm.row_x.eq(row.x), self.norm.row_we.eq(row.we)]
+        if paper:
+            m.d.comb += [self.norm.row_index.eq(row.index), self.norm.row_valid.eq(row.valid),
+                         self.norm.row_x.eq(row.x), self.norm.row_we.eq(row.we)]
 
-        # HCCS heads normalise through the streaming HCCS unit (hw/hccs.py), exp heads through the tile's
-        # RowNormaliser (norm); the query gate runs beside either.
+        # Paper: HCCS heads normalise through the streaming HCCS unit (hw/hccs.py), exp heads through the
+        # tile's RowNormaliser (norm); wide: every head through the wide normaliser (hw/wide.py). The query
+        # gate runs beside either.
         m.submodules.near_field = near_field = NearFieldFeed(p)
         m.d.comb += [near_field.head.eq(par), near_field.row.eq(row)]
         m.submodules.gate = gate = GateStage(p)
@@ -1082,8 +1172,9 @@ class SomaDecode(wiring.Component):
                      weighted.prob_item.eq(item(READ_LATENCY - 1, PHASE_WEIGHTED)),
                      weighted.accumulate_item.eq(item(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)),
                      weighted.done_item.eq(item(WEIGHTED_DEPTH, PHASE_WEIGHTED)),
-                     self.norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(self.norm.prob),
                      weighted.probs.eq(near_field.probs), weighted.v_word.eq(rd_word)]
+        if paper:
+            m.d.comb += [self.norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(self.norm.prob)]
         m.submodules.output = output = OutputStage(p)
         m.d.comb += [output.head.eq(par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
                      output.write_item.eq(item(FINAL_DEPTH - 1, PHASE_FINAL)),
@@ -1162,7 +1253,8 @@ class SomaDecode(wiring.Component):
         store_words = [reg(m, ram.reader(store_read.at(i)).data, f"store_word{i}")
                        for i, (ram, _) in enumerate(store_rams)]
         store_groups = [store_words[0], store_words[1], None, store_words[2]]
-        store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * words
+        store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * output_words(p)
+        assert len(store_sources) == store_length
         store_sel = Signal(len(store_groups))
         store_addr = Signal(range(self.mem_words))
 
@@ -1233,7 +1325,9 @@ class SomaDecode(wiring.Component):
                 with m.If(row.we & row.last):
                     m.d.sync += norm_busy.eq(1)
                     begin_issue(PHASE_GATE)
-                    m.d.comb += [gate.restart.eq(1), near_field.start.eq(1), self.norm.start.eq(use_exp)]
+                    m.d.comb += [gate.restart.eq(1), near_field.start.eq(1)]
+                    if paper:
+                        m.d.comb += self.norm.start.eq(use_exp)
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
                 m.d.comb += last_issue.eq(n_issue == D - 1)
@@ -1242,7 +1336,7 @@ class SomaDecode(wiring.Component):
                     m.d.comb += gate.advance.eq(1)
                     with m.If(n_issue == D - 1):
                         m.d.sync += issuing.eq(0)
-                with m.If(Mux(use_exp, self.norm.done, near_field.done)):
+                with m.If(Mux(use_exp, self.norm.done, near_field.done) if paper else near_field.done):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
                     m.d.sync += c_issue.eq(0)

@@ -1,7 +1,10 @@
 """The Soma decode unit in the tile RTL (Verilator through cocotb): long token sequences bit-exact against
 the integer model (sim/tb_soma.py checks every output element against ``soma.prefill``), and O(1) decode:
 cycles per token at sequence position 128 and at 65,536 (state loaded through LOAD_STATE) identical and equal
-to ``expected_decode_cycles``."""
+to ``expected_decode_cycles``. The wide profile's decode unit, which no tile carries yet, runs in Amaranth's
+simulator on a Python model of the local memory, bit-exact against ``soma.decode_step``."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -68,3 +71,114 @@ def test_cycles_per_token_at_position_65536_equal_those_at_128(rng):
     expected = expected_decode_cycles(params, configs)
     assert list(far.outputs["cycles"]) == [expected, expected]
     assert int(far.outputs["mismatches"]) == 0
+
+
+def wide_config(rng, params, normaliser, *, fallback=False, include_self, gating, field_source="values"):
+    """A one-head integer SomaConfig of the wide profile for the tile's geometry, from a float config with random
+    scales (``soma_int.integer_config``); ``fallback`` makes the head a fallback head (the integer exp)."""
+    from somatile.model import soma_int
+
+    base = soma.SomaConfig(
+        n_heads=1, head_dim=params.head_dim, ring=params.ring, sinks=params.sinks, profile="wide",
+        normaliser=normaliser, fallback=(True,) if fallback else None, include_self=include_self,
+        field_source=field_source, gating=gating, alpha=float(rng.uniform(0.1, 0.6)),
+        recency=float(rng.choice([0.0, 0.1, 0.3])), gamma=float(rng.uniform(0.8, 0.99)),
+        hccs_c=float(rng.uniform(2.0, 8.0)))
+    scale = float(rng.uniform(1 / 64, 1 / 16))
+    return soma_int.integer_config(base, q_scale=scale, k_scale=scale, v_scale=scale,
+                                   out_scale=float(rng.uniform(1 / 512, 1 / 128)))
+
+
+class DecodeMemory:
+    """The tile's local memory as the decode unit sees it, in Python: words of ``word_bytes`` bytes, a
+    synchronous read (the word at the previous cycle's ``rd_addr``, the old word when that cycle wrote it)
+    and a byte-enabled write."""
+
+    def __init__(self, words: int, word_bytes: int):
+        self.word_bytes = word_bytes
+        self.words = [0] * words
+
+    def store(self, address: int, data: bytes):
+        for i in range(0, len(data), self.word_bytes):
+            self.words[address + i // self.word_bytes] = int.from_bytes(data[i:i + self.word_bytes], "little")
+
+    def load(self, address: int, nbytes: int) -> bytes:
+        count = nbytes // self.word_bytes
+        return b"".join(w.to_bytes(self.word_bytes, "little") for w in self.words[address:address + count])
+
+    async def step(self, ctx, dut) -> int:
+        """One decode step from the cycle of ``start`` (set by the caller) through ``done``: its cycles."""
+        cycle, done_at = 0, None
+        while done_at is None:
+            rd_addr, wr_addr, wr_en, wr_data = (ctx.get(s) for s in (dut.rd_addr, dut.wr_addr, dut.wr_en, dut.wr_data))
+            if ctx.get(dut.done):
+                done_at = cycle
+            read = self.words[rd_addr]
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            if wr_en:
+                mask = sum(0xFF << (8 * b) for b in range(self.word_bytes) if wr_en >> b & 1)
+                self.words[wr_addr] = (self.words[wr_addr] & ~mask) | (wr_data & mask)
+            ctx.set(dut.rd_data, read)
+            cycle += 1
+        return done_at
+
+
+def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(rng):
+    """SomaDecode of the wide profile on a Python model of the local memory: every head's int16 output and its
+    whole state after every step equal soma.decode_step's, over ring wrap-around, for every normaliser (and a
+    fallback head's integer exp), both write orders, gated and ungated; one head starts at position 65,536.
+    Every step takes expected_cycles."""
+    from amaranth.sim import Simulator
+
+    from somatile.hw import regmap
+    from somatile.hw.soma import SomaDecode, expected_cycles, head_params_layout, output_words
+
+    params = dataclasses.replace(SMALL, profile="wide")
+    configs = [wide_config(rng, params, "hccs_int", include_self=True, gating="query"),
+               wide_config(rng, params, "exp_int", include_self=False, gating="none", field_source="keys"),
+               wide_config(rng, params, "pwl2_int", include_self=False, gating="none"),
+               wide_config(rng, params, "pwl2_int", fallback=True, include_self=True, gating="query")]
+    tokens = 2 * params.slots + 5
+    W, words = params.word_bytes, params.head_dim // params.word_bytes
+    state_words = regmap.state_bytes(params) // W
+    stage_base = len(configs) * state_words
+    out_base = stage_base + 3 * words
+    memory = DecodeMemory(out_base + output_words(params), W)
+    states = [soma.SomaState.empty(c) for c in configs]
+    far = soma.SomaState.from_arrays(configs[2], tile_model.state_to_arrays(
+        params, far_state(params, configs[2], rng, 65536), gated=False))
+    states[2] = far
+    for h, state in enumerate(states):
+        memory.store(h * state_words, bytes(tile_model.arrays_to_state(params, state.to_arrays())))
+    q, k, v = run_soma.sequence(rng, tokens, len(configs), params.head_dim)
+    dut = SomaDecode(params, len(memory.words))
+    layout = head_params_layout("wide")
+    outputs, cycles = [], []
+
+    async def bench(ctx):
+        for t in range(tokens):
+            for h, cfg in enumerate(configs):
+                memory.store(stage_base, np.stack([q[t, h], k[t, h], v[t, h]]).tobytes())
+                ctx.set(dut.head, layout.const(dict(zip(layout.members, tile_model.head_values(cfg)))))
+                ctx.set(dut.state_base, h * state_words), ctx.set(dut.stage_base, stage_base)
+                ctx.set(dut.out_base, out_base), ctx.set(dut.start, 1)
+                cycles.append((h, await memory.step(ctx, dut)))
+                outputs.append((memory.load(out_base, regmap.decode_out_bytes(params)),
+                                memory.load(h * state_words, regmap.state_bytes(params))))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    got = iter(outputs)
+    all_out = []
+    for t in range(tokens):
+        for h, cfg in enumerate(configs):
+            want, states[h] = soma.decode_step(cfg, states[h], q[t, h][None], k[t, h][None], v[t, h][None])
+            out_bytes, state_bytes = next(got)
+            assert np.array_equal(np.frombuffer(out_bytes, "<i2"), want[0]), (t, h)
+            assert state_bytes == bytes(tile_model.arrays_to_state(params, states[h].to_arrays())), (t, h)
+            all_out.append(want[0])
+    assert [c for _, c in cycles] == [expected_cycles(params, configs[h].normaliser) for h, _ in cycles]
+    assert len(np.unique(all_out)) > 20

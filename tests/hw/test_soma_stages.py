@@ -1,6 +1,10 @@
 """The decode unit's stages (hw/soma.py) in Amaranth's own simulator, each driven as SomaDecode drives it (its
 items from a tag line): exact results against the integer contract (docs/numerics.md, section Soma;
-``soma_fixed``, ``hccs``) at the latency its constant states."""
+``soma_fixed``, ``hccs``) at the latency its constant states; the stages the wide profile changes (SCORES'
+int16 logits, the near field through the wide normaliser, Q15 P.V, the int16 output) against its rows of the
+table ("Two integer profiles"; ``soma_int.LIMITS``, ``wide``) on random and adversarial inputs."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -10,11 +14,15 @@ from amaranth.sim import Simulator
 from somatile.hw.pipe import TagLine
 from somatile.hw.soma import (FIELD_DEPTH, FINAL_DEPTH, GATE_DEPTH, HEAD_PARAMS_LAYOUT, PHASE_FINAL, PHASE_GATE,
                               PHASE_SCORES, PHASE_WEIGHTED, READ_LATENCY, WEIGHTED_DEPTH, FieldUpdate, GateStage,
-                              NearFieldFeed, OutputStage, ScoreStage, WeightedStage, issue_shape)
-from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS
-from somatile.model import hccs
+                              NearFieldFeed, OutputStage, ScoreStage, WeightedStage, element_bits, head_params_layout,
+                              issue_shape)
+from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, PROFILE_HEAD_PARAMS
+from somatile.model import hccs, soma_int, wide
 from somatile.model import soma_fixed as soma
 from tests.hw.test_tile import SMALL, WIDE
+
+# The two tile geometries in the wide profile (int16 logits, Q15 probabilities, int16 output).
+SMALL_W, WIDE_W = (dataclasses.replace(p, profile="wide") for p in (SMALL, WIDE))
 
 
 def choice(name, value):
@@ -55,14 +63,9 @@ def simulate(m, bench):
     sim.run()
 
 
-@pytest.mark.parametrize("params", [SMALL, WIDE], ids=["small", "wide"])
-def test_score_stage_logits_follow_the_contract_at_its_depth(params, rng):
-    p, slots, chunks = params, params.slots, params.head_dim // params.mac_lanes
-    q = rng.integers(-128, 128, p.head_dim)
-    K = rng.integers(-128, 128, (slots, p.head_dim))
-    write_pos, fill, step = int(rng.integers(p.ring)), int(rng.integers(p.ring + 1)), int(rng.integers(5))
-    head = dict(score_mult=int(rng.integers(1, 2000)), score_shift=int(rng.integers(4, 14)),
-                recency_int=int(rng.integers(0, 20)), include_self=int(rng.integers(2)))
+def run_score_stage(p, q, K, counters, head):
+    """The logits ScoreStage writes: {slot: (x, valid, last, cycle)}."""
+    slots, chunks = p.slots, p.head_dim // p.mac_lanes
     m = Module()
     m.submodules.stage = stage = ScoreStage(p)
     issuer = Issuer(m, p, ScoreStage.depth(p) + 1)
@@ -73,8 +76,8 @@ def test_score_stage_logits_follow_the_contract_at_its_depth(params, rng):
     issued, rows = [(n, c) for n in range(slots) for c in range(chunks)], {}
 
     async def bench(ctx):
-        ctx.set(stage.head, HEAD_PARAMS_LAYOUT.const(head))
-        ctx.set(stage.counters, {"write_pos": write_pos, "fill": fill, "step": step})
+        ctx.set(stage.head, head_params_layout(p.profile).const(head))
+        ctx.set(stage.counters, counters)
         for t in range(len(issued) + ScoreStage.depth(p) + 2):
             if t < len(issued):
                 n, c = issued[t]
@@ -91,19 +94,78 @@ def test_score_stage_logits_follow_the_contract_at_its_depth(params, rng):
             await ctx.tick()
 
     simulate(m, bench)
-    scores = K @ q
-    for j in range(slots):
+    assert [j for j in rows if rows[j][2]] == [slots - 1]
+    assert rows[slots - 1][3] == len(issued) - 1 + ScoreStage.depth(p)
+    assert ScoreStage.cycles(p) == len(issued) + ScoreStage.depth(p)
+    return rows
+
+
+def contract_logits(p, q, K, counters, head):
+    """Steps 2-5 of the profile's decode table: (logit, valid) per slot (0 where masked)."""
+    write_pos, fill, step = counters["write_pos"], counters["fill"], counters["step"]
+    scores = K.astype(np.int64) @ q.astype(np.int64)
+    out = []
+    for j in range(p.slots):
         if j < p.sinks:
             valid, distance = j < min(step, p.sinks), 0
         else:
             valid = j - p.sinks < fill
             distance = (write_pos - 1 - (j - p.sinks)) % p.ring + (0 if head["include_self"] else 1)
         x = soma.saturate(soma.rshift_round(scores[j] * head["score_mult"], head["score_shift"])
-                          - head["recency_int"] * distance, -128, 127)
-        assert rows[j][:2] == ((int(x) if valid else 0), int(valid)), j
-    assert [j for j in rows if rows[j][2]] == [slots - 1]
-    assert rows[slots - 1][3] == len(issued) - 1 + ScoreStage.depth(p)
-    assert ScoreStage.cycles(p) == len(issued) + ScoreStage.depth(p)
+                          - head["recency_int"] * distance, *soma_int.LIMITS[p.profile]["logit"])
+        out.append(((int(x) if valid else 0), int(valid)))
+    return out
+
+
+@pytest.mark.parametrize("params", [SMALL, WIDE], ids=["small", "wide"])
+def test_score_stage_logits_follow_the_contract_at_its_depth(params, rng):
+    p = params
+    q = rng.integers(-128, 128, p.head_dim)
+    K = rng.integers(-128, 128, (p.slots, p.head_dim))
+    counters = dict(write_pos=int(rng.integers(p.ring)), fill=int(rng.integers(p.ring + 1)), step=int(rng.integers(5)))
+    head = dict(score_mult=int(rng.integers(1, 2000)), score_shift=int(rng.integers(4, 14)),
+                recency_int=int(rng.integers(0, 20)), include_self=int(rng.integers(2)))
+    rows = run_score_stage(p, q, K, counters, head)
+    assert [rows[j][:2] for j in range(p.slots)] == contract_logits(p, q, K, counters, head)
+
+
+def adversarial_scores(p, rng):
+    """Keys that drive q . k to both ends of its range (q all 127: K rows of 127 and of -128) beside random ones."""
+    q = np.full(p.head_dim, 127)
+    K = rng.integers(-128, 128, (p.slots, p.head_dim))
+    K[0::3], K[1::3] = 127, -128
+    return q, K
+
+
+@pytest.mark.parametrize("params", [SMALL_W, WIDE_W], ids=["small", "wide"])
+@pytest.mark.parametrize("case", ["random", "saturating", "recency", "masked", "shift_extremes"])
+def test_wide_score_stage_int16_logits_follow_the_contract(params, case, rng):
+    """Step 5 of the wide profile: int16 logits, saturated at both ends, recency in 2^-8 bit units."""
+    p = params
+    q, K = rng.integers(-128, 128, p.head_dim), rng.integers(-128, 128, (p.slots, p.head_dim))
+    counters = dict(write_pos=int(rng.integers(p.ring)), fill=p.ring, step=1 << 20)
+    head = dict(score_mult=int(rng.integers(1, 32768)), score_shift=int(rng.integers(8, 20)),
+                recency_int=int(rng.integers(0, 600)), include_self=int(rng.integers(2)))
+    if case == "saturating":
+        q, K = adversarial_scores(p, rng)
+        head.update(score_mult=32767, score_shift=4, recency_int=0)
+    elif case == "recency":  # a large penalty drives the far ring slots to -32768
+        head.update(recency_int=32767, score_shift=20)
+    elif case == "masked":  # empty slots: a partial ring, sinks still filling
+        counters = dict(write_pos=2, fill=2, step=1)
+    elif case == "shift_extremes":
+        q, K = adversarial_scores(p, rng)
+        head.update(score_mult=32767, score_shift=int(rng.choice([0, 47])), recency_int=32767)
+    rows = run_score_stage(p, q, K, counters, head)
+    want = contract_logits(p, q, K, counters, head)
+    assert [rows[j][:2] for j in range(p.slots)] == want
+    logits = [x for x, _ in want]
+    if case in ("saturating", "shift_extremes"):
+        assert {32767, -32768} <= set(logits) or head["score_shift"] == 47
+    if case == "recency":
+        assert -32768 in logits
+    if case == "masked":
+        assert 0 in [valid for _, valid in want]
 
 
 @pytest.mark.parametrize("mode", ["div", "clb"])
@@ -138,6 +200,67 @@ def test_near_field_feed_returns_the_hccs_row_in_its_row_cycles(mode, rng):
     want = hccs.hccs_int(x[None].astype(np.int8), B, S, dmax, mode=mode, mask=valid[None])[0]
     assert np.array_equal(done_at[-1], want)
     assert done_at[:-1] == [NearFieldFeed.row_cycles(p, mode)]
+
+
+def wide_choice(name, value):
+    return PROFILE_HEAD_PARAMS["wide"][HEAD_INDEX[name]].choices.index(value)
+
+
+# (normaliser register, B, S, dmax) of wide heads: every normaliser, the clip inside and outside the row's spread;
+# the exp head carries parameters it must ignore.
+WIDE_HEADS = [("exp_int", 1234, 999, 77), ("hccs_int", 32768, 300, 20000), ("hccs_int", 20000, 50, 3000),
+              ("pwl2_int", 0, 256, 65535), ("pwl2_int", 0, 700, 5000)]
+
+
+def wide_rows(p, rng):
+    """(x, valid) rows of int16 logits: random, both int16 ends (t = 65535), one valid slot, none, all equal."""
+    n = p.slots
+    rows = [(rng.integers(-3000, 3000, n), rng.integers(0, 4, n) > 0)]
+    ends = rng.choice([wide.LOGIT_MIN, wide.LOGIT_MAX], n)
+    ends[:2] = wide.LOGIT_MIN, wide.LOGIT_MAX
+    rows.append((ends, np.ones(n, bool)))
+    rows.append((rng.integers(-32768, 32768, n), np.arange(n) == n - 1))
+    rows.append((rng.integers(-32768, 32768, n), np.zeros(n, bool)))
+    rows.append((np.full(n, -5), rng.integers(0, 2, n) > 0))
+    return rows
+
+
+@pytest.mark.parametrize("params", [SMALL_W, WIDE_W], ids=["small", "wide"])
+def test_wide_near_field_feed_returns_the_wide_row_in_its_row_cycles(params, rng):
+    """Every head's row through the wide normaliser: Q15 probabilities of model/wide.py for each normaliser,
+    row after row through one unit, ``done`` at row_cycles."""
+    p = params
+    cases = [(head, x, valid) for head in WIDE_HEADS for x, valid in wide_rows(p, rng)]
+    m = Module()
+    m.submodules.stage = stage = NearFieldFeed(p)
+    got = []
+
+    async def bench(ctx):
+        for (name, B, S, dmax), x, valid in cases:
+            ctx.set(stage.head, head_params_layout("wide").const(dict(
+                normaliser=wide_choice("normaliser", name), hccs_B=B, hccs_S=S, hccs_dmax=dmax)))
+            for j in range(p.slots):
+                ctx.set(stage.row, {"we": 1, "last": j == p.slots - 1, "index": j, "valid": int(valid[j]),
+                                    "x": int(x[j])})
+                await ctx.tick()
+            ctx.set(stage.row.we, 0), ctx.set(stage.start, 1)
+            await ctx.tick()
+            ctx.set(stage.start, 0)
+            done_at = []
+            for t in range(1, NearFieldFeed.row_cycles(p) + 3):
+                if ctx.get(stage.done):
+                    done_at.append(t)
+                await ctx.tick()
+            probs = np.frombuffer(ctx.get(stage.probs).to_bytes(len(stage.probs) // 8, "little"), "<u2")
+            got.append((done_at, probs[:p.slots]))
+
+    simulate(m, bench)
+    for ((name, B, S, dmax), x, valid), (done_at, probs) in zip(cases, got, strict=True):
+        want = wide.wide_softmax(x[None].astype(np.int16), name.removesuffix("_int"), B, S, dmax, mask=valid[None],
+                                 impl="numpy")[0]
+        assert np.array_equal(probs, want), (name, x, valid)
+        assert done_at == [NearFieldFeed.row_cycles(p)]
+    assert NearFieldFeed.row_cycles(p) == NearFieldFeed.row_cycles(p, "clb")
 
 
 @pytest.mark.parametrize("gated", [True, False])
@@ -185,31 +308,27 @@ def test_gate_stage_gate_follows_the_contract_and_busy_falls_at_gate_depth(gated
     assert GateStage.cycles(p) == p.head_dim + GATE_DEPTH
 
 
-@pytest.mark.parametrize("use_exp", [False, True])
-def test_weighted_stage_sums_p_times_v_at_its_depth(use_exp, rng):
-    p = SMALL
+def run_weighted_stage(p, P, V, chunk, head):
+    """WeightedStage over one chunk: (acc after chunk_done, the chunk_done cycle); P from the near field's
+    elements (and, paper, from the RowNormaliser's one-cycle read)."""
     L, slots = p.mac_lanes, p.slots
-    P = rng.integers(0, 256, slots)
-    V = rng.integers(-128, 128, (slots, p.head_dim))
-    chunk = 1
     m = Module()
     m.submodules.stage = stage = WeightedStage(p)
     issuer = Issuer(m, p, WEIGHTED_DEPTH + 1)
-    probs = np.zeros(len(stage.probs) // 8, np.uint8)
+    probs = np.zeros(len(stage.probs) // element_bits(p), np.uint16 if p.profile == "wide" else np.uint8)
     probs[:slots] = P
     m.d.comb += [stage.prob_address_item.eq(issuer.item(READ_LATENCY - 2, PHASE_WEIGHTED)),
                  stage.prob_item.eq(issuer.item(READ_LATENCY - 1, PHASE_WEIGHTED)),
                  stage.accumulate_item.eq(issuer.item(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)),
                  stage.done_item.eq(issuer.item(WEIGHTED_DEPTH, PHASE_WEIGHTED)),
                  stage.n_issue.eq(issuer.n), stage.c_issue.eq(chunk),
-                 stage.probs.eq(int.from_bytes(probs.tobytes(), "little"))]
-    # The RowNormaliser's one-cycle read.
-    m.d.sync += stage.prob.eq(Array(Const(int(x), 16) for x in P)[stage.prob_index])
+                 stage.probs.eq(int.from_bytes(probs.astype(probs.dtype.newbyteorder("<")).tobytes(), "little"))]
+    if p.profile == "paper":  # the RowNormaliser's one-cycle read
+        m.d.sync += stage.prob.eq(Array(Const(int(x), 16) for x in P)[stage.prob_index])
     seen = {}
 
     async def bench(ctx):
-        ctx.set(stage.head, HEAD_PARAMS_LAYOUT.const(dict(
-            normaliser=choice("normaliser", "exp_int" if use_exp else "hccs_int"))))
+        ctx.set(stage.head, head_params_layout(p.profile).const(head))
         for t in range(slots + WEIGHTED_DEPTH + 2):
             ctx.set(issuer.valid, t < slots)
             if t < slots:
@@ -224,24 +343,48 @@ def test_weighted_stage_sums_p_times_v_at_its_depth(use_exp, rng):
                 seen["acc"] = [ctx.get(stage.acc[l]) for l in range(L)]
 
     simulate(m, bench)
-    assert seen["acc"] == list(P @ V[:, chunk * L:(chunk + 1) * L])
-    assert seen["done"] == slots - 1 + WEIGHTED_DEPTH
     assert WeightedStage.cycles(p) == slots + WEIGHTED_DEPTH
+    return seen["acc"], seen["done"]
 
 
-@pytest.mark.parametrize("field_of_keys, gated", [(True, True), (False, False)])
-def test_output_stage_and_field_update_follow_the_contract_at_their_depths(field_of_keys, gated, rng):
+@pytest.mark.parametrize("use_exp", [False, True])
+def test_weighted_stage_sums_p_times_v_at_its_depth(use_exp, rng):
     p = SMALL
+    L, slots = p.mac_lanes, p.slots
+    P = rng.integers(0, 256, slots)
+    V = rng.integers(-128, 128, (slots, p.head_dim))
+    chunk = 1
+    acc, done = run_weighted_stage(p, P, V, chunk, dict(normaliser=choice("normaliser",
+                                                                          "exp_int" if use_exp else "hccs_int")))
+    assert acc == list(P @ V[:, chunk * L:(chunk + 1) * L])
+    assert done == slots - 1 + WEIGHTED_DEPTH
+
+
+@pytest.mark.parametrize("params", [SMALL_W, WIDE_W], ids=["small", "wide"])
+@pytest.mark.parametrize("case", ["random", "ones_low", "ones_high", "sparse"])
+def test_wide_weighted_stage_sums_q15_p_times_v(params, case, rng):
+    """Step 7 of the wide profile: Q15 probabilities (0..32768) times int8 values, every normaliser's head alike
+    (the probabilities come from the near field for all of them)."""
+    p = params
+    L, slots, chunks = p.mac_lanes, p.slots, p.head_dim // p.mac_lanes
+    P = rng.integers(0, wide.PROB_ONE + 1, slots)
+    V = rng.integers(-128, 128, (slots, p.head_dim))
+    if case in ("ones_low", "ones_high"):  # P = 1.0 at every slot against V at an int8 end: |acc| at its largest
+        P[:] = wide.PROB_ONE
+        V[:] = -128 if case == "ones_low" else 127
+    elif case == "sparse":
+        P[:] = 0
+        P[rng.integers(slots)] = wide.PROB_ONE
+    chunk = int(rng.integers(chunks))
+    name = str(rng.choice(["hccs_int", "exp_int", "pwl2_int"]))
+    acc, done = run_weighted_stage(p, P, V, chunk, dict(normaliser=wide_choice("normaliser", name)))
+    assert acc == list(P @ V[:, chunk * L:(chunk + 1) * L])
+    assert done == slots - 1 + WEIGHTED_DEPTH
+
+
+def run_final(p, F, G, k, v, acc, gate, head):
+    """OutputStage and FieldUpdate over every element: their writes {element: (value, cycle)} and FINAL's end."""
     L, D, chunks = p.mac_lanes, p.head_dim, p.head_dim // p.mac_lanes
-    F, G = rng.integers(-16384, 16257, D), rng.integers(-16384, 16257, D)
-    k, v = rng.integers(-128, 128, D), rng.integers(-128, 128, D)
-    acc = rng.integers(-128 * 510, 128 * 510, D)
-    gate = int(rng.integers(0, 129))
-    head = dict(out_mult=int(rng.integers(1, 3000)), out_shift=int(rng.integers(8, 14)),
-                alpha_mult=int(rng.integers(1, 3000)), alpha_shift=int(rng.integers(6, 12)),
-                gamma_q15=int(rng.integers(0, 32768)), field_source=choice("field_source", "keys" if field_of_keys
-                                                                           else "values"),
-                gating=choice("gating", "query" if gated else "none"))
     m = Module()
     m.submodules.output = output = OutputStage(p)
     m.submodules.update = update = FieldUpdate(p)
@@ -257,9 +400,10 @@ def test_output_stage_and_field_update_follow_the_contract_at_their_depths(field
                  update.f_old.eq(output.f_old), update.g_old.eq(output.g_old), update.k_d.eq(output.k_d),
                  update.src.eq(output.src)]
     writes = {"out": {}, "field": {}, "gate": {}, "end": []}
+    layout = head_params_layout(p.profile)
 
     async def bench(ctx):
-        ctx.set(output.head, HEAD_PARAMS_LAYOUT.const(head)), ctx.set(update.head, HEAD_PARAMS_LAYOUT.const(head))
+        ctx.set(output.head, layout.const(head)), ctx.set(update.head, layout.const(head))
         ctx.set(output.gate, gate), ctx.set(output.d_restart, 1), ctx.set(output.lane_restart, 1)
         await ctx.tick()
         ctx.set(output.d_restart, 0), ctx.set(output.lane_restart, 0)
@@ -281,9 +425,16 @@ def test_output_stage_and_field_update_follow_the_contract_at_their_depths(field
             await ctx.tick()
 
     simulate(m, bench)
+    return writes
+
+
+def check_final(p, F, G, k, v, acc, gate, head, field_of_keys, gated):
+    """The writes of run_final against steps 8, 10, 11 and 13 of the profile's table; the output elements."""
+    D = p.head_dim
+    writes = run_final(p, F, G, k, v, acc, gate, head)
     near = soma.saturate(soma.rshift_round(acc * head["out_mult"], head["out_shift"]), -32768, 32767)
     far = soma.saturate(soma.rshift_round(F * head["alpha_mult"] * gate, head["alpha_shift"] + 7), -32768, 32767)
-    out = soma.saturate(near + far, -128, 127)
+    out = soma.saturate(near + far, *soma_int.LIMITS[p.profile]["out"])
     new_f = soma.field_update(F, k if field_of_keys else v, head["gamma_q15"])
     new_g = soma.field_update(G, k, head["gamma_q15"])
     for d in range(D):
@@ -294,4 +445,56 @@ def test_output_stage_and_field_update_follow_the_contract_at_their_depths(field
     if not gated:
         assert writes["gate"] == {}
     assert writes["end"][0] == D - 1 + FINAL_DEPTH
-    assert OutputStage.chunk_cycles(p) == L
+    assert OutputStage.chunk_cycles(p) == p.mac_lanes
+    return out
+
+
+def final_head(rng, field_of_keys, gated, choose=choice):
+    return dict(out_mult=int(rng.integers(1, 3000)), out_shift=int(rng.integers(8, 14)),
+                alpha_mult=int(rng.integers(1, 3000)), alpha_shift=int(rng.integers(6, 12)),
+                gamma_q15=int(rng.integers(0, 32768)), field_source=choose("field_source", "keys" if field_of_keys
+                                                                           else "values"),
+                gating=choose("gating", "query" if gated else "none"))
+
+
+@pytest.mark.parametrize("field_of_keys, gated", [(True, True), (False, False)])
+def test_output_stage_and_field_update_follow_the_contract_at_their_depths(field_of_keys, gated, rng):
+    p = SMALL
+    D = p.head_dim
+    F, G = rng.integers(-16384, 16257, D), rng.integers(-16384, 16257, D)
+    k, v = rng.integers(-128, 128, D), rng.integers(-128, 128, D)
+    acc = rng.integers(-128 * 510, 128 * 510, D)
+    gate = int(rng.integers(0, 129))
+    head = final_head(rng, field_of_keys, gated)
+    check_final(p, F, G, k, v, acc, gate, head, field_of_keys, gated)
+
+
+@pytest.mark.parametrize("params", [SMALL_W, WIDE_W], ids=["small", "wide"])
+@pytest.mark.parametrize("case", ["random", "saturating", "cancelling"])
+def test_wide_output_stage_writes_int16_outputs(params, case, rng):
+    """Step 11 of the wide profile: ``sat(near + far, -32768, 32767)``; the near and far terms each saturated at
+    both int16 ends, their sum at both ends (and not where they cancel); the field updates as in the paper."""
+    p = params
+    D, n = p.head_dim, p.slots
+    F, G = rng.integers(-16384, 16257, D), rng.integers(-16384, 16257, D)
+    k, v = rng.integers(-128, 128, D), rng.integers(-128, 128, D)
+    bound = 128 * (wide.PROB_ONE + n // 2)
+    acc = rng.integers(-bound, bound + 1, D)
+    gate = int(rng.integers(0, 129))
+    field_of_keys, gated = bool(rng.integers(2)), bool(rng.integers(2))
+    head = final_head(rng, field_of_keys, gated, wide_choice)
+    head.update(out_mult=int(rng.integers(1, 32768)), out_shift=int(rng.integers(12, 20)))
+    if case in ("saturating", "cancelling"):
+        # Even elements with both terms at the int16 top, odd ones at the bottom ("saturating"), or each element's
+        # two terms at opposite ends ("cancelling": 32767 - 32768).
+        sign = np.where(np.arange(D) % 2 == 0, 1, -1)
+        acc, F = sign * bound, sign * 16256
+        if case == "cancelling":
+            F = -F
+        gate = soma.GATE_ONE
+        head.update(out_mult=32767, out_shift=4, alpha_mult=32767, alpha_shift=0)
+    out = check_final(p, F, G, k, v, acc, gate, head, field_of_keys, gated)
+    if case == "saturating":
+        assert {32767, -32768} == set(out.tolist())
+    if case == "cancelling":
+        assert set(out.tolist()) == {-1}
