@@ -81,18 +81,39 @@ def _field_update(f, x, gamma_q15):
             f[c, d] = _rshift_round(acc, 15)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _dot(q, t, h, keys, c, j, D):
+    """q[t, h] . keys[c, j] in int32 lanes (|sum| <= D * 2^14), indexed in place: a view per slot would
+    cost two atomic reference-count updates, more than the 64 multiplies."""
+    s = np.int32(0)
+    for d in range(D):
+        s = np.int32(s + np.int32(np.int32(q[t, h, d]) * np.int32(keys[c, j, d])))
+    return s
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate(acc, g, pj, values, c, j, D):
+    """acc[g] += pj * values[c, j] in int32 lanes (|acc| < 2^23)."""
+    for d in range(D):
+        acc[g, d] = np.int32(acc[g, d] + np.int32(pj * np.int32(values[c, j, d])))
+
+
 @numba.njit(cache=True, nogil=True)
 def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p, include_self, gated,
          field_keys, profile, codes, hccs_mode, gamma_q15, logit_lo, logit_hi, out_lo, out_hi, out):
+    """The token loop. Work is blocked by KV head: its ``group`` query heads score and accumulate against
+    the same key and value rows while they are in L1, sinks and ring in separate loops (no per-slot branch
+    between the two arrays)."""
     T, H, D = q.shape
-    group = H // k.shape[1]
+    Hkv = k.shape[1]
+    group = H // Hkv
     sinks, ring = sink_k.shape[1], ring_k.shape[1]
     n = sinks + ring
     x_row = np.zeros(n, np.int32)
     valid = np.zeros(n, np.bool_)
     dist = np.zeros(n, np.int64)
-    prob = np.zeros(n, np.int32)
-    acc = np.zeros(D, np.int32)
+    prob = np.zeros((group, n), np.int32)
+    acc = np.zeros((group, D), np.int32)
     for t in range(T):
         if include_self:
             _write(ring_k, ring_v, sink_k, sink_v, counters, k[t], v[t])
@@ -104,33 +125,39 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
         for j in range(ring):
             valid[sinks + j] = j < fill
             dist[sinks + j] = (write_pos - 1 - j) % ring + lag
-        for h in range(H):
-            c = h // group
-            for j in range(n):
-                keys = sink_k[c, j] if j < sinks else ring_k[c, j - sinks]
-                s = np.int32(0)
-                for d in range(D):
-                    s = np.int32(s + np.int32(np.int32(q[t, h, d]) * np.int32(keys[d])))
-                logit = _rshift_round(np.int64(s) * p[_SCORE_MULT, h], p[_SCORE_SHIFT, h]) - p[_RECENCY, h] * dist[j]
-                x_row[j] = _clamp(logit, logit_lo, logit_hi) if valid[j] else 0
-            _normalise_row(x_row, valid, p, h, profile, codes[h], hccs_mode, prob)
+        for c in range(Hkv):
+            for g in range(group):
+                h = c * group + g
+                mult, shift, recency = p[_SCORE_MULT, h], p[_SCORE_SHIFT, h], p[_RECENCY, h]
+                for j in range(sinks):
+                    logit = _rshift_round(np.int64(_dot(q, t, h, sink_k, c, j, D)) * mult, shift) - recency * dist[j]
+                    x_row[j] = _clamp(logit, logit_lo, logit_hi) if valid[j] else 0
+                for j in range(ring):
+                    logit = (_rshift_round(np.int64(_dot(q, t, h, ring_k, c, j, D)) * mult, shift)
+                             - recency * dist[sinks + j])
+                    x_row[sinks + j] = _clamp(logit, logit_lo, logit_hi) if valid[sinks + j] else 0
+                _normalise_row(x_row, valid, p, h, profile, codes[h], hccs_mode, prob[g])
             acc[:] = 0
-            for j in range(n):
-                pj = np.int32(prob[j])
-                values = sink_v[c, j] if j < sinks else ring_v[c, j - sinks]
+            for j in range(sinks):
+                for g in range(group):
+                    _accumulate(acc, g, prob[g, j], sink_v, c, j, D)
+            for j in range(ring):
+                for g in range(group):
+                    _accumulate(acc, g, prob[g, sinks + j], ring_v, c, j, D)
+            for g in range(group):
+                h = c * group + g
+                gate = np.int64(GATE_ONE)
+                if gated:
+                    z = np.int64(0)
+                    for d in range(D):
+                        z += np.int64(q[t, h, d]) * np.int64(gate_field[c, d])
+                    gate = _clamp(GATE_HALF + _rshift_round(z * p[_GATE_MULT, h], p[_GATE_SHIFT, h]), 0, GATE_ONE)
                 for d in range(D):
-                    acc[d] = np.int32(acc[d] + np.int32(pj * np.int32(values[d])))
-            gate = np.int64(GATE_ONE)
-            if gated:
-                z = np.int64(0)
-                for d in range(D):
-                    z += np.int64(q[t, h, d]) * np.int64(gate_field[c, d])
-                gate = _clamp(GATE_HALF + _rshift_round(z * p[_GATE_MULT, h], p[_GATE_SHIFT, h]), 0, GATE_ONE)
-            for d in range(D):
-                near = _clamp(_rshift_round(np.int64(acc[d]) * p[_OUT_MULT, h], p[_OUT_SHIFT, h]), INT16_MIN, INT16_MAX)
-                far = _clamp(_rshift_round(np.int64(field[c, d]) * p[_ALPHA_MULT, h] * gate,
-                                           p[_ALPHA_SHIFT, h] + GATE_FRAC_BITS), INT16_MIN, INT16_MAX)
-                out[t, h, d] = _clamp(near + far, out_lo, out_hi)
+                    near = _clamp(_rshift_round(np.int64(acc[g, d]) * p[_OUT_MULT, h], p[_OUT_SHIFT, h]),
+                                  INT16_MIN, INT16_MAX)
+                    far = _clamp(_rshift_round(np.int64(field[c, d]) * p[_ALPHA_MULT, h] * gate,
+                                               p[_ALPHA_SHIFT, h] + GATE_FRAC_BITS), INT16_MIN, INT16_MAX)
+                    out[t, h, d] = _clamp(near + far, out_lo, out_hi)
         if not include_self:
             _write(ring_k, ring_v, sink_k, sink_v, counters, k[t], v[t])
         _field_update(field, k[t] if field_keys else v[t], gamma_q15)
