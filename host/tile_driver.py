@@ -213,6 +213,11 @@ class TileDevice(Device):
         if isinstance(params, HccsParams):
             if params.heads != self.heads:
                 raise ValueError(f"HccsParams: {params.heads} heads, this device has {self.heads}")
+            fallback_heads = np.flatnonzero(params.fallback).tolist()
+            if fallback_heads and params.fallback_exp != "somatile":
+                raise ValueError(f"HccsParams: key 'fallback_exp': {params.fallback_exp!r} for fallback heads "
+                                 f"{fallback_heads}, but the tile runs somatile's integer exp (calibrate with "
+                                 f"--fallback-exp somatile for this device)")
             fallback = np.asarray(params.fallback)
             choices = {p.name: p.choices for p in self._head_params}
             normaliser = [choices["normaliser"].index("exp_int" if f else params.normaliser + "_int")

@@ -1,6 +1,8 @@
 """The device API: the same tensors through every backend available here, compared exactly with the model
 and with each other; state transfer; errors that name what is wrong."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -247,3 +249,15 @@ def test_the_c_firmware_serves_a_wide_profile_tile_byte_for_byte_like_emu():
     assert out_a.dtype == out_b.dtype == np.int16 and np.array_equal(out_a, out_b)
     assert state_a.keys() == state_b.keys() and all(np.array_equal(state_a[n], state_b[n]) for n in state_a)
     assert p_a.dtype == p_b.dtype == np.uint16 and np.array_equal(p_a, p_b)
+
+
+def test_configure_refuses_parameters_whose_fallback_heads_run_the_ai_engines_exp():
+    """A params file calibrated for the AI Engine (fallback heads on aie4ml's exp) predicts other bits than the
+    tile's integer exp would give: refused before anything is sent."""
+    params = HccsParams(B=np.array([452, 400]), S=np.array([14, 9]), dmax=np.array([32, 40]),
+                        fallback=np.array([False, True]), scale=np.array([0.1, 0.1]), cols=RING + SINKS,
+                        fallback_exp="aie4ml")
+    with somatile.host.open("emu://") as dev:
+        with pytest.raises(ValueError, match=r"key 'fallback_exp': 'aie4ml' for fallback heads \[1\]"):
+            dev.configure(params)
+        dev.configure(dataclasses.replace(params, fallback_exp="somatile"))  # the tile's own exp: accepted
