@@ -49,6 +49,7 @@ Contract
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
@@ -57,7 +58,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from somatile.hw.pipe import delay, delay_line, reg
+from somatile.hw.pipe import delay, delay_line, reduce_levels, reg
 from somatile.hw.row_unit import RowUnit
 from somatile.model import wide
 from somatile.model.intexp import POLY_A, POLY_B, POLY_C
@@ -341,10 +342,16 @@ class _Bank:
 
 WEIGH_READ = 3
 """The logit memory's read, the read register and the distance register in front of the weight lanes."""
-SUM_LATENCY = 2
+SUM_TREE_LEVELS = 2
+"""Adder levels of the beat's sum over the lanes per register stage (three 19-bit levels and the routing across
+8 lanes did not fit 10 ns on the ECP5)."""
+SUM_STAGES = 2
+"""Register stages of the beat's sum: enough for the 3 levels of 8 lanes (the most the unit takes)."""
+SUM_LATENCY = SUM_STAGES + 1
 """The beat's sum over the lanes, then the running total."""
-NORMALISE_READ = 2
-"""The weight memory's read and the read register in front of the probability lanes."""
+NORMALISE_READ = 3
+"""The weight memory's read, the read register and the lanes' operand register in front of their multipliers
+(the block RAM's clock-to-output and a multiplier in one cycle was the unit's longest path)."""
 OUTPUT_FIFO = 16
 """Beats the output FIFO holds: the normalise stage reads a weight only while it has a credit (a place in the
 FIFO for everything in flight); with ``o`` always ready the credits never run out."""
@@ -538,11 +545,14 @@ class WideNormaliser(RowUnit):
         done = out.valid
         m.d.comb += [write.addr.eq(out.addr), write.data.lanes.eq(Cat(*weights)), write.data.mask.eq(mask),
                      write.en.eq(done)]
-        # The beat's sum over the lanes, then the running total; the row's total is handed on after its last beat.
-        beat_sum = Signal(16 + ceil_log2(cfg.lanes) + 1)
-        summed, summed_last, summed_bank = Signal(), Signal(), Signal(2)
-        m.d.sync += [beat_sum.eq(sum(weights)), summed.eq(done), summed_last.eq(out.last),
-                     summed_bank.eq(out.addr[-2:])]
+        # The beat's sum over the lanes (SUM_TREE_LEVELS adder levels per stage), then the running total; the
+        # row's total is handed on after its last beat.
+        partial, flags = list(weights), Cat(done, out.last, out.addr[-2:])
+        for stage in range(SUM_STAGES):
+            partial = [reg(m, value, f"beat_sum{stage}_{i}", unsigned(16 + ceil_log2(cfg.lanes) + 1))
+                       for i, value in enumerate(reduce_levels(partial, operator.add, SUM_TREE_LEVELS))]
+            flags = reg(m, flags, f"beat_sum{stage}_flags", reset_less=False)
+        beat_sum, (summed, summed_last, summed_bank) = partial[0], (flags[0], flags[1], flags[2:4])
         total, open_row = Signal(TOTAL_BITS), Signal()
         handed, handed_bank = Signal(), Signal(2)
         with m.If(summed):
@@ -585,7 +595,7 @@ class WideNormaliser(RowUnit):
             m.d.sync += [active.eq(rows["inverted"] != (row + 1)[:3]), beat.eq(0), row.eq(row + 1)]
         m.d.comb += read.addr.eq(self._address(row, beat))
         # The beat's flags and the row's k and inv travel beside the read; each lane's probability follows.
-        word = reg(m, read.data, "norm_word")
+        word = reg(m, reg(m, read.data, "norm_read"), "norm_word")
         flags = data.StructLayout({"valid": 1, "first": 1, "last": 1, "head": cfg.head_bits, "inv": INV_BITS,
                                    "k": K_LAYOUT})
         tag = Signal(flags)
