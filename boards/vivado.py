@@ -23,7 +23,6 @@ versal``) defines them for the HAL. The tile's ports are read from the Verilog t
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 from pathlib import Path
@@ -294,13 +293,9 @@ def c_header() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m somatile.boards.vivado", description=__doc__.splitlines()[0])
-    parser.add_argument("--c-header", metavar="FILE", required=True, help="write somatile_versal.h to FILE")
-    args = parser.parse_args(argv)
-    path = Path(args.c_header)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(c_header())
-    return 0
+    from somatile.hw.header_cli import header_main
+
+    return header_main(argv, "somatile.boards.vivado", __doc__.splitlines()[0], "somatile_versal.h", c_header)
 
 
 if __name__ == "__main__":

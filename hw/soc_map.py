@@ -57,15 +57,9 @@ def c_header() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from somatile.hw.header_cli import header_main
 
-    parser = argparse.ArgumentParser(prog="python -m somatile.hw.soc_map", description=__doc__.splitlines()[0])
-    parser.add_argument("--c-header", metavar="FILE", required=True, help="write somatile_soc.h")
-    args = parser.parse_args(argv)
-    path = Path(args.c_header)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(c_header())
-    return 0
+    return header_main(argv, "somatile.hw.soc_map", __doc__.splitlines()[0], "somatile_soc.h", c_header)
 
 
 if __name__ == "__main__":
