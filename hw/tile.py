@@ -59,10 +59,11 @@ def expected_decode_cycles(params: TileParams, configs) -> int:
     """Cycles of a DECODE frame for heads with these configs (anything with ``normaliser`` and
     ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
     the first header beat is accepted through the cycle the last response beat is accepted: header beats,
-    ``CHECK_SETTLE`` settle cycles (the front end's) and a check cycle, payload beats, one execute cycle, per head one start
-    cycle and its decode step, response header and payload beats (as CYCLES_LAST counts them: up to the last
-    beat entering the output register slice, which presents it one cycle later; a one-beat header waits
-    for the first word's read, the streamer's ``header_wait``). Independent of the sequence position."""
+    ``CHECK_SETTLE`` settle cycles (the front end's) and a check cycle, payload beats, one execute cycle, per
+    head one start cycle and its decode step, response header and payload beats (as CYCLES_LAST counts them:
+    up to the last beat entering the output register slice, which presents it one cycle later; a one-beat
+    header waits for the first word's read, the streamer's ``header_wait``). Independent of the sequence
+    position."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
     intake = header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb
@@ -108,13 +109,12 @@ class Tile(wiring.Component):
         # are loaded from them for its first head).
         assert SELECT_LATENCY == PARAMS_DELAY
         m.d.comb += [front.data.eq(self.s_axis_tdata), front.configured.eq(heads.configured),
-                     *[getattr(front, f"hccs_{n}").eq(v) for n, v in seq.selected.items()],
+                     front.head_params.eq(heads.header_params),
                      heads.head.eq(fields.head), heads.block_data.eq(self.s_axis_tdata),
                      heads.select.eq(self.s_axis_tdata[16:16 + heads.index_bits]), heads.block_we.eq(payload.block_we),
                      heads.cur.eq(seq.cur), dec.head.eq(heads.cur_params)]
-        m.d.comb += [payload.expected.eq(front.expected), payload.last_beat_at.eq(front.last_beat_at),
-                     payload.first_is_last.eq(front.first_is_last), payload.before_last_beat.eq(front.before_last_beat),
-                     payload.base.eq(Mux(seq.is_op[Opcode.LOAD_STATE], front.head_words, seq.stage_word)),
+        wiring.connect(m, front.length, payload.length)
+        m.d.comb += [payload.base.eq(Mux(seq.is_op[Opcode.LOAD_STATE], front.head_words, seq.stage_word)),
                      payload.data.eq(self.s_axis_tdata), payload.to_block.eq(seq.is_op[Opcode.CONFIGURE_HEAD]),
                      payload.check_counters.eq(seq.is_op[Opcode.LOAD_STATE]), payload.clear_from.eq(front.head_words)]
         m.d.comb += [resp.header.eq(Cat(Const(regmap.FRAME_MAGIC, 8), seq.resp_opcode, seq.resp_head, seq.resp_error,
@@ -142,7 +142,6 @@ class Tile(wiring.Component):
         for port, value in zip(registers.live, [v for _, v in readable if not isinstance(v, int)]):
             m.d.comb += port.eq(value)
         # The value is read in EXECUTE, at least one cycle after CHECK.
-        seq.reg_value = registers.value
         assert VALUE_LATENCY <= CHECK_SETTLE + 1
 
         seq.drive_normaliser(rd)
@@ -162,7 +161,7 @@ class Tile(wiring.Component):
         with m.FSM(init="CLEAR") as fsm:
             m.d.comb += heads.decoding.eq(fsm.ongoing("DECODE") | fsm.ongoing("DECODE_NEXT"))
             seq.intake_states()
-            seq.execute_states()
+            seq.execute_states(registers.value)
             seq.response_states()
             seq.hccs_states()
         return m
@@ -184,10 +183,8 @@ class _Sequencer:
         self.out_word = self.stage_word + 3 * p.heads * (p.head_dim // W)
         self.out_bytes = 2 if p.hccs_out == "int16" else 1
         self.is_op = {op: front.is_op[op.name.lower()] for op in Opcode}
-        self.selected = {n: heads.header_params[f"hccs_{n}"] for n in ("B", "S", "dmax")}
         self.s_beat = tile.s_axis_tvalid & tile.s_axis_tready
         self.settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
-        self.reg_value = None  # the register reader's value (Tile.elaborate)
 
         # Registers.
         self.error_latched = Signal()
@@ -264,10 +261,11 @@ class _Sequencer:
         # The HCCS command's parameters from the registers its rule check reads (the exp head is never asked for
         # there), a decode step's from the decode unit: no head multiplexer in front of the normaliser. The
         # exp multiplier is a decode step's only.
+        head = self.heads.header_params
         hccs_drive = {"start": late_start, "count": self.front.header.arg1, "use_exp": 0,
                       "clb": self.heads.hccs_mode == 1, "out16": self.out_bytes == 2, "row_we": late_we,
                       "row_index": late_index, "row_x": late_x, "row_valid": 1, "prob_index": self.hccs_prob_index,
-                      **self.selected}
+                      "B": head.hccs_B, "S": head.hccs_S, "dmax": head.hccs_dmax}
         for name, member in norm.signature.members.items():
             if member.flow == wiring.In:  # into the normaliser
                 source = getattr(dec.norm, name)
@@ -292,7 +290,7 @@ class _Sequencer:
 
     def fail_pending(self):
         """Report the error found before the frame's end (a BAD_LENGTH with the expected length)."""
-        self.fail(self.pending_error, Mux(self.pending_error == ErrorCode.BAD_LENGTH, self.front.expected, 0))
+        self.fail(self.pending_error, Mux(self.pending_error == ErrorCode.BAD_LENGTH, self.front.length.expected, 0))
 
     def enter_clear(self, end, error):
         """The sweep clears [head_words, end), then the response reports ``error`` (0: none)."""
@@ -313,7 +311,7 @@ class _Sequencer:
         """CLEAR, then a frame's header, its check, its payload (or the drain of a refused frame)."""
         m, tile, front, payload, is_op, settle = self.m, self.tile, self.front, self.payload, self.is_op, self.settle
         fail, start_response, enter_clear = self.fail, self.start_response, self.enter_clear
-        expected = front.expected
+        expected = front.length.expected
         # One register (resp.header_last), two roles that never overlap: from HEADER to the check, the frame
         # ended with the header's last beat (tlast); in RESPOND_HEADER, the response presents its last header
         # beat.
@@ -416,17 +414,18 @@ class _Sequencer:
                 self.fail_pending()
                 start_response()
 
-    def execute_states(self):
-        """EXECUTE (a command's one cycle, or the start of its decode loop or clear sweep) and the decode loop."""
-        m, front, is_op, start_response, set_length = self.m, self.front, self.is_op, self.start_response, self.set_length
-        p, dec = self.p, self.dec
+    def execute_states(self, reg_value):
+        """EXECUTE (a command's one cycle, or the start of its decode loop or clear sweep) and the decode loop;
+        ``reg_value``: the register reader's value for the header's address."""
+        m, front, is_op, p, dec = self.m, self.front, self.is_op, self.p, self.dec
+        start_response, set_length = self.start_response, self.set_length
         dw = p.head_dim // p.word_bytes
         with m.State("EXECUTE"):
             with m.If(is_op[Opcode.INFO]):
                 set_length(self.resp.info_beats * p.stream_bytes, self.resp.info_beats > 0)
                 start_response()
             with m.Elif(is_op[Opcode.REG_READ]):
-                m.d.sync += self.resp_result.eq(self.reg_value)
+                m.d.sync += self.resp_result.eq(reg_value)
                 start_response()
             with m.Elif(is_op[Opcode.REG_WRITE]):
                 m.d.sync += self.scratch.eq(front.header.arg1)

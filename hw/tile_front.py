@@ -10,10 +10,11 @@ Contract:
 - Checks: free running on the captured header; every output describes the header of :data:`CHECK_SETTLE`
   cycles before (at most), provided the inputs do: ``reg_ok`` (the register reader's ``ok`` for the header's
   ``arg0``, :data:`somatile.hw.tile_regs.OK_LATENCY` behind it), ``configured``, and the header head's
-  HCCS parameters ``hccs_B``/``hccs_S``/``hccs_dmax`` at most :data:`PARAMS_DELAY` cycles after the
-  header's last beat. ``check_error`` is the model's error code of the first failing check (0: none;
-  ``check_failed`` is ``check_error != 0`` in a register of its own); ``expected`` is the payload length the
-  opcode expects, the detail of a BAD_LENGTH.
+  parameters ``head_params`` (:data:`somatile.hw.soma.HEAD_PARAMS_LAYOUT`; the HCCS rules read
+  ``hccs_B``/``hccs_S``/``hccs_dmax``) at most :data:`PARAMS_DELAY` cycles after the header's last beat.
+  ``check_error`` is the model's error code of the first failing check (0: none; ``check_failed`` is
+  ``check_error != 0`` in a register of its own); ``length`` (:data:`PAYLOAD_LENGTH`, for the payload
+  writer) holds the payload length the opcode expects (``expected``, the detail of a BAD_LENGTH).
 
 Why a pipeline: the header register fans out to every check, product and comparison below; each is
 registered on its own (at most 4 cycles after the header, the HCCS rules' RULES_LATENCY after the head's
@@ -32,6 +33,7 @@ from somatile.hw import regmap
 from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok
 from somatile.hw.pipe import lut_mul, lut_mul_pipelined, reg
 from somatile.hw.regmap import HEAD_PARAMS, ErrorCode, Opcode, TileParams
+from somatile.hw.soma import HEAD_PARAMS_LAYOUT
 from somatile.hw.tile_regs import OK_LATENCY
 
 HEADER_LAYOUT = data.StructLayout({"magic": 8, "opcode": 8, "head": 8, "count": 8, "length": 32, "arg0": 32,
@@ -39,6 +41,11 @@ HEADER_LAYOUT = data.StructLayout({"magic": 8, "opcode": 8, "head": 8, "count": 
 """A command header's fields (regmap.HEADER_BYTES, little-endian)."""
 OPCODE_FLAGS = data.StructLayout({op.name.lower(): 1 for op in Opcode})
 """One flag per opcode: the header's opcode is that one."""
+PAYLOAD_LENGTH = wiring.Signature({"expected": Out(32), "last_beat_at": Out(signed(34)), "first_is_last": Out(1),
+                                   "before_last_beat": Out(signed(35))})
+"""The payload length the opcode expects and what the payload's byte counter is compared with: the byte count
+of the payload's last beat (``expected - stream_bytes``), whether the first beat is the last, and the count
+of the beat before the last."""
 PARAMS_DELAY = 1
 """Cycles after the header's last beat (at most) that the header head's parameters reach ``hccs_*``: the
 tile registers them from an index written with the header's first beat."""
@@ -59,15 +66,13 @@ class CommandFront(wiring.Component):
         mem_words = p.local_memory_bytes // p.word_bytes
         n_pad_shape = Shape.cast(range(regmap.padded(p.n_max) + 1))
         hccs_bits = 32 + n_pad_shape.width - log2(regmap.FRAME_GRANULE)
-        head_params = {hp.name: hp for hp in HEAD_PARAMS}
         super().__init__({
             "beat": In(1), "data": In(8 * p.stream_bytes), "restart": In(1), "first_beat": Out(1),
             "last_beat": Out(1), "header": Out(HEADER_LAYOUT),
             "reg_ok": In(1), "configured": In(p.heads),
-            **{f"hccs_{n}": In(range(head_params[f"hccs_{n}"].hi + 1)) for n in ("B", "S", "dmax")},
+            "head_params": In(HEAD_PARAMS_LAYOUT),
             "check_error": Out(8), "check_failed": Out(1), "is_op": Out(OPCODE_FLAGS), "no_payload": Out(1),
-            "expected": Out(32), "last_beat_at": Out(signed(34)), "first_is_last": Out(1),
-            "before_last_beat": Out(signed(35)),
+            "length": Out(PAYLOAD_LENGTH),
             "head_end": Out(9), "arg1_last": Out(signed(33)), "n_pad": Out(n_pad_shape), "rows_last": Out(signed(33)),
             "hccs_bytes": Out(hccs_bits + log2(regmap.FRAME_GRANULE)), "hccs_bytes_nonzero": Out(1),
             "decode_out_bytes": Out(32), "decode_out_nonzero": Out(1), "decode_out_words": Out(range(mem_words + 1)),
@@ -81,8 +86,8 @@ class CommandFront(wiring.Component):
         fields = self.header
         opcode, head, count, arg1 = fields.opcode, fields.head, fields.count, fields.arg1
         is_counted = (opcode == Opcode.DECODE) | (opcode == Opcode.RESET_STATE)
-        outputs = self.sizes(m, is_counted)
-        head_end, hccs_bytes = outputs["head_end"], outputs["hccs_bytes"]
+        self.sizes(m, is_counted)
+        head_end, hccs_bytes, expected = self.head_end, self.hccs_bytes, self.length.expected
 
         # Header checks (combinational on the captured header), in the order of tile_model.
         is_head_op = Signal()
@@ -103,12 +108,13 @@ class CommandFront(wiring.Component):
         rows = fields.arg0
         bad_hccs_args = ((arg1 < 1) | (arg1 > p.n_max) | (rows < 1) | (hccs_bytes > regmap.staging_bytes(p)))
         cmd_head_ok = head < p.heads
-        hccs_param_ok = rules_ok(m, "hccs_param_ok", self.hccs_B, self.hccs_S, self.hccs_dmax, arg1[:16])
+        # 6 cycles after the header (PARAMS_DELAY + RULES_LATENCY).
+        hccs = self.head_params
+        hccs_param_ok = rules_ok(m, "hccs_param_ok", hccs.hccs_B, hccs.hccs_S, hccs.hccs_dmax, arg1[:16])
         mask = Signal(p.heads)
         for h in range(p.heads):
             m.d.comb += mask[h].eq((h >= head) & (h < head_end))
         heads_configured = (self.configured & mask) == mask
-        expected = outputs["expected"]
 
         # Each condition is registered on its own (at most 4 cycles after the header), then the priority.
         conditions = [
@@ -127,15 +133,13 @@ class CommandFront(wiring.Component):
         for condition, code in reversed(conditions):
             with m.If(condition):
                 m.d.comb += check_error_now.eq(code)
-        outputs["check_error"] = reg(m, check_error_now, "check_error")
-        outputs["check_failed"] = reg(m, check_error_now != 0, "check_failed")  # check_error != 0, beside it
+        m.d.comb += [self.check_error.eq(reg(m, check_error_now, "check_error")),
+                     self.check_failed.eq(reg(m, check_error_now != 0, "check_failed"))]  # check_error != 0, beside it
         # The opcode as one flag per command, and expected == 0, registered in the settle cycles: the state
         # machine's branches on them then start from flip-flops.
         for op in Opcode:
             m.d.comb += self.is_op[op.name.lower()].eq(reg(m, opcode == op, f"is_{op.name.lower()}"))
-        outputs["no_payload"] = reg(m, expected == 0, "no_payload")
-        for name, value in outputs.items():
-            m.d.comb += getattr(self, name).eq(value)
+        m.d.comb += self.no_payload.eq(reg(m, expected == 0, "no_payload"))
         return m
 
     def capture(self, m):
@@ -151,7 +155,7 @@ class CommandFront(wiring.Component):
         m.d.comb += [self.header.eq(header), self.first_beat.eq(header_beat == 0),
                      self.last_beat.eq(header_beat == HB - 1)]
 
-    def sizes(self, m, is_counted) -> dict:
+    def sizes(self, m, is_counted):
         """The command's sizes and addresses from the header fields (registered) and the payload length the
         opcode expects with the registers the payload's byte counter is compared with; ``is_counted``: the
         opcode takes ``count`` heads."""
@@ -170,8 +174,9 @@ class CommandFront(wiring.Component):
         rows = fields.arg0
         out["rows_last"] = reg(m, rows - 1, "rows_last", signed(33))
         granule_bits = log2(regmap.FRAME_GRANULE)
+        hi_shape = unsigned(len(rows) + len(n_pad) - granule_bits)
         hccs_bytes = out["hccs_bytes"] = lut_mul_pipelined(m, rows, n_pad[granule_bits:], "hccs_bytes_hi",
-                                                           unsigned(len(rows) + len(n_pad) - granule_bits)) << granule_bits
+                                                           hi_shape) << granule_bits
         out["hccs_bytes_nonzero"] = reg(m, hccs_bytes != 0, "hccs_bytes_nonzero")  # 4 cycles after
 
         # Products of header fields, registered like hccs_bytes (the first settle cycle).
@@ -204,4 +209,13 @@ class CommandFront(wiring.Component):
         last_beat_at = out["last_beat_at"] = reg(m, expected - SB, "last_beat_at", signed(34))
         out["first_is_last"] = reg(m, last_beat_at == 0, "first_is_last")
         out["before_last_beat"] = reg(m, last_beat_at - SB, "before_last_beat", signed(35))
-        return out
+        m.d.comb += [self.head_end.eq(out["head_end"]), self.arg1_last.eq(out["arg1_last"]), self.n_pad.eq(n_pad),
+                     self.rows_last.eq(out["rows_last"]), self.hccs_bytes.eq(hccs_bytes),
+                     self.hccs_bytes_nonzero.eq(out["hccs_bytes_nonzero"]),
+                     self.decode_out_bytes.eq(out["decode_out_bytes"]),
+                     self.decode_out_nonzero.eq(out["decode_out_nonzero"]),
+                     self.decode_out_words.eq(out["decode_out_words"]), self.head_words.eq(head_words),
+                     self.next_head_words.eq(out["next_head_words"]), self.end_head_words.eq(out["end_head_words"]),
+                     self.length.expected.eq(expected), self.length.last_beat_at.eq(last_beat_at),
+                     self.length.first_is_last.eq(out["first_is_last"]),
+                     self.length.before_last_beat.eq(out["before_last_beat"])]

@@ -100,9 +100,10 @@ class HeadRegisters(wiring.Component):
         m.d.comb += [self.header_params[n].eq(v) for n, v in head_params.items()]
         m.d.comb += self.hccs_mode.eq(head_field(self.head, "hccs_mode"))
 
-        # The decode unit samples cur_params in the cycle after the tile sets cur; they were loaded at that same
-        # edge (from header_params for the first head, from cur + 1 of the previous head for the others) and
-        # change at the earliest at the sampling edge.
+        # cur_params are registers, not the head multiplexer from cur: that path would fan out to the decode
+        # unit's parameter registers across the die. The decode unit samples them in the cycle after the tile
+        # sets cur; they were loaded at that same edge (from header_params for the first head, from cur + 1 of
+        # the previous head for the others) and change at the earliest at the sampling edge.
         cur_next_index = Replicated(self.index_bits, PARAM_INDEX_COPIES, "cur_next_index")
         m.d.sync += cur_next_index.eq(self.cur + 1)
         next_params = copied_fields(cur_next_index, "next_p")
@@ -129,6 +130,9 @@ class HeadRegisters(wiring.Component):
         """The block register, written a beat at a time a cycle after the beat arrives; its 32-bit words."""
         SW = len(self.block_data)
         config = Signal(8 * BLOCK_BYTES, reset_less=True)  # applied only through head_we (reset)
+        # The beat, and a one-hot enable of the word it fills, in registers (CAPTURE_LATENCY): decoded from the
+        # tile's state, the opcode and the byte counter in the same cycle, the enables of the 600-odd
+        # flip-flops of the block were among the tile's longest paths.
         config_we = reg(m, self.block_we, "config_we")  # no reset: config is applied only through head_we
         config_data = reg(m, self.block_data, "config_data")
         for i in range(len(self.block_we)):
@@ -150,4 +154,5 @@ class HeadRegisters(wiring.Component):
                                   self.params.slots)
         ranges_ok = delay(m, ranges_ok, RULES_LATENCY - 1)
         gating_ok, uses_hccs = (delay(m, v, RULES_LATENCY) for v in (gating_ok, uses_hccs))
+        # RULES_LATENCY + 2 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles.
         return reg(m, ranges_ok & gating_ok & (~uses_hccs | config_hccs_ok), "config_ok")

@@ -4,8 +4,8 @@ LOAD_STATE counter checks, and the sweep that zeroes a range of memory words.
 
 Contract:
 
-- ``begin`` (the tile's CHECK cycle) starts a payload of ``expected`` bytes (``last_beat_at``,
-  ``first_is_last`` and ``before_last_beat`` as the front end derives them); ``base_we`` sets the word the
+- ``begin`` (the tile's CHECK cycle) starts a payload of ``length`` (the front end's
+  :data:`~somatile.hw.tile_front.PAYLOAD_LENGTH`); ``base_we`` sets the word the
   first beat goes to (``base``). Each cycle with ``beat`` is one payload beat (``data``): while the payload
   lasts it is written into memory at its word and byte lane, or, with ``to_block``, raises its bit of the
   block's one-hot ``block_we`` (combinational); with ``check_counters`` (LOAD_STATE), a ring counter of the
@@ -24,7 +24,7 @@ among the longest paths of the ECP5 tile.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2 as log2
@@ -32,6 +32,7 @@ from amaranth.utils import exact_log2 as log2
 from somatile.hw import regmap
 from somatile.hw.pipe import reg
 from somatile.hw.regmap import TileParams
+from somatile.hw.tile_front import PAYLOAD_LENGTH
 from somatile.hw.tile_heads import BLOCK_BYTES
 
 WRITE_LATENCY = 1
@@ -47,8 +48,7 @@ class PayloadWriter(wiring.Component):
         mem_words = p.local_memory_bytes // p.word_bytes
         W = p.word_bytes
         super().__init__({
-            "begin": In(1), "expected": In(32), "last_beat_at": In(signed(34)), "first_is_last": In(1),
-            "before_last_beat": In(signed(35)), "base_we": In(1), "base": In(range(mem_words + 1)),
+            "begin": In(1), "length": In(PAYLOAD_LENGTH), "base_we": In(1), "base": In(range(mem_words + 1)),
             "beat": In(1), "data": In(8 * p.stream_bytes), "to_block": In(1), "check_counters": In(1),
             "block_we": Out(BLOCK_BYTES // p.stream_bytes), "at_last_beat": Out(1), "counters_bad": Out(1),
             "clear_start": In(1), "clear_from": In(range(mem_words + 1)), "clear_to": In(range(mem_words + 1)),
@@ -62,12 +62,17 @@ class PayloadWriter(wiring.Component):
         SB, W = p.stream_bytes, p.word_bytes
         beats_per_word = W // SB
         mem_words = p.local_memory_bytes // W
+        # The writes reach the memory a cycle late, from registers (host_*): the state, the opcode and the byte
+        # counter decoded in front of the block RAMs' write ports were the tile's longest paths. Nothing reads a
+        # word in the cycle after it is written by them.
         host_addr, host_data, host_en = Signal.like(self.wr_addr), Signal.like(self.wr_data), Signal.like(self.wr_en)
         m.d.comb += [port.eq(reg(m, value, f"host_{name}", reset_less=name != "en")) for name, value, port in
                      (("addr", host_addr, self.wr_addr), ("data", host_data, self.wr_data),
                       ("en", host_en, self.wr_en))]
 
         byte_count = Signal(32)
+        # byte_count < expected, kept in a register beside byte_count (it gates the memory's write port, where a
+        # 32-bit comparison in the same cycle was among the longest paths of the ECP5 tile).
         in_payload = Signal()
         payload_addr = Signal(range(mem_words + 1))   # word the next payload beat goes to
         counters_bad = Signal()
@@ -83,14 +88,14 @@ class PayloadWriter(wiring.Component):
                 m.d.comb += beat_counters_bad.eq(1)
 
         with m.If(self.begin):
-            m.d.sync += [byte_count.eq(0), in_payload.eq(self.expected > 0), counters_bad.eq(0),
-                         at_last_beat.eq(self.first_is_last)]
+            m.d.sync += [byte_count.eq(0), in_payload.eq(self.length.expected > 0), counters_bad.eq(0),
+                         at_last_beat.eq(self.length.first_is_last)]
         with m.If(self.base_we):
             m.d.sync += payload_addr.eq(self.base)
         with m.If(self.beat):
             # byte_count + SB < expected, i.e. byte_count < expected - SB: no adder before the comparison.
-            m.d.sync += [byte_count.eq(byte_count + SB), in_payload.eq(byte_count < self.last_beat_at),
-                         at_last_beat.eq(byte_count == self.before_last_beat)]
+            m.d.sync += [byte_count.eq(byte_count + SB), in_payload.eq(byte_count < self.length.last_beat_at),
+                         at_last_beat.eq(byte_count == self.length.before_last_beat)]
             with m.If(in_payload):
                 with m.If(self.to_block):
                     m.d.comb += self.block_we.eq(Const(1, len(self.block_we)) << (byte_count[:8] >> log2(SB)))

@@ -108,6 +108,8 @@ class ResponseStreamer(wiring.Component):
         header_hold = Signal()     # one-beat header of a word response: its first cycle waits for the read
         resp_addr = Signal(range(mem_words + 2))
         resp_addr_next = Signal(range(mem_words + 3))
+        # The word whose beats are being sent, in a register: the block RAM already holds the next one at its
+        # output, and its clock-to-output alone is over half a cycle on the ECP5.
         resp_word_reg = Signal(8 * W)
         step = resp_ready & Mux(words_state, word_last, header_last)
         # After a step the block RAM shows the next word one cycle late; with two or more beats per word the

@@ -78,7 +78,7 @@ def test_front_end_flags_each_header_with_the_models_error_and_detail_after_chec
 
     async def bench(ctx):
         for frame in frames:
-            magic, opcode, head, count, length, arg0, arg1 = struct.unpack_from("<BBBBIII", frame)
+            _, opcode, head, _, _, arg0, _ = struct.unpack_from("<BBBBIII", frame)
             configured = sum(1 << h for h, state in enumerate(model.heads) if state.configured)
             try:
                 model.read_register(arg0)
@@ -98,14 +98,12 @@ def test_front_end_flags_each_header_with_the_models_error_and_detail_after_chec
                 await ctx.tick()
             ctx.set(dut.beat, 0)
             # The head's parameters arrive PARAMS_DELAY cycles after the header (stale values before).
-            for name in ("B", "S", "dmax"):
-                ctx.set(getattr(dut, f"hccs_{name}"), 0)
+            ctx.set(dut.head_params, {hp.name: 0 for hp in HEAD_PARAMS})
             await ctx.tick().repeat(PARAMS_DELAY)
-            for name in ("B", "S", "dmax"):
-                ctx.set(getattr(dut, f"hccs_{name}"), params[HEAD_INDEX[f"hccs_{name}"]])
+            ctx.set(dut.head_params, {hp.name: value for hp, value in zip(HEAD_PARAMS, params)})
             await ctx.tick().repeat(CHECK_SETTLE - PARAMS_DELAY)
             seen.append((response, opcode, ctx.get(dut.check_error), ctx.get(dut.check_failed),
-                         ctx.get(dut.expected), ctx.get(dut.no_payload),
+                         ctx.get(dut.length.expected), ctx.get(dut.no_payload),
                          {op: ctx.get(dut.is_op[op.name.lower()]) for op in Opcode}))
 
     run(dut, bench)
@@ -323,10 +321,10 @@ def test_payload_writer_puts_beats_into_memory_a_cycle_late_and_the_sweep_clears
         ctx.set(dut.begin, 1)
         ctx.set(dut.base_we, 1)
         ctx.set(dut.base, base)
-        ctx.set(dut.expected, expected)
-        ctx.set(dut.last_beat_at, expected - SB)
-        ctx.set(dut.first_is_last, int(expected == SB))
-        ctx.set(dut.before_last_beat, expected - 2 * SB)
+        ctx.set(dut.length.expected, expected)
+        ctx.set(dut.length.last_beat_at, expected - SB)
+        ctx.set(dut.length.first_is_last, int(expected == SB))
+        ctx.set(dut.length.before_last_beat, expected - 2 * SB)
         for name, value in flags.items():
             ctx.set(getattr(dut, name), value)
         await step(ctx, cycle)
