@@ -224,7 +224,10 @@ def test_bad_configuration_is_named(kwargs, message):
         WideConfig(**kwargs)
 
 
-# Verilator (cocotb) runs of the same unit: sim/tb_wide.py through somatile.sim.run_hccs.simulate_wide.
+# Verilator (cocotb) runs of the same unit: sim/tb_wide.py through somatile.sim.run_hccs.simulate_wide. One
+# unit serves every test (one Verilator build): MiniLM's 12 heads, rows up to 128.
+RTL_UNIT = dict(lanes=4, heads=12, n_max=128)
+
 def assert_bit_exact(run):
     assert not run.framing_errors, run.framing_errors[:3]
     assert not run.mismatches, run.mismatches[:3]
@@ -234,7 +237,7 @@ def assert_bit_exact(run):
 def test_verilator_rows_of_every_normaliser_are_bit_exact_under_idles_and_backpressure(rng):
     from somatile.sim.run_hccs import simulate_wide
 
-    unit = dict(lanes=4, heads=len(HEADS), n_max=128)
+    unit = RTL_UNIT
     x, mask = rows_for(rng, 300, 100, "random")
     x2, mask2 = rows_for(rng, 100, 100, "adversarial")
     x, mask = np.concatenate([x, x2]), np.concatenate([mask, mask2])
@@ -263,7 +266,8 @@ def test_verilator_real_minilm_logits_with_the_eval_calibration_are_bit_exact_at
     H, R, N = x.shape
     normalisers = ["exp" if f else "pwl2" for f in params.fallback]
     B, S, dmax = (np.where(params.fallback, 0, v) for v in (params.B, params.S, params.dmax))
-    unit = dict(lanes=4, heads=H, n_max=cols)
+    unit = RTL_UNIT
+    assert H == unit["heads"] and N <= unit["n_max"]
     run = simulate_wide(x.reshape(H * R, N), np.repeat(np.arange(H), R), normalisers, B, S, dmax,
                         mask=mask.reshape(H * R, N), unit=unit)
     assert_bit_exact(run)
@@ -273,12 +277,14 @@ def test_verilator_real_minilm_logits_with_the_eval_calibration_are_bit_exact_at
 def test_sim_command_runs_the_wide_unit_on_a_vectors_file(tmp_path, capsys, rng):
     from somatile.host.cli import main
 
-    x = rng.integers(-4000, 4000, (2, 30, 40)).astype(np.int16)
-    np.savez(tmp_path / "v.npz", x=x, B=np.array([32768, 30000]), S=np.array([300, 200]), dmax=np.array([9000, 8000]))
+    heads, n = RTL_UNIT["heads"], RTL_UNIT["n_max"]   # the unit the other Verilator tests built
+    x = rng.integers(-4000, 4000, (heads, 3, n)).astype(np.int16)
+    B, S, dmax = (rng.integers(lo, hi, heads) for lo, hi in ((30000, 32769), (100, 300), (8000, 9000)))
+    np.savez(tmp_path / "v.npz", x=x, B=B, S=S, dmax=dmax)
     assert main(["sim", "hccs", "--profile", "wide", "--normaliser", "hccs", "--vectors", str(tmp_path / "v.npz")]) == 0
     out = capsys.readouterr().out
-    assert "rows: 60, mismatching rows: 0, framing errors: 0" in out
-    expected = expected_cycles(WideConfig(lanes=4, heads=2, n_max=40), 60, 40)
+    assert f"rows: {3 * heads}, mismatching rows: 0, framing errors: 0" in out
+    expected = expected_cycles(WideConfig(**RTL_UNIT), 3 * heads, n)
     assert f"cycles: measured {expected}, expected {expected} (1.000x)" in out
     np.savez(tmp_path / "w.npz", x=x.astype(np.int8), B=np.array([1, 1]), S=np.array([0, 0]), dmax=np.array([0, 0]))
     assert main(["sim", "hccs", "--profile", "wide", "--vectors", str(tmp_path / "w.npz")]) == 2
