@@ -965,33 +965,240 @@ def output_words(params: TileParams) -> int:
     return regmap.decode_out_bytes(params) // params.word_bytes
 
 
+def word_write_layout(params: TileParams, bits: int) -> data.StructLayout:
+    """One word written into a register file of head_dim elements of ``bits`` bits (:meth:`ElementRam.write_word`):
+    enable, word address, word."""
+    words = params.head_dim * bits // (8 * params.word_bytes)
+    return data.StructLayout({"en": 1, "addr": range(words), "data": 8 * params.word_bytes})
+
+
+def slot_regions_layout(mem_words: int) -> data.StructLayout:
+    """The local-memory word of the first slot of each of the head's four slot regions."""
+    return data.StructLayout({region: range(mem_words) for region in ("sink_k", "ring_k", "sink_v", "ring_v")})
+
+
+class StateMover(wiring.Component):
+    """LOAD, WRITE and STORE: a head's state and its q, k, v between the tile's local memory and the decode unit's
+    register files and counters (steps 1, 2 and 6 of the module docstring).
+
+    The sequencer starts a phase with its ``begin_*`` pulse (the cycle before the phase's first) and holds the
+    phase's level (``loading``, ``writing``, ``storing``) through its last cycle, which the unit marks:
+
+    - LOAD (:meth:`load_cycles`, ``load_done`` in the last): 3 w words of q, k, v from ``stage_base`` (sampled at
+      ``begin_load``), then the field, the gate field (2 w each) and the counters (one word) from the state's
+      field; each word goes, :data:`READ_LATENCY` cycles after its address, into its register file
+      (``q_load`` ... ``gate_field_load``, :func:`word_write_layout`) or into ``counters``.
+    - WRITE (:meth:`write_cycles`, ``write_last`` in the last): k and v (read through ``k``, ``v``) into the next
+      sink slot while step < sinks, else the ring's slot ``write_pos``; the counters advance in the last cycle
+      (write_pos and fill only past the sinks, every count saturating as ``soma.COUNTER_MAX`` says).
+    - STORE (:meth:`store_cycles`, ``store_done`` in the last): the field, the gate field (through ``field``,
+      ``gate_field``) and the counters to consecutive state words from the field's, then the output (through
+      ``out``, :func:`output_words`) from ``out_base``.
+
+    ``state_base`` and ``out_base`` are held from ``begin_load`` through STORE. The memory ports (``rd_addr``,
+    ``wr_addr/wr_data/wr_en``) are the next values of the unit's port registers, 0 outside the phases;
+    ``rd_word`` is the word read :data:`READ_LATENCY` cycles after its address. ``rows`` (:func:`slot_regions_layout`)
+    names the slot regions' first words, ``counters`` the head's counters from LOAD's end on. One word per
+    cycle; no backpressure. LOAD and STORE count their words with one counter.
+    """
+
+    def __init__(self, params: TileParams, mem_words: int):
+        self.params, self.mem_words = params, mem_words
+        word_bits = 8 * params.word_bytes
+        super().__init__({
+            "begin_load": In(1), "begin_write": In(1), "begin_store": In(1),
+            "loading": In(1), "writing": In(1), "storing": In(1),
+            "load_done": Out(1), "write_last": Out(1), "store_done": Out(1),
+            "state_base": In(range(mem_words)), "stage_base": In(range(mem_words)), "out_base": In(range(mem_words)),
+            "rd_addr": Out(range(mem_words)), "rd_word": In(word_bits),
+            "wr_addr": Out(range(mem_words)), "wr_data": Out(word_bits), "wr_en": Out(params.word_bytes),
+            "counters": Out(COUNTERS_LAYOUT), "rows": Out(slot_regions_layout(mem_words)),
+            "q_load": Out(word_write_layout(params, 8)), "k_load": Out(word_write_layout(params, 8)),
+            "v_load": Out(word_write_layout(params, 8)), "field_load": Out(word_write_layout(params, 16)),
+            "gate_field_load": Out(word_write_layout(params, 16)),
+            "k": Out(RegisterFileRead(params, 8)), "v": Out(RegisterFileRead(params, 8)),
+            "field": Out(RegisterFileRead(params, 16)), "gate_field": Out(RegisterFileRead(params, 16)),
+            "out": Out(RegisterFileRead(params, element_bits(params))),
+        })
+
+    @staticmethod
+    def load_cycles(params: TileParams) -> int:
+        """LOAD: 7 w + 1 addresses (w = head_dim / word), the last word's read, and the cycle that ends it."""
+        return 7 * (params.head_dim // params.word_bytes) + 2 + READ_LATENCY
+
+    @staticmethod
+    def write_cycles(params: TileParams) -> int:
+        """WRITE: the 2 w words of k and v."""
+        return 2 * (params.head_dim // params.word_bytes)
+
+    @staticmethod
+    def store_cycles(params: TileParams) -> int:
+        """STORE: the field and gate field (4 w words), the counters' word and the output's words."""
+        return 4 * (params.head_dim // params.word_bytes) + 1 + output_words(params)
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        layout = {name: offset // p.word_bytes for name, offset, _, _ in regmap.state_layout(p)}
+        write_pos, fill, step = Signal(32, name="write_pos"), Signal(32, name="fill"), Signal(32, name="step")
+        m.d.comb += self.counters.eq(Cat(write_pos, fill, step))
+        for region in ("sink_k", "ring_k", "sink_v", "ring_v"):
+            m.d.comb += self.rows[region].eq(reg(m, self.state_base + layout[region], f"{region}_row",
+                                                 range(self.mem_words)))
+        state_row = reg(m, self.state_base + layout["field"], "state_row", range(self.mem_words))
+        # LOAD's count ends at load_cycles - 1, STORE's after its last word at store_cycles.
+        counter = Signal(range(max(self.load_cycles(p) - 1, self.store_cycles(p)) + 1))
+        self.load(m, counter, state_row, (write_pos, fill, step))
+        self.write(m, (write_pos, fill, step))
+        self.store(m, counter, state_row)
+        return m
+
+    def load(self, m, counter, state_row, counters):
+        """LOAD reads two runs of consecutive addresses (from stage_base, then from the field's), so the address
+        advances in a register. The word addressed in cycle i arrives in cycle i + READ_LATENCY with a one-hot
+        tag naming its register file (None: the counters); each file's words arrive in order and are written at
+        load_word, which restarts at 0 after a file's last word."""
+        words = self.params.head_dim // self.params.word_bytes
+        targets = [(self.q_load, words), (self.k_load, words), (self.v_load, words), (self.field_load, 2 * words),
+                   (self.gate_field_load, 2 * words), None]
+        load_targets = [0] * words + [1] * words + [2] * words + [3] * (2 * words) + [4] * (2 * words) + [5]
+        load_addr = Signal(range(self.mem_words))
+        load_word = Signal(range(2 * words))
+        with m.If(self.begin_load):
+            m.d.sync += [counter.eq(0), load_addr.eq(self.stage_base), load_word.eq(0)]
+        load_tag = Signal(len(targets))
+        arrived = delay(m, load_tag, READ_LATENCY, "load_tag", reset_less=False)
+        for index, target in enumerate(targets):
+            with m.If(arrived[index]):
+                if target is None:
+                    m.d.sync += [c.eq(self.rd_word[32 * i:32 * (i + 1)]) for i, c in enumerate(counters)]
+                else:
+                    port, file_words = target
+                    m.d.comb += [port.en.eq(1), port.addr.eq(load_word), port.data.eq(self.rd_word)]
+                    m.d.sync += load_word.eq(Mux(load_word == file_words - 1, 0, load_word + 1))
+        with m.If(self.loading):
+            with m.Switch(counter):
+                for i, target in enumerate(load_targets):
+                    with m.Case(i):
+                        m.d.comb += [self.rd_addr.eq(load_addr), load_tag.eq(1 << target)]
+            m.d.sync += [counter.eq(counter + 1),
+                         load_addr.eq(Mux(counter == 3 * words - 1, state_row, load_addr + 1))]
+            m.d.comb += self.load_done.eq(counter == len(load_targets) + READ_LATENCY)
+
+    def write(self, m, counters):
+        """WRITE: the slot's addresses (both candidates and the comparison in registers, valid in WRITE: LOAD
+        ends one cycle after the counters arrive, so that no comparison sits in front of the address adders),
+        k and v read a cycle ahead (write_read: 0 outside WRITE, write_slot_word + 1 in it) into registers, so
+        that the word written is one multiplexer away from wr_data: the one write_v steers (write_slot_word >=
+        words, set the cycle before; decoded from the counter, the selection would not fit the cycle)."""
+        p = self.params
+        words, sinks, ring = p.head_dim // p.word_bytes, p.sinks, p.ring
+        write_pos, fill, step = counters
+        write_slot_word = Signal(range(2 * words + 1))
+        write_last = Signal()  # write_slot_word == 2 * words - 1, set the cycle before
+        in_sink = reg(m, step < sinks, "in_sink")
+
+        def slot_row(region):
+            ring_row = reg(m, self.rows[f"ring_{region}"] + write_pos * words, f"slot_ring_{region}",
+                           range(self.mem_words))
+            if not sinks:
+                return ring_row
+            sink_row = reg(m, self.rows[f"sink_{region}"] + step * words, f"slot_sink_{region}",
+                           range(self.mem_words))
+            return Mux(in_sink, sink_row, ring_row)
+        slot_k, slot_v = slot_row("k"), slot_row("v")
+        write_read = OffsetCounter(write_slot_word.shape(), (0, words), "write_read")
+        k_write, v_write = (reg(m, port.data, f"{name}_write_word")
+                            for port, name in ((self.k, "k"), (self.v, "v")))
+        m.d.comb += [self.k.addr.eq(write_read.at(0)), self.v.addr.eq(write_read.at(1))]
+        write_v = Signal()
+        # The counters' comparisons in registers (32-bit comparisons in front of their enables would not fit a
+        # cycle): LOAD writes the counters at least three cycles before WRITE's last cycle advances them.
+        pos_wraps, filling, counting = reg(m, Cat(write_pos == ring - 1, fill < ring, step < soma.COUNTER_MAX),
+                                           "counter_flags")
+        with m.If(self.begin_write):
+            m.d.sync += [write_slot_word.eq(0), write_last.eq(0), write_v.eq(0), *write_read.set(1)]
+        with m.If(self.writing):
+            with m.Switch(write_slot_word):
+                for i in range(2 * words):
+                    with m.Case(i):
+                        m.d.comb += [self.wr_addr.eq(slot_k + i if i < words else slot_v + i - words),
+                                     self.wr_en.eq((1 << p.word_bytes) - 1)]
+            m.d.comb += [self.wr_data.eq(Mux(write_v, v_write, k_write)), self.write_last.eq(write_last)]
+            m.d.sync += [write_slot_word.eq(write_slot_word + 1), *write_read.increment(),
+                         write_last.eq(write_slot_word == 2 * words - 2),
+                         write_v.eq(write_slot_word >= words - 1)]
+            with m.If(write_last):
+                m.d.sync += write_read.set(0)
+                with m.If(~in_sink):
+                    m.d.sync += [write_pos.eq(Mux(pos_wraps, 0, write_pos + 1)),
+                                 fill.eq(Mux(filling, fill + 1, fill))]
+                m.d.sync += step.eq(Mux(counting, step + 1, step))
+
+    def store(self, m, counter, state_row):
+        """STORE: the address advances in a register; the source is named by a one-hot register set the cycle
+        before (not decoded from the counter). The register files are read a cycle ahead, at store_read (0
+        outside STORE, counter + 1 in it), into registers; the word for `counter` is then one multiplexer away
+        from wr_data."""
+        p = self.params
+        words = p.head_dim // p.word_bytes
+        store_rams = ((self.field, 0), (self.gate_field, 2 * words), (self.out, 4 * words + 1))
+        store_read = OffsetCounter(counter.shape(), [offset for _, offset in store_rams], "store_read")
+        store_words = []
+        for i, (port, _) in enumerate(store_rams):
+            m.d.comb += port.addr.eq(store_read.at(i))
+            store_words.append(reg(m, port.data, f"store_word{i}"))
+        store_groups = [store_words[0], store_words[1], self.counters.as_value(), store_words[2]]
+        store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * output_words(p)
+        assert len(store_sources) == self.store_cycles(p)
+        store_sel = Signal(len(store_groups))
+        store_addr = Signal(range(self.mem_words))
+        with m.If(self.begin_store):
+            m.d.sync += [counter.eq(0), *store_read.set(1), store_addr.eq(state_row),
+                         store_sel.eq(1 << store_sources[0])]
+        with m.If(self.storing):
+            m.d.comb += [self.wr_addr.eq(store_addr), self.wr_en.eq((1 << p.word_bytes) - 1)]
+            with m.Switch(counter):
+                for i in range(len(store_sources)):
+                    with m.Case(i):
+                        following = store_sources[i + 1] if i + 1 < len(store_sources) else None
+                        m.d.sync += store_sel.eq(0 if following is None else 1 << following)
+            m.d.sync += [counter.eq(counter + 1), *store_read.increment(),
+                         store_addr.eq(Mux(counter == 4 * words, self.out_base, store_addr + 1))]
+            with m.If(counter == len(store_sources) - 1):
+                m.d.sync += store_read.set(0)
+                m.d.comb += self.store_done.eq(1)
+        # STORE's data: word `counter` of the stored sequence, from the source store_sel names.
+        for g, source in enumerate(store_groups):
+            with m.If(store_sel[g]):
+                m.d.comb += self.wr_data.eq(source)
+
+
 def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
     """Cycles of one head's decode step in :class:`SomaDecode`: from the cycle after the ``start`` pulse
     through the cycle of the ``done`` pulse, for a head with this normaliser (and HCCS mode).
 
     Depends on ring, sinks, head_dim, lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory word
     ``max(16, mac_lanes)`` bytes), hccs_lanes, the profile and (paper) the normaliser only; not on the sequence
-    position or the fill level. The sum of its phases, each the latency its stage states: LOAD ``7 w + 4``
-    (w = head_dim / word), WRITE ``2 w``, SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
+    position or the fill level. The sum of its phases, each the latency its stage states: LOAD ``7 w + 5``
+    (w = head_dim / word) and WRITE ``2 w`` (:meth:`StateMover.load_cycles`, :meth:`StateMover.write_cycles`),
+    SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
     N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
     paper's HCCS heads; :func:`normaliser_cycles` for the paper's integer exp) and G the gate's
     (:meth:`GateStage.cycles`), per chunk of the values WEIGHTED SUM (:meth:`WeightedStage.cycles`) and FINAL's
     issue (:meth:`OutputStage.chunk_cycles`), then the last chunk's FINAL pipeline (:data:`FINAL_DEPTH`; the
     earlier chunks' drain during the next chunk's weighted sum), STORE ``4 w + 1 + o`` (o =
-    :func:`output_words`: w paper, 2 w wide), DONE 1.
+    :func:`output_words`: w paper, 2 w wide; :meth:`StateMover.store_cycles`), DONE 1.
     """
-    words = params.head_dim // params.word_bytes
     chunks = params.head_dim // params.mac_lanes
     if params.profile == "wide" or normaliser == "hccs_int":
         row = NearFieldFeed.row_cycles(params, hccs_mode)
     else:
         row = normaliser_cycles(params.slots)
-    load = 7 * words + 2 + READ_LATENCY
-    write = 2 * words
     normalise = max(row, GateStage.cycles(params)) + 1
     weighted = chunks * (WeightedStage.cycles(params) + OutputStage.chunk_cycles(params)) + FINAL_DEPTH
-    store = 4 * words + 1 + output_words(params)
-    return load + write + ScoreStage.cycles(params) + normalise + weighted + store + 1
+    moves = StateMover.load_cycles(params) + StateMover.write_cycles(params) + StateMover.store_cycles(params)
+    return moves + ScoreStage.cycles(params) + normalise + weighted + 1
 
 
 class SomaDecode(wiring.Component):
@@ -1041,98 +1248,60 @@ class SomaDecode(wiring.Component):
         m = Module()
         p = self.params
         D, L, W = p.head_dim, p.mac_lanes, p.word_bytes
-        words = D // W
-        chunks = D // L
-        slots, sinks, ring = p.slots, p.sinks, p.ring
-        layout = {name: offset // W for name, offset, _, _ in regmap.state_layout(p)}
+        chunks, slots, sinks = D // L, p.slots, p.sinks
 
         # The head's parameters and the base addresses, sampled at start.
         paper = p.profile == "paper"
         par = Signal(self.head.shape())
-        state_base, stage_base, out_base = (Signal(range(self.mem_words), name=n)
-                                            for n in ("state_base", "stage_base", "out_base"))
+        state_base, out_base = (Signal(range(self.mem_words), name=n) for n in ("state_base", "out_base"))
         with m.If(self.start):
-            m.d.sync += [par.eq(self.head), state_base.eq(self.state_base), stage_base.eq(self.stage_base),
-                         out_base.eq(self.out_base)]
+            m.d.sync += [par.eq(self.head), state_base.eq(self.state_base), out_base.eq(self.out_base)]
         # In the paper profile an integer-exp head's row goes to the RowNormaliser (the wide one has none).
         use_exp = head_choice(par, "normaliser", "exp_int")
+        if paper:
+            m.d.comb += [self.norm.count.eq(slots), self.norm.use_exp.eq(use_exp),
+                         self.norm.clb.eq(par["hccs_mode"] == 1), self.norm.out16.eq(0),
+                         self.norm.B.eq(par["hccs_B"]), self.norm.S.eq(par["hccs_S"]),
+                         self.norm.dmax.eq(par["hccs_dmax"]), self.norm.exp_mult.eq(par["exp_mult"])]
 
-        # Memory ports from registers: the FSM sets the *_next values. The word read is registered as it
+        # Memory ports from registers: the phases set the *_next values. The word read is registered as it
         # leaves the block RAM (whose clock-to-output alone is over half a cycle on the ECP5).
         rd_word = reg(m, self.rd_data, "rd_word")
         rd_addr_next = Signal.like(self.rd_addr)
-        wr_addr_next, wr_data_next, wr_en_next = Signal.like(self.wr_addr), Signal.like(self.wr_data), \
-            Signal.like(self.wr_en)
-        m.d.sync += [self.rd_addr.eq(rd_addr_next), self.wr_addr.eq(wr_addr_next),
-                     self.wr_data.eq(wr_data_next), self.wr_en.eq(wr_en_next)]
+        m.d.sync += [self.rd_addr.eq(rd_addr_next)]
 
         # q, k, v, the field, the gate field and the output: LUT RAMs of memory-word rows (ElementRam).
         q, k, v, fld, gate_fld, out = (ElementRam(m, name, bits, D, 8 * W) for name, bits in (
             ("q_ram", 8), ("k_ram", 8), ("v_ram", 8), ("fld_ram", 16), ("gate_fld_ram", 16),
             ("out_ram", element_bits(p))))
-        write_pos = Signal(32)
-        fill = Signal(32)
-        step = Signal(32)
-        wrote = Signal()
 
-        # LOAD reads q, k, v (3 * words staging words from stage_base), then the field, the gate field and the
-        # counters (4 * words + 1 state words from the field's): two runs of consecutive addresses, so the
-        # address advances in a register. The word addressed in cycle i arrives in cycle i + READ_LATENCY with
-        # a one-hot tag naming its register file (None: the counters); each file's words arrive in order and
-        # are written at load_word, which restarts at 0 after a file's last word.
-        registers = [q, k, v, fld, gate_fld, None]
-        load_targets = [0] * words + [1] * words + [2] * words + [3] * (2 * words) + [4] * (2 * words) + [5]
-        state_row = reg(m, state_base + layout["field"], "state_row", range(self.mem_words))
-        load_addr = Signal(range(self.mem_words))
-        with m.If(self.start):
-            m.d.sync += load_addr.eq(self.stage_base)
-        load_tag = Signal(len(registers))
-        arrived = delay(m, load_tag, READ_LATENCY, "load_tag", reset_less=False)
-        load_word = Signal(range(2 * words))
-        with m.If(self.start):
-            m.d.sync += load_word.eq(0)
-        for index, target in enumerate(registers):
-            with m.If(arrived[index]):
-                if target is None:
-                    m.d.sync += [write_pos.eq(rd_word[:32]), fill.eq(rd_word[32:64]), step.eq(rd_word[64:96])]
-                else:
-                    target.write_word(load_word, rd_word)
-                    m.d.sync += load_word.eq(Mux(load_word == target.words - 1, 0, load_word + 1))
-        store_length = 4 * words + 1 + output_words(p)
-        counter = Signal(range(max(len(load_targets) + READ_LATENCY, store_length) + 1))
-        if paper:
-            m.d.comb += self.norm.count.eq(slots)
-            m.d.comb += [self.norm.use_exp.eq(use_exp), self.norm.clb.eq(par["hccs_mode"] == 1),
-                         self.norm.out16.eq(0), self.norm.B.eq(par["hccs_B"]), self.norm.S.eq(par["hccs_S"]),
-                         self.norm.dmax.eq(par["hccs_dmax"]), self.norm.exp_mult.eq(par["exp_mult"])]
+        # LOAD, WRITE and STORE: the memory's words into and out of the register files and the counters.
+        m.submodules.mover = mover = StateMover(p, self.mem_words)
+        m.d.comb += [mover.state_base.eq(state_base), mover.stage_base.eq(self.stage_base),
+                     mover.out_base.eq(out_base), mover.rd_word.eq(rd_word), rd_addr_next.eq(mover.rd_addr)]
+        m.d.sync += [self.wr_addr.eq(mover.wr_addr), self.wr_data.eq(mover.wr_data), self.wr_en.eq(mover.wr_en)]
+        for ram, port in ((k, mover.k), (v, mover.v), (fld, mover.field), (gate_fld, mover.gate_field),
+                          (out, mover.out)):
+            ram.serve(port)
 
         # Slot n's chunk c of K or V: word row_addr(n) + (c * L) // W, lane group (c * L % W) // L. Slots are
         # issued in order (sinks, then the ring), so the row address advances in a register (by `words`, or to
         # the ring's first row after the last sink) instead of being computed from n; W / L is a power of two.
         row_addr = Signal(range(self.mem_words), name="row_addr")
-        first_row = {region: reg(m, state_base + layout[region], f"{region}_row", range(self.mem_words))
-                     for region in ("sink_k", "ring_k", "sink_v", "ring_v")}
-
-        def slot_word(c):
-            return row_addr + chunk_word(c, p)
 
         def begin_rows(region: str):
-            m.d.sync += row_addr.eq(first_row[("sink_" if sinks else "ring_") + region])
+            m.d.sync += row_addr.eq(mover.rows[("sink_" if sinks else "ring_") + region])
 
         def next_row(region: str):
-            if sinks:
-                m.d.sync += row_addr.eq(Mux(sink_last, first_row["ring_" + region], row_addr + words))
-            else:
-                m.d.sync += row_addr.eq(row_addr + words)
+            following = Mux(sink_last, mover.rows["ring_" + region], row_addr + D // W) if sinks else row_addr + D // W
+            m.d.sync += row_addr.eq(following)
 
         # An issue counter over (slot n, chunk c) or (element); tags (valid, last, n, c) travel down a
         # delay line so that every pipeline stage knows which item it holds.
         n_issue = Signal(issue_shape(p))
         sink_last = Signal()  # n_issue == sinks - 1, set with n_issue (it steers the row address)
         c_issue = Signal(range(chunks + 1))
-        issuing = Signal()
-        last_issue = Signal()
-        phase = Signal(2)
+        issuing, last_issue, phase = Signal(), Signal(), Signal(2)
         max_depth = max(ScoreStage.depth(p), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
         tags = TagLine(m, issuing, last_issue, phase, [n_issue, c_issue], max_depth, "tag")
 
@@ -1144,7 +1313,7 @@ class SomaDecode(wiring.Component):
             m.d.sync += [n_issue.eq(0), issuing.eq(1), phase.eq(code), sink_last.eq(sinks == 1)]
 
         m.submodules.scores = scores = ScoreStage(p)
-        m.d.comb += [scores.head.eq(par), scores.counters.eq(Cat(write_pos, fill, step)), scores.k_word.eq(rd_word),
+        m.d.comb += [scores.head.eq(par), scores.counters.eq(mover.counters), scores.k_word.eq(rd_word),
                      scores.read_item.eq(item(READ_LATENCY, PHASE_SCORES)),
                      scores.accumulate_item.eq(item(ScoreStage.accumulate_stage(p), PHASE_SCORES))]
         q.serve(scores.q)
@@ -1164,6 +1333,7 @@ class SomaDecode(wiring.Component):
         q.serve(gate.q)
         gate_fld.serve(gate.gate_field)
         norm_busy = Signal()
+        norm_done = Mux(use_exp, self.norm.done, near_field.done) if paper else near_field.done
 
         # WEIGHTED SUM over slots for chunk c (c_issue holds the chunk); then FINAL over its L elements.
         m.submodules.weighted = weighted = WeightedStage(p)
@@ -1189,86 +1359,14 @@ class SomaDecode(wiring.Component):
                      field_update.element_item.eq(item(FIELD_DEPTH, PHASE_FINAL))]
         # FINAL's element writes follow LOAD's word writes, so they take a register file's write port when both
         # ask (the phases never overlap).
+        for ram, write in ((q, mover.q_load), (k, mover.k_load), (v, mover.v_load), (fld, mover.field_load),
+                           (gate_fld, mover.gate_field_load)):
+            with m.If(write.en):
+                ram.write_word(write.addr, write.data)
         for ram, write in ((fld, field_update.field_write), (gate_fld, field_update.gate_write),
                            (out, output.out_write)):
             with m.If(write.en):
                 ram.write_element(write.element, write.value)
-
-        # WRITE / STORE word sources.
-        write_slot_word = Signal(range(2 * words + 1))
-        # write_slot_word == 2 * words - 1, set the cycle before: it enables the counters, the slot address
-        # and the next phase's registers.
-        write_last = Signal()
-
-        # The slot k and v go to (the next sink while step < sinks, else the ring's write position): both
-        # candidates and the comparison in registers, valid in WRITE (LOAD ends one cycle after the counters
-        # arrive), so that no comparison sits in front of the address adders.
-        in_sink = reg(m, step < sinks, "in_sink")
-
-        def slot_row(region):
-            ring_row = reg(m, first_row[f"ring_{region}"] + write_pos * words, f"slot_ring_{region}",
-                           range(self.mem_words))
-            if not sinks:
-                return ring_row
-            sink_row = reg(m, first_row[f"sink_{region}"] + step * words, f"slot_sink_{region}",
-                           range(self.mem_words))
-            return Mux(in_sink, sink_row, ring_row)
-        slot_k, slot_v = slot_row("k"), slot_row("v")
-
-        # As in STORE, k and v are read a cycle ahead (write_read: 0 outside WRITE, write_slot_word + 1 in it)
-        # into registers, so that the word written is one multiplexer away from wr_data: the one write_v
-        # steers (write_slot_word >= words, set the cycle before; decoded from the counter, the selection
-        # would not fit the cycle).
-        write_read = OffsetCounter(write_slot_word.shape(), (0, words), "write_read")
-        k_write, v_write = (reg(m, ram.reader(write_read.at(i)).data, f"{name}_write_word")
-                            for i, (ram, name) in enumerate(((k, "k"), (v, "v"))))
-        write_v = Signal()
-
-        def do_write_word(i):
-            """Write word i of (k, v) into the slot the counters select."""
-            address = slot_k + i if i < words else slot_v + i - words
-            m.d.comb += [wr_addr_next.eq(address), wr_en_next.eq((1 << W) - 1)]
-
-        def enter_write():
-            m.d.sync += [write_slot_word.eq(0), write_last.eq(0), write_v.eq(0), *write_read.set(1)]
-            m.next = "WRITE"
-
-        # The counters' comparisons in registers (32-bit comparisons in front of their enables would not fit a
-        # cycle): LOAD writes the counters at least three cycles before WRITE's last cycle advances them.
-        pos_wraps, filling, counting = reg(m, Cat(write_pos == ring - 1, fill < ring, step < soma.COUNTER_MAX),
-                                           "counter_flags")
-
-        def advance_counters():
-            with m.If(~in_sink):
-                m.d.sync += [write_pos.eq(Mux(pos_wraps, 0, write_pos + 1)), fill.eq(Mux(filling, fill + 1, fill))]
-            m.d.sync += step.eq(Mux(counting, step + 1, step))
-
-        # STORE writes the field, the gate field and the counters to consecutive state words (from the
-        # field's), then the output words from out_base, in order. The address advances in a register; the
-        # source is named by a one-hot register set the cycle before (not decoded from the state and counter).
-        # The register files are read a cycle ahead, at store_read (0 outside STORE, counter + 1 in it), into
-        # registers; the word for `counter` is then one multiplexer away from wr_data.
-        store_rams = ((fld, 0), (gate_fld, 2 * words), (out, 4 * words + 1))
-        store_read = OffsetCounter(counter.shape(), [offset for _, offset in store_rams], "store_read")
-        store_words = [reg(m, ram.reader(store_read.at(i)).data, f"store_word{i}")
-                       for i, (ram, _) in enumerate(store_rams)]
-        store_groups = [store_words[0], store_words[1], None, store_words[2]]
-        store_sources = [0] * (2 * words) + [1] * (2 * words) + [2] + [3] * output_words(p)
-        assert len(store_sources) == store_length
-        store_sel = Signal(len(store_groups))
-        store_addr = Signal(range(self.mem_words))
-
-        def enter_store():
-            m.d.sync += [counter.eq(0), *store_read.set(1), store_addr.eq(state_row),
-                         store_sel.eq(1 << store_sources[0])]
-            m.next = "STORE"
-
-        def enter_scores():
-            m.d.sync += [c_issue.eq(0)]
-            begin_rows("k")
-            begin_issue(PHASE_SCORES)
-            m.next = "SCORES"
-
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
@@ -1276,45 +1374,55 @@ class SomaDecode(wiring.Component):
         with m.If(self.done):
             m.d.sync += self.busy.eq(0)
 
+        def issue_step(final, advance=None):
+            """One item per cycle while issuing (n_issue counts them); ``final``: the phase's last item."""
+            m.d.comb += last_issue.eq(final)
+            with m.If(issuing):
+                m.d.sync += n_issue.eq(n_issue + 1)
+                if advance is not None:
+                    m.d.comb += advance.eq(1)
+                with m.If(final):
+                    m.d.sync += issuing.eq(0)
+
+        def enter_scores():
+            m.d.sync += c_issue.eq(0)
+            begin_rows("k")
+            begin_issue(PHASE_SCORES)
+            m.next = "SCORES"
+
+        def enter_weighted():
+            begin_rows("v")
+            begin_issue(PHASE_WEIGHTED)
+            m.next = "WEIGHTED"
+
+        def enter_move(begin, state: str):
+            m.d.comb += begin.eq(1)
+            m.next = state
+
+        wrote = Signal()  # WRITE has run in this step (first when include_self, else after FINAL)
         m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [counter.eq(0), wrote.eq(0)]
-                    m.next = "LOAD"
+                    m.d.sync += wrote.eq(0)
+                    enter_move(mover.begin_load, "LOAD")
             with m.State("LOAD"):
-                with m.Switch(counter):
-                    for i, target in enumerate(load_targets):
-                        with m.Case(i):
-                            m.d.comb += [rd_addr_next.eq(load_addr), load_tag.eq(1 << target)]
-                m.d.sync += [counter.eq(counter + 1),
-                             load_addr.eq(Mux(counter == 3 * words - 1, state_row, load_addr + 1))]
-                with m.If(counter == len(load_targets) + READ_LATENCY):
+                with m.If(mover.load_done):
                     with m.If(par["include_self"]):
-                        enter_write()
+                        enter_move(mover.begin_write, "WRITE")
                     with m.Else():
                         enter_scores()
             with m.State("WRITE"):
-                with m.Switch(write_slot_word):
-                    for i in range(2 * words):
-                        with m.Case(i):
-                            do_write_word(i)
-                m.d.comb += wr_data_next.eq(Mux(write_v, v_write, k_write))
-                m.d.sync += [write_slot_word.eq(write_slot_word + 1), *write_read.increment(),
-                             write_last.eq(write_slot_word == 2 * words - 2),
-                             write_v.eq(write_slot_word >= words - 1)]
-                with m.If(write_last):
-                    m.d.sync += write_read.set(0)
-                    advance_counters()
+                with m.If(mover.write_last):
                     m.d.sync += wrote.eq(1)
                     with m.If(wrote):
-                        enter_store()
+                        enter_move(mover.begin_store, "STORE")
                     with m.Else():
                         enter_scores()
             with m.State("SCORES"):
                 m.d.comb += last_issue.eq((n_issue == slots - 1) & (c_issue == chunks - 1))
                 with m.If(issuing):
-                    m.d.comb += rd_addr_next.eq(slot_word(c_issue))
+                    m.d.comb += rd_addr_next.eq(row_addr + chunk_word(c_issue, p))
                     with m.If(c_issue == chunks - 1):
                         m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1), sink_last.eq(n_issue + 2 == sinks)]
                         next_row("k")
@@ -1330,69 +1438,43 @@ class SomaDecode(wiring.Component):
                         m.d.comb += self.norm.start.eq(use_exp)
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
-                m.d.comb += last_issue.eq(n_issue == D - 1)
-                with m.If(issuing):
-                    m.d.sync += n_issue.eq(n_issue + 1)
-                    m.d.comb += gate.advance.eq(1)
-                    with m.If(n_issue == D - 1):
-                        m.d.sync += issuing.eq(0)
-                with m.If(Mux(use_exp, self.norm.done, near_field.done) if paper else near_field.done):
+                issue_step(n_issue == D - 1, gate.advance)
+                with m.If(norm_done):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
                     m.d.sync += c_issue.eq(0)
                     m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1)]
-                    begin_rows("v")
-                    begin_issue(PHASE_WEIGHTED)
-                    m.next = "WEIGHTED"
+                    enter_weighted()
             with m.State("WEIGHTED"):
-                m.d.comb += last_issue.eq(n_issue == slots - 1)
+                issue_step(n_issue == slots - 1)
                 with m.If(issuing):
-                    m.d.comb += rd_addr_next.eq(slot_word(c_issue))
-                    m.d.sync += [n_issue.eq(n_issue + 1), sink_last.eq(n_issue + 2 == sinks)]
+                    m.d.comb += rd_addr_next.eq(row_addr + chunk_word(c_issue, p))
+                    m.d.sync += sink_last.eq(n_issue + 2 == sinks)
                     next_row("v")
-                    with m.If(n_issue == slots - 1):
-                        m.d.sync += issuing.eq(0)
                 with m.If(weighted.chunk_done):
                     m.d.comb += output.lane_restart.eq(1)
                     begin_issue(PHASE_FINAL)
                     m.next = "FINAL"
             with m.State("FINAL"):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
-                # (their writes are outside the FSM, below); after the last chunk the unit waits for them.
-                m.d.comb += last_issue.eq(n_issue == L - 1)
-                with m.If(issuing):
-                    m.d.sync += n_issue.eq(n_issue + 1)
-                    m.d.comb += output.advance.eq(1)
-                    with m.If(n_issue == L - 1):
-                        m.d.sync += issuing.eq(0)
+                # (their writes are above); after the last chunk the unit waits for them.
+                issue_step(n_issue == L - 1, output.advance)
                 with m.If(c_issue != chunks - 1):
                     with m.If(n_issue == L - 1):
                         m.d.sync += c_issue.eq(c_issue + 1)
-                        begin_rows("v")
-                        begin_issue(PHASE_WEIGHTED)
-                        m.next = "WEIGHTED"
+                        enter_weighted()
                 with m.Elif(output.end):  # the last element leaves FINAL
                     with m.If(par["include_self"]):
-                        enter_store()
+                        enter_move(mover.begin_store, "STORE")
                     with m.Else():
                         m.d.sync += wrote.eq(1)
-                        enter_write()
+                        enter_move(mover.begin_write, "WRITE")
             with m.State("STORE"):
-                m.d.comb += [wr_addr_next.eq(store_addr), wr_en_next.eq((1 << W) - 1)]
-                with m.Switch(counter):
-                    for i in range(len(store_sources)):
-                        with m.Case(i):
-                            following = store_sources[i + 1] if i + 1 < len(store_sources) else None
-                            m.d.sync += store_sel.eq(0 if following is None else 1 << following)
-                m.d.sync += [counter.eq(counter + 1), *store_read.increment(),
-                             store_addr.eq(Mux(counter == 4 * words, out_base, store_addr + 1))]
-                with m.If(counter == len(store_sources) - 1):
-                    m.d.sync += [self.done.eq(1), *store_read.set(0)]
+                with m.If(mover.store_done):
+                    m.d.sync += self.done.eq(1)
                     m.next = "DONE"
             with m.State("DONE"):
                 m.next = "IDLE"
-        # STORE's data: word `counter` of the stored sequence, from the register file store_sel names.
-        for g, source in enumerate(store_groups):
-            with m.If(store_sel[g]):
-                m.d.comb += wr_data_next.eq(Cat(write_pos, fill, step) if source is None else source)
+        m.d.comb += [mover.loading.eq(fsm.ongoing("LOAD")), mover.writing.eq(fsm.ongoing("WRITE")),
+                     mover.storing.eq(fsm.ongoing("STORE"))]
         return m

@@ -14,8 +14,9 @@ from amaranth.sim import Simulator
 from somatile.hw.pipe import TagLine
 from somatile.hw.soma import (FIELD_DEPTH, FINAL_DEPTH, GATE_DEPTH, HEAD_PARAMS_LAYOUT, PHASE_FINAL, PHASE_GATE,
                               PHASE_SCORES, PHASE_WEIGHTED, READ_LATENCY, WEIGHTED_DEPTH, FieldUpdate, GateStage,
-                              NearFieldFeed, OutputStage, ScoreStage, WeightedStage, element_bits, head_params_layout,
-                              issue_shape)
+                              NearFieldFeed, OutputStage, ScoreStage, StateMover, WeightedStage, element_bits,
+                              head_params_layout, issue_shape, output_words)
+from somatile.hw import regmap
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, PROFILE_HEAD_PARAMS
 from somatile.model import hccs, soma_int, wide
 from somatile.model import soma_fixed as soma
@@ -498,3 +499,126 @@ def test_wide_output_stage_writes_int16_outputs(params, case, rng):
         assert {32767, -32768} == set(out.tolist())
     if case == "cancelling":
         assert set(out.tolist()) == {-1}
+
+
+
+def run_state_mover(p, memory, bases, files):
+    """LOAD, WRITE and STORE through StateMover, each begun and held as the decode unit's sequencer does (the next
+    phase's begin in the done cycle), the register files' words for WRITE and STORE from ``files``: the words
+    LOAD writes {port: {address: word}}, the memory writes [(address, word, enables)], the counters after LOAD
+    and after WRITE, the slot regions' rows and each phase's cycles (its level high through its done cycle)."""
+    state_base, stage_base, out_base = bases
+    m = Module()
+    m.submodules.mover = mover = StateMover(p, p.local_memory_bytes // p.word_bytes)
+    for name, words in files.items():
+        port = getattr(mover, name)
+        m.d.comb += port.data.eq(Array(words)[port.addr])
+    loads = {name: {} for name in ("q_load", "k_load", "v_load", "field_load", "gate_field_load")}
+    result = dict(loads=loads, writes=[], cycles={}, counters={})
+    phases = [(mover.begin_load, mover.loading, mover.load_done), (mover.begin_write, mover.writing, mover.write_last),
+              (mover.begin_store, mover.storing, mover.store_done)]
+
+    async def bench(ctx):
+        ctx.set(mover.state_base, state_base), ctx.set(mover.out_base, out_base)
+        ctx.set(mover.stage_base, stage_base), ctx.set(mover.begin_load, 1)
+        await ctx.tick()
+        ctx.set(mover.begin_load, 0)
+        addresses = [None]
+        for i, (name, (_, level, done)) in enumerate(zip(("load", "write", "store"), phases)):
+            ctx.set(level, 1)
+            cycles, finished = 0, False
+            while not finished:
+                assert cycles < 200, f"{name} never ends"
+                t = len(addresses)
+                if t >= READ_LATENCY and addresses[t - READ_LATENCY] is not None:
+                    ctx.set(mover.rd_word, memory[addresses[t - READ_LATENCY]])
+                addresses.append(ctx.get(mover.rd_addr) if name == "load" else None)
+                for port_name, words in loads.items():
+                    port = getattr(mover, port_name)
+                    if ctx.get(port.en):
+                        words[ctx.get(port.addr)] = ctx.get(port.data)
+                if ctx.get(mover.wr_en):
+                    result["writes"].append((ctx.get(mover.wr_addr), ctx.get(mover.wr_data), ctx.get(mover.wr_en)))
+                cycles += 1
+                finished = bool(ctx.get(done))
+                if finished and i + 1 < len(phases):
+                    ctx.set(phases[i + 1][0], 1)
+                await ctx.tick()
+            ctx.set(level, 0)
+            if i + 1 < len(phases):
+                ctx.set(phases[i + 1][0], 0)
+            result["cycles"][name] = cycles
+            result["counters"][name] = {f: ctx.get(mover.counters[f]) for f in ("write_pos", "fill", "step")}
+        result["rows"] = {r: ctx.get(mover.rows[r]) for r in ("sink_k", "ring_k", "sink_v", "ring_v")}
+
+    simulate(m, bench)
+    return result
+
+
+def advanced(p, counters):
+    """The counters after a token's write (soma_fixed's state update): past the sinks the ring's position and
+    fill advance, every count saturating."""
+    write_pos, fill, step = counters["write_pos"], counters["fill"], counters["step"]
+    if step >= p.sinks:
+        write_pos, fill = (write_pos + 1) % p.ring, min(fill + 1, p.ring)
+    return dict(write_pos=write_pos, fill=fill, step=min(step + 1, soma.COUNTER_MAX))
+
+
+@pytest.mark.parametrize("params", [SMALL, WIDE, SMALL_W], ids=["small", "wide", "small-wide-profile"])
+@pytest.mark.parametrize("case", ["sink", "ring", "saturated"])
+def test_state_mover_loads_writes_and_stores_the_state_in_its_cycles(params, case, rng):
+    p = params
+    W, words = p.word_bytes, p.head_dim // p.word_bytes
+    mem_words = p.local_memory_bytes // W
+    offsets = {name: offset // W for name, offset, _, _ in regmap.state_layout(p)}
+    state_base, stage_base = 3 * words, mem_words - 3 * words - 5
+    out_base = mem_words - 3 * words - 5 - output_words(p) - 2
+    counters = dict(write_pos=int(rng.integers(p.ring)), fill=int(rng.integers(p.ring + 1)),
+                    step=int(rng.integers(p.sinks)) if case == "sink" and p.sinks else int(rng.integers(p.sinks, 10**6)))
+    if case == "saturated":
+        counters = dict(write_pos=p.ring - 1, fill=p.ring, step=soma.COUNTER_MAX)
+    memory = {a: int.from_bytes(rng.bytes(W), "little") for a in range(mem_words)}
+    field_row = state_base + offsets["field"]
+    memory[field_row + 4 * words] = word_of([counters[f] for f in ("write_pos", "fill", "step")], np.uint32)
+    out_dtype = np.int8 if element_bits(p) == 8 else np.int16
+    values = dict(k=(np.int8, p.head_dim), v=(np.int8, p.head_dim), field=(np.int16, p.head_dim),
+                  gate_field=(np.int16, p.head_dim), out=(out_dtype, p.head_dim))
+    contents = {name: rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, n) for name, (dtype, n) in values.items()}
+    files = {name: ram_words(contents[name], values[name][0], p) for name in values}
+    result = run_state_mover(p, memory, (state_base, stage_base, out_base), files)
+
+    # LOAD: q, k, v from the stage, the field and the gate field from the state, word by word; the counters.
+    stage_words = [memory[stage_base + i] for i in range(3 * words)]
+    state_words = [memory[field_row + i] for i in range(4 * words)]
+    assert result["loads"] == {"q_load": dict(enumerate(stage_words[:words])),
+                               "k_load": dict(enumerate(stage_words[words:2 * words])),
+                               "v_load": dict(enumerate(stage_words[2 * words:])),
+                               "field_load": dict(enumerate(state_words[:2 * words])),
+                               "gate_field_load": dict(enumerate(state_words[2 * words:]))}
+    assert result["counters"]["load"] == counters
+    assert result["rows"] == {r: state_base + offsets[r] for r in ("sink_k", "ring_k", "sink_v", "ring_v")}
+
+    # WRITE: k and v into the next sink slot while step < sinks, else the ring's slot write_pos.
+    in_sink = counters["step"] < p.sinks
+    slot = counters["step"] if in_sink else counters["write_pos"]
+    region = "sink" if in_sink else "ring"
+    every_byte = (1 << W) - 1
+    expected = [(state_base + offsets[f"{region}_{name}"] + slot * words + i, file[i].value, every_byte)
+                for name in ("k", "v") for file in [files[name]] for i in range(words)]
+    # STORE: field, gate field, counters from the field's word on, then the output from out_base.
+    after = advanced(p, counters)
+    stored = ([file[i].value for name in ("field", "gate_field") for file in [files[name]] for i in range(2 * words)]
+              + [word_of([after[f] for f in ("write_pos", "fill", "step")], np.uint32)])
+    expected += [(field_row + i, word, every_byte) for i, word in enumerate(stored)]
+    expected += [(out_base + i, files["out"][i].value, every_byte) for i in range(output_words(p))]
+    assert result["counters"]["write"] == after
+    assert result["writes"] == expected
+    assert result["cycles"] == dict(load=StateMover.load_cycles(p), write=StateMover.write_cycles(p),
+                                    store=StateMover.store_cycles(p))
+    assert (StateMover.load_cycles(p), StateMover.write_cycles(p), StateMover.store_cycles(p)) == \
+        (7 * words + 5, 2 * words, 4 * words + 1 + output_words(p))
+
+
+def word_of(values, dtype):
+    """The local-memory word (little-endian) that holds ``values`` as ``dtype``."""
+    return int.from_bytes(np.asarray(values, dtype).tobytes(), "little")
