@@ -12,6 +12,10 @@ block's row it did not fit a cycle, nor in one step); then the floor B - S*Dmax;
 comparison in a register of its own (behind the floor mass's multiplier the comparison and the AND do not
 fit a cycle). The AND of the three is left to the user's next register (the tile's check priority or its
 config_ok), so ``ok`` itself is combinational on the last registers.
+
+The wide profile's HCCS rule (``somatile.model.wide.check_params``: 1 <= B and B - ((S*Dmax) >> 8) >= 0, over
+no row length) is :class:`WideHccsRules`, with the same ports but ``cols`` and the same :data:`LATENCY`, so
+that the tile's settle counts do not depend on the profile.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw.pipe import delay, lut_mul_pipelined, reg
-from somatile.model import hccs
+from somatile.model import hccs, wide
 
 LATENCY = 5
 """Cycles from the inputs to ``ok``: S*Dmax (2), the floor, the masses, their comparisons."""
@@ -60,4 +64,30 @@ def rules_ok(m, name: str, B, S, dmax, cols):
     m.d.comb += [rules.B.eq(B), rules.S.eq(S), rules.dmax.eq(dmax)]
     if not isinstance(cols, int):
         m.d.comb += rules.cols.eq(cols)
+    return rules.ok
+
+
+class WideHccsRules(wiring.Component):
+    """The wide profile's HCCS rule on ``B`` (``b_shape``), ``S`` and ``dmax`` (16 bits each): ``ok`` describes
+    the inputs of :data:`LATENCY` cycles before. S*Dmax (two 16-bit operands) in the fabric in two steps like
+    the paper's, its Q8 shift free, then the floor and the two comparisons, each in a register; the rest of
+    the latency is a delay, so that the wide tile settles in the paper tile's cycles."""
+
+    def __init__(self, b_shape):
+        super().__init__({"B": In(Shape.cast(b_shape)), "S": In(16), "dmax": In(16), "ok": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        product = lut_mul_pipelined(m, self.S[:16], self.dmax[:16], "s_dmax", unsigned(32))
+        B = delay(m, self.B, 2).as_unsigned()
+        floor = reg(m, B - (product >> wide.S_FRAC_BITS), "floor", signed(26))
+        checks = Cat(floor >= 0, delay(m, B >= wide.B_MIN, 1))
+        m.d.comb += self.ok.eq(delay(m, reg(m, checks, "checks"), LATENCY - 4).all())
+        return m
+
+
+def wide_rules_ok(m, name: str, B, S, dmax):
+    """The wide rule on these values as submodule ``name`` of ``m``: its ``ok``, LATENCY cycles behind them."""
+    m.submodules[name] = rules = WideHccsRules(B.shape())
+    m.d.comb += [rules.B.eq(B), rules.S.eq(S), rules.dmax.eq(dmax)]
     return rules.ok

@@ -7,6 +7,12 @@ Ports (flat names, so that ``AxiStreamBus.from_prefix(dut, "s_axis")`` binds): `
 beat; the behaviour, frame for frame, is that of :class:`somatile.hw.tile_model.TileModel` (its docstring
 lists the checks and the fault rules) except that CYCLES_LAST counts real cycles.
 
+Profiles (``TileParams.profile``, docs/numerics.md "Two integer profiles"): "paper" (int8 logits and output,
+the HCCS command and the integer-exp heads through :class:`~somatile.hw.soma.RowNormaliser`) or "wide" (the
+head registers of the wide table, an int16 DECODE output, and the HCCS command over int16 rows through the
+wide row unit of :mod:`somatile.hw.wide`, normalised by the head's normaliser into Q15; the decode unit
+carries its own wide normaliser). The command layer, its checks and its latencies are the same.
+
 Contract:
 
 - Latency and throughput: the tile works one frame at a time. It accepts the header and the payload at one
@@ -27,7 +33,8 @@ Parts, each a component with its own contract and latency constants: the command
 (:mod:`~somatile.hw.tile_heads`: ``CONFIG_SETTLE``, ``SELECT_LATENCY``), the register reader
 (:mod:`~somatile.hw.tile_regs`), the payload writer and clear sweep (:mod:`~somatile.hw.tile_payload`), the
 response streamer (:mod:`~somatile.hw.tile_response`), the decode unit and the normaliser
-(:mod:`~somatile.hw.soma`); the state machine here sequences them.
+(:mod:`~somatile.hw.soma`; in the wide profile the HCCS command's row unit of :mod:`~somatile.hw.wide`); the
+state machine here sequences them.
 """
 
 from __future__ import annotations
@@ -38,9 +45,10 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2 as log2
 
 from somatile.hw import regmap
+from somatile.hw import wide as wide_unit
 from somatile.hw.pipe import block_ram, delay, reg
-from somatile.hw.regmap import HEAD_PARAMS, ErrorCode, Opcode, TileParams
-from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles
+from somatile.hw.regmap import PROFILE_HEAD_PARAMS, ErrorCode, Opcode, TileParams
+from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles, output_words, wide_code
 from somatile.hw.tile_front import CHECK_SETTLE, PARAMS_DELAY, CommandFront
 from somatile.hw.tile_heads import CONFIG_SETTLE, SELECT_LATENCY, HeadRegisters
 from somatile.hw.tile_payload import PayloadWriter
@@ -60,17 +68,30 @@ def expected_decode_cycles(params: TileParams, configs) -> int:
     ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
     the first header beat is accepted through the cycle the last response beat is accepted: header beats,
     ``CHECK_SETTLE`` settle cycles (the front end's) and a check cycle, payload beats, one execute cycle, per
-    head one start cycle and its decode step, response header and payload beats (as CYCLES_LAST counts them:
-    up to the last beat entering the output register slice, which presents it one cycle later; a one-beat
-    header waits for the first word's read, the streamer's ``header_wait``). Independent of the sequence
-    position."""
+    head one start cycle and its decode step (``soma.expected_cycles`` of the profile), response header and
+    payload beats (``regmap.decode_out_bytes`` a head: int8, or int16 in the wide profile; as CYCLES_LAST
+    counts them: up to the last beat entering the output register slice, which presents it one cycle later; a
+    one-beat header waits for the first word's read, the streamer's ``header_wait``). Independent of the
+    sequence position."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
     intake = header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb
     steps = sum(expected_cycles(params, c.normaliser, c.hccs_mode) for c in configs)
     execute = 1 + steps + count
-    respond = header + header_wait(params) + params.head_dim * count // sb
+    respond = header + header_wait(params) + regmap.decode_out_bytes(params) * count // sb
     return intake + execute + respond
+
+
+def hccs_out_bytes(params: TileParams) -> int:
+    """Bytes of one HCCS command output element: Q15 uint16 in the wide profile, else ``hccs_out``."""
+    return regmap.hccs_out_dtype(params).itemsize
+
+
+def hccs_command_unit(params: TileParams) -> wide_unit.WideConfig:
+    """The wide profile's HCCS command row unit: one int16 lane (the command's rows are fetched from staging
+    an element a cycle, like the paper's), one head (loaded with the command's head at EXECUTE), rows of a
+    padded row's elements (the padding masked: its output is 0, as the command's padding must be)."""
+    return wide_unit.WideConfig(lanes=1, heads=1, n_max=regmap.hccs_row_bytes(params, params.n_max) // 2)
 
 
 class Tile(wiring.Component):
@@ -87,12 +108,16 @@ class Tile(wiring.Component):
         m = Module()
         p = self.params
         mem_words = p.local_memory_bytes // p.word_bytes
-        out_bytes = 2 if p.hccs_out == "int16" else 1
+        out_bytes = hccs_out_bytes(p)
         info = regmap.info_values(p, self.tile_index)
         mem, rd = block_ram(m, "mem", unsigned(8 * p.word_bytes), mem_words)
         wr = mem.write_port(granularity=8)
         m.submodules.decode = dec = SomaDecode(p, mem_words)
-        m.submodules.norm = norm = RowNormaliser(p.n_max)
+        # The HCCS command's row unit (and, in the paper profile, the integer-exp heads' normaliser).
+        if p.profile == "wide":
+            m.submodules.norm = norm = wide_unit.WideNormaliser(config=hccs_command_unit(p))
+        else:
+            m.submodules.norm = norm = RowNormaliser(p.n_max)
         # Command header, its checks and the sizes it implies (hw/tile_front.py).
         m.submodules.front = front = CommandFront(p)
         # Every head's parameters (hw/tile_heads.py); the header's head index bits once more, in copies written
@@ -135,7 +160,7 @@ class Tile(wiring.Component):
                      enumerate(regmap.GLOBAL_REGISTERS)]
                     + [(regmap.INFO_BASE + i * regmap.REGISTER_BYTES, value) for i, value in enumerate(info)]
                     + [(regmap.head_register(h, i), heads.regs[h][hp.name]) for h in range(p.heads)
-                       for i, hp in enumerate(HEAD_PARAMS)])
+                       for i, hp in enumerate(PROFILE_HEAD_PARAMS[p.profile])])
         m.submodules.registers = registers = RegisterReader(
             [(a, v if isinstance(v, int) else None) for a, v in readable])
         m.d.comb += [registers.address.eq(fields.arg0), front.reg_ok.eq(registers.ok)]
@@ -144,7 +169,10 @@ class Tile(wiring.Component):
         # The value is read in EXECUTE, at least one cycle after CHECK.
         assert VALUE_LATENCY <= CHECK_SETTLE + 1
 
-        seq.drive_normaliser(rd)
+        if p.profile == "wide":
+            seq.drive_wide_normaliser(rd)
+        else:
+            seq.drive_normaliser(rd)
         # Decode unit: addresses, memory ports. The current head's addresses advance with cur (no multiplier
         # between cur and the decode unit).
         m.d.comb += [dec.state_base.eq(seq.dec_state_base), dec.stage_base.eq(seq.dec_stage_base),
@@ -181,7 +209,9 @@ class _Sequencer:
         self.stage_word = p.heads * self.state_words
         mem_words = p.local_memory_bytes // W
         self.out_word = self.stage_word + 3 * p.heads * (p.head_dim // W)
-        self.out_bytes = 2 if p.hccs_out == "int16" else 1
+        self.out_bytes = hccs_out_bytes(p)
+        # Elements of a staging word (HCCS rows: int8, or int16 in the wide profile).
+        self.word_elems = W // regmap.element_bytes(p)
         self.is_op = {op: front.is_op[op.name.lower()] for op in Opcode}
         self.s_beat = tile.s_axis_tvalid & tile.s_axis_tready
         self.settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
@@ -241,12 +271,16 @@ class _Sequencer:
         # The next row's first element and word, in registers (row_start changes a row's length of cycles
         # before they are read): as two adders in front of the fetch registers they would not fit a cycle.
         self.next_row_start = reg(m, self.row_start + front.n_pad, "next_row_start", 32)
-        self.next_row_addr = reg(m, self.stage_word + (self.next_row_start >> log2(W)), "next_row_addr",
-                                 range(mem_words + 1))
-        self.fetched_lane = reg(m, self.fetch_elem[:log2(W)], "fetched_lane")
+        self.next_row_addr = reg(m, self.stage_word + (self.next_row_start >> log2(self.word_elems)),
+                                 "next_row_addr", range(mem_words + 1))
+        self.fetched_lane = reg(m, self.fetch_elem[:log2(self.word_elems)], "fetched_lane")
         self.hccs_start = Signal()
         self.hccs_row_we = Signal()
         self.hccs_prob_index = Signal(range(p.n_max + 1))
+        self.hccs_configure = Signal()
+        if p.profile == "wide":
+            # The row's last element, padding included (the wide row unit takes the padding, masked).
+            self.n_pad_last = reg(m, front.n_pad - 1, "n_pad_last", range(regmap.padded(p.n_max)))
 
     def drive_normaliser(self, rd):
         """The normaliser's inputs: the decode unit's, or the HCCS command's (the members it drives)."""
@@ -273,6 +307,26 @@ class _Sequencer:
                                                    if name in hccs_drive else source)
             else:
                 m.d.comb += getattr(dec.norm, name).eq(getattr(norm, name))
+
+    def drive_wide_normaliser(self, rd):
+        """The wide HCCS command's row unit: its head's parameters written at EXECUTE, the row's n_pad elements
+        (those beyond n masked) as one-lane beats, two cycles after their fetch like the paper's row writes.
+        The unit's input is never refused here: a row starts only after the previous row's last output beat
+        (every bank free), and inside a row the unit takes every beat."""
+        m, norm, p = self.m, self.norm, self.p
+        fetched_word = reg(m, rd.data, "fetched_word")
+        late_x = reg(m, fetched_word.word_select(delay(m, self.fetched_lane, 1), 16), "late_x")
+        row_index, arg1 = self.row_index, self.front.header.arg1
+        late_we = delay(m, self.hccs_row_we, 2, reset_less=False)
+        late_mask, late_first, late_last = (delay(m, v, 2) for v in (row_index < arg1, row_index == 0,
+                                                                      row_index == self.n_pad_last))
+        head = self.heads.header_params
+        m.d.comb += [norm.i.valid.eq(late_we), norm.i.payload.data[0].eq(late_x), norm.i.payload.mask.eq(late_mask),
+                     norm.i.payload.first.eq(late_first), norm.i.payload.last.eq(late_last),
+                     norm.i.payload.head.eq(0),
+                     norm.cfg.valid.eq(self.hccs_configure), norm.cfg.payload.head.eq(0),
+                     norm.cfg.payload.params.code.eq(wide_code(head)), norm.cfg.payload.params.B.eq(head.hccs_B),
+                     norm.cfg.payload.params.S.eq(head.hccs_S), norm.cfg.payload.params.dmax.eq(head.hccs_dmax)]
 
     def set_length(self, value, nonzero):
         self.m.d.sync += [self.resp_length.eq(value), self.resp_has_payload.eq(nonzero)]
@@ -453,7 +507,10 @@ class _Sequencer:
                 m.next = "DECODE_NEXT"
             with m.Elif(is_op[Opcode.HCCS]):
                 m.d.sync += [self.row.eq(0), self.hccs_active.eq(1)]
-                set_length(front.hccs_bytes * self.out_bytes, front.hccs_bytes_nonzero)
+                if p.profile == "wide":
+                    m.d.comb += self.hccs_configure.eq(1)
+                # hccs_bytes counts the input rows' bytes; the output element may be wider (paper int16).
+                set_length(front.hccs_bytes * (self.out_bytes // regmap.element_bytes(p)), front.hccs_bytes_nonzero)
                 start_response()
 
         with m.State("DECODE"):
@@ -466,7 +523,7 @@ class _Sequencer:
                     m.d.sync += [self.cur.eq(self.cur_next),
                                  self.dec_state_base.eq(self.dec_state_base + self.state_words),
                                  self.dec_stage_base.eq(self.dec_stage_base + 3 * dw),
-                                 self.dec_out_base.eq(self.dec_out_base + dw)]
+                                 self.dec_out_base.eq(self.dec_out_base + output_words(p))]
                     m.next = "DECODE_NEXT"
         with m.State("DECODE_NEXT"):
             m.d.comb += self.dec_start.eq(1)
@@ -500,42 +557,61 @@ class _Sequencer:
     def hccs_states(self):
         """The HCCS command's rows: each loaded from staging into the normaliser, normalised, sent."""
         m, resp, W = self.m, self.resp, self.p.word_bytes
+        wide = self.p.profile == "wide"
         row_index, fetch_elem, fetch_addr = self.row_index, self.fetch_elem, self.fetch_addr
         arg1 = self.front.header.arg1
         with m.State("HCCS_LOAD"):
-            # Read the row's words from staging and write its n elements into the normaliser, one a cycle.
-            # fetch_elem is the element whose word (fetch_addr) is addressed this cycle; the one consumed was
-            # addressed the cycle before (its byte lane in fetched_lane).
+            # Read the row's words from staging and write its elements into the normaliser, one a cycle (the
+            # paper's n, the wide unit's n_pad: it takes the padding masked). fetch_elem is the element whose
+            # word (fetch_addr) is addressed this cycle; the one consumed was addressed the cycle before (its
+            # lane in fetched_lane).
             m.d.sync += [self.fetch_valid.eq(1), fetch_elem.eq(fetch_elem + 1)]
-            with m.If(fetch_elem[:log2(W)] == W - 1):
+            with m.If(fetch_elem[:log2(self.word_elems)] == self.word_elems - 1):
                 m.d.sync += fetch_addr.eq(fetch_addr + 1)
             with m.If(self.fetch_valid):
                 m.d.comb += self.hccs_row_we.eq(1)
                 m.d.sync += row_index.eq(row_index + 1)
-                with m.If(row_index == self.front.arg1_last):
-                    m.d.comb += self.hccs_start.eq(1)
+                with m.If(row_index == (self.n_pad_last if wide else self.front.arg1_last)):
                     m.d.sync += self.fetching.eq(0)
-                    m.next = "HCCS_RUN"
-        with m.State("HCCS_RUN"):
-            # The probabilities are read one cycle after their index: HCCS_PACK consumes row_index's and
-            # addresses the next; HCCS_SEND holds the address of the one it will consume next.
-            m.d.comb += self.hccs_prob_index.eq(0)
-            with m.If(self.norm.done):
-                m.d.sync += row_index.eq(0)
-                m.d.comb += resp.pack_clear.eq(1)
-                m.next = "HCCS_PACK"
+                    if wide:
+                        # The unit answers the row as it comes: its beats are packed as they arrive.
+                        m.d.comb += resp.pack_clear.eq(1)
+                        m.next = "HCCS_PACK"
+                    else:
+                        m.d.comb += self.hccs_start.eq(1)
+                        m.next = "HCCS_RUN"
+        if not wide:
+            with m.State("HCCS_RUN"):
+                # The probabilities are read one cycle after their index: HCCS_PACK consumes row_index's and
+                # addresses the next; HCCS_SEND holds the address of the one it will consume next.
+                m.d.comb += self.hccs_prob_index.eq(0)
+                with m.If(self.norm.done):
+                    m.d.sync += row_index.eq(0)
+                    m.d.comb += resp.pack_clear.eq(1)
+                    m.next = "HCCS_PACK"
         with m.State("HCCS_PACK"):
-            m.d.comb += self.hccs_prob_index.eq(row_index + 1)
-            value = Mux(row_index < arg1, self.norm.prob, 0)[:8 * self.out_bytes]
-            # row_done: the row's last element is packed (row_index == n_pad when HCCS_SEND reads it), in a
-            # register: a comparison there was in front of the enables of the frame's counters.
-            m.d.comb += [resp.pack.eq(1), resp.value.eq(value)]
-            m.d.sync += [row_index.eq(row_index + 1), self.row_done.eq(row_index + 1 == self.front.n_pad)]
-            with m.If(resp.beat_full):
-                m.next = "HCCS_SEND"
+            if wide:
+                # One output beat (one element) a cycle from the row unit; row_done: it was the row's last.
+                out = self.norm.o
+                m.d.comb += [out.ready.eq(1), resp.pack.eq(out.valid), resp.value.eq(out.payload.data[0])]
+                with m.If(out.valid):
+                    m.d.sync += self.row_done.eq(out.payload.last)
+                    with m.If(resp.beat_full):
+                        m.next = "HCCS_SEND"
+            else:
+                m.d.comb += self.hccs_prob_index.eq(row_index + 1)
+                value = Mux(row_index < arg1, self.norm.prob, 0)[:8 * self.out_bytes]
+                # row_done: the row's last element is packed (row_index == n_pad when HCCS_SEND reads it), in a
+                # register: a comparison there was in front of the enables of the frame's counters.
+                m.d.comb += [resp.pack.eq(1), resp.value.eq(value)]
+                m.d.sync += [row_index.eq(row_index + 1), self.row_done.eq(row_index + 1 == self.front.n_pad)]
+                with m.If(resp.beat_full):
+                    m.next = "HCCS_SEND"
         with m.State("HCCS_SEND"):
             final = self.row_done & self.last_row
-            m.d.comb += [resp.send_row.eq(1), resp.row_last.eq(final), self.hccs_prob_index.eq(row_index)]
+            m.d.comb += [resp.send_row.eq(1), resp.row_last.eq(final)]
+            if not wide:
+                m.d.comb += self.hccs_prob_index.eq(row_index)
             with m.If(resp.beat):
                 with m.If(final):
                     m.d.sync += self.hccs_active.eq(0)

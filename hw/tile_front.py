@@ -10,8 +10,8 @@ Contract:
 - Checks: free running on the captured header; every output describes the header of :data:`CHECK_SETTLE`
   cycles before (at most), provided the inputs do: ``reg_ok`` (the register reader's ``ok`` for the header's
   ``arg0``, :data:`somatile.hw.tile_regs.OK_LATENCY` behind it), ``configured``, and the header head's
-  parameters ``head_params`` (:data:`somatile.hw.soma.HEAD_PARAMS_LAYOUT`; the HCCS rules read
-  ``hccs_B``/``hccs_S``/``hccs_dmax``) at most :data:`PARAMS_DELAY` cycles after the header's last beat.
+  parameters ``head_params`` (:func:`somatile.hw.soma.head_params_layout` of the profile; the paper's HCCS
+  rules read ``hccs_B``/``hccs_S``/``hccs_dmax``) at most :data:`PARAMS_DELAY` cycles after the header's last beat.
   ``check_error`` is the model's error code of the first failing check (0: none; ``check_failed`` is
   ``check_error != 0`` in a register of its own); ``length`` (:data:`PAYLOAD_LENGTH`, for the payload
   writer) holds the payload length the opcode expects (``expected``, the detail of a BAD_LENGTH).
@@ -33,7 +33,7 @@ from somatile.hw import regmap
 from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok
 from somatile.hw.pipe import lut_mul, lut_mul_pipelined, reg
 from somatile.hw.regmap import HEAD_PARAMS, ErrorCode, Opcode, TileParams
-from somatile.hw.soma import HEAD_PARAMS_LAYOUT
+from somatile.hw.soma import head_params_layout
 from somatile.hw.tile_regs import OK_LATENCY
 
 HEADER_LAYOUT = data.StructLayout({"magic": 8, "opcode": 8, "head": 8, "count": 8, "length": 32, "arg0": 32,
@@ -57,7 +57,9 @@ CHECK_SETTLE = PARAMS_DELAY + RULES_LATENCY + 1
 class CommandFront(wiring.Component):
     """The front end of a tile with :class:`~somatile.hw.regmap.TileParams` ``params``; the ports are listed
     in the module docstring (the sizes: ``head_end``, ``arg1_last`` (arg1 - 1), ``n_pad`` (arg1 rounded up to
-    the frame granule), ``rows_last`` (arg0 - 1), ``hccs_bytes`` (arg0 * n_pad) and its ``!= 0``, the DECODE
+    the elements of a frame granule: a row's elements, padding included, ``regmap.hccs_row_bytes`` /
+    ``regmap.element_bytes``), ``rows_last`` (arg0 - 1), ``hccs_bytes`` (arg0 * the row's bytes) and its
+    ``!= 0``, the DECODE
     output's ``decode_out_bytes``/``_words`` and ``count != 0``, the head's state addresses in words
     ``head_words``, ``next_head_words`` and ``end_head_words`` (of head, head + 1, head_end))."""
 
@@ -65,12 +67,12 @@ class CommandFront(wiring.Component):
         self.params = p = params
         mem_words = p.local_memory_bytes // p.word_bytes
         n_pad_shape = Shape.cast(range(regmap.padded(p.n_max) + 1))
-        hccs_bits = 32 + n_pad_shape.width - log2(regmap.FRAME_GRANULE)
+        hccs_bits = 32 + n_pad_shape.width - log2(regmap.FRAME_GRANULE // regmap.element_bytes(p))
         super().__init__({
             "beat": In(1), "data": In(8 * p.stream_bytes), "restart": In(1), "first_beat": Out(1),
             "last_beat": Out(1), "header": Out(HEADER_LAYOUT),
             "reg_ok": In(1), "configured": In(p.heads),
-            "head_params": In(HEAD_PARAMS_LAYOUT),
+            "head_params": In(head_params_layout(p.profile)),
             "check_error": Out(8), "check_failed": Out(1), "is_op": Out(OPCODE_FLAGS), "no_payload": Out(1),
             "length": Out(PAYLOAD_LENGTH),
             "head_end": Out(9), "arg1_last": Out(signed(33)), "n_pad": Out(n_pad_shape), "rows_last": Out(signed(33)),
@@ -110,7 +112,12 @@ class CommandFront(wiring.Component):
         cmd_head_ok = head < p.heads
         # 6 cycles after the header (PARAMS_DELAY + RULES_LATENCY).
         hccs = self.head_params
-        hccs_param_ok = rules_ok(m, "hccs_param_ok", hccs.hccs_B, hccs.hccs_S, hccs.hccs_dmax, arg1[:16])
+        if p.profile == "wide":
+            # The wide rule (wide.check_params of the head's normaliser) depends on no row length and is the
+            # rule CONFIGURE_HEAD applied to the head: a configured head (NOT_CONFIGURED is checked first) passes.
+            hccs_param_ok = Const(1)
+        else:
+            hccs_param_ok = rules_ok(m, "hccs_param_ok", hccs.hccs_B, hccs.hccs_S, hccs.hccs_dmax, arg1[:16])
         mask = Signal(p.heads)
         for h in range(p.heads):
             m.d.comb += mask[h].eq((h >= head) & (h < head_end))
@@ -166,24 +173,25 @@ class CommandFront(wiring.Component):
         state_words = regmap.state_bytes(p) // p.word_bytes
         out = {"head_end": reg(m, head + Mux(is_counted, count, 1), "head_end", unsigned(9)),
                "arg1_last": reg(m, arg1 - 1, "arg1_last", signed(33))}
-        # HCCS command arguments: rows * n_pad, 3 cycles after the header: n_pad is a multiple of the granule,
-        # so the product is rows times its few high bits, in the fabric (a DSP block's row is too far from the
-        # header register).
-        n_pad = out["n_pad"] = reg(m, (arg1[:16] + regmap.FRAME_GRANULE - 1) & ~(regmap.FRAME_GRANULE - 1), "n_pad",
+        # HCCS command arguments: rows * the row's bytes, 3 cycles after the header: n_pad is a multiple of the
+        # granule's elements, so the product is rows times its few high bits, in the fabric (a DSP block's row
+        # is too far from the header register).
+        granule = regmap.FRAME_GRANULE // regmap.element_bytes(p)   # elements of a granule
+        n_pad = out["n_pad"] = reg(m, (arg1[:16] + granule - 1) & ~(granule - 1), "n_pad",
                                    range(regmap.padded(p.n_max) + 1))
         rows = fields.arg0
         out["rows_last"] = reg(m, rows - 1, "rows_last", signed(33))
-        granule_bits = log2(regmap.FRAME_GRANULE)
+        granule_bits = log2(granule)
         hi_shape = unsigned(len(rows) + len(n_pad) - granule_bits)
         hccs_bytes = out["hccs_bytes"] = lut_mul_pipelined(m, rows, n_pad[granule_bits:], "hccs_bytes_hi",
-                                                           hi_shape) << granule_bits
+                                                           hi_shape) << log2(regmap.FRAME_GRANULE)
         out["hccs_bytes_nonzero"] = reg(m, hccs_bytes != 0, "hccs_bytes_nonzero")  # 4 cycles after
 
         # Products of header fields, registered like hccs_bytes (the first settle cycle).
         decode_bytes = reg(m, 3 * D * count, "decode_bytes", unsigned(32))
-        out["decode_out_bytes"] = reg(m, D * count, "decode_out_bytes", unsigned(32))
+        out["decode_out_bytes"] = reg(m, regmap.decode_out_bytes(p) * count, "decode_out_bytes", unsigned(32))
         out["decode_out_nonzero"] = reg(m, count != 0, "decode_out_nonzero")
-        out["decode_out_words"] = reg(m, D // p.word_bytes * count, "decode_out_words",
+        out["decode_out_words"] = reg(m, regmap.decode_out_bytes(p) // p.word_bytes * count, "decode_out_words",
                                       range(p.local_memory_bytes // p.word_bytes + 1))
         # Products by the constant state_words as shifted sums in the fabric (a DSP block's row is too far from
         # the header register).

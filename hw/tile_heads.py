@@ -1,6 +1,8 @@
-"""The tile's head-parameter register file: every head's parameter registers (regmap.HEAD_PARAMS), written by
-a CONFIGURE_HEAD block once its range checks and SomaConfig rules pass, and the copies of one head's
-parameters that the command front end and the decode unit read.
+"""The tile's head-parameter register file: every head's parameter registers (the table of the tile's profile,
+``regmap.PROFILE_HEAD_PARAMS``: the same registers in the same order, with each profile's ranges and choices),
+written by a CONFIGURE_HEAD block once its range checks and SomaConfig rules pass (the paper profile's HCCS
+rules over the head's slots, the wide profile's rule of ``wide.check_params`` for an HCCS head), and the
+copies of one head's parameters that the command front end and the decode unit read.
 
 Contract:
 
@@ -30,10 +32,10 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok
+from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok, wide_rules_ok
 from somatile.hw.pipe import Replicated, delay, reg
-from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, TileParams
-from somatile.hw.soma import HEAD_PARAMS_LAYOUT
+from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, PROFILE_HEAD_PARAMS, TileParams
+from somatile.hw.soma import head_params_layout
 
 PARAM_INDEX_COPIES = 4
 """Copies of a head index that selects the head parameters."""
@@ -56,28 +58,31 @@ BLOCK_BYTES = regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS))
 
 class HeadRegisters(wiring.Component):
     """The register file of a tile with :class:`~somatile.hw.regmap.TileParams` ``params``; ports as in the
-    module docstring (``regs`` and the parameter ports are :data:`somatile.hw.soma.HEAD_PARAMS_LAYOUT`)."""
+    module docstring (``regs`` and the parameter ports are :func:`somatile.hw.soma.head_params_layout` of the
+    profile)."""
 
     def __init__(self, params: TileParams):
         self.params = p = params
         self.index_bits = max(1, (p.heads - 1).bit_length())
+        self.table = PROFILE_HEAD_PARAMS[p.profile]
+        layout = head_params_layout(p.profile)
         super().__init__({
             "block_we": In(BLOCK_BYTES // p.stream_bytes), "block_data": In(8 * p.stream_bytes),
             "head": In(8), "commit": In(1), "config_ok": Out(1), "configured": Out(p.heads),
-            "regs": Out(HEAD_PARAMS_LAYOUT).array(p.heads),
-            "select_we": In(1), "select": In(self.index_bits), "header_params": Out(HEAD_PARAMS_LAYOUT),
-            "hccs_mode": Out(HEAD_PARAMS_LAYOUT["hccs_mode"].shape),
-            "cur": In(8), "decoding": In(1), "cur_params": Out(HEAD_PARAMS_LAYOUT),
+            "regs": Out(layout).array(p.heads),
+            "select_we": In(1), "select": In(self.index_bits), "header_params": Out(layout),
+            "hccs_mode": Out(layout["hccs_mode"].shape),
+            "cur": In(8), "decoding": In(1), "cur_params": Out(layout),
         })
 
     def elaborate(self, platform):
         m = Module()
         p = self.params
-        head_regs = [[Signal(range(hp.hi + 1), name=f"head{h}_{hp.name}", init=hp.default) for hp in HEAD_PARAMS]
+        head_regs = [[Signal(range(hp.hi + 1), name=f"head{h}_{hp.name}", init=hp.default) for hp in self.table]
                      for h in range(p.heads)]
         configured = Signal(p.heads)
         for h in range(p.heads):
-            m.d.comb += [self.regs[h][hp.name].eq(r) for hp, r in zip(HEAD_PARAMS, head_regs[h])]
+            m.d.comb += [self.regs[h][hp.name].eq(r) for hp, r in zip(self.table, head_regs[h])]
         m.d.comb += self.configured.eq(configured)
 
         def head_field(h_index, name):
@@ -89,9 +94,9 @@ class HeadRegisters(wiring.Component):
         def copied_fields(copies: Replicated, prefix: str) -> dict:
             """Every head parameter of the head ``copies`` hold, registered: each copy of the index steers a
             share of the parameters."""
-            share = -(-len(HEAD_PARAMS) // PARAM_INDEX_COPIES)
+            share = -(-len(self.table) // PARAM_INDEX_COPIES)
             return {hp.name: reg(m, head_field(copies.copy(i // share), hp.name), f"{prefix}_{hp.name}")
-                    for i, hp in enumerate(HEAD_PARAMS)}
+                    for i, hp in enumerate(self.table)}
 
         header_head = Replicated(self.index_bits, PARAM_INDEX_COPIES, "header_head")
         with m.If(self.select_we):
@@ -107,7 +112,7 @@ class HeadRegisters(wiring.Component):
         cur_next_index = Replicated(self.index_bits, PARAM_INDEX_COPIES, "cur_next_index")
         m.d.sync += cur_next_index.eq(self.cur + 1)
         next_params = copied_fields(cur_next_index, "next_p")
-        cur_params = {hp.name: Signal(range(hp.hi + 1), name=f"cur_{hp.name}") for hp in HEAD_PARAMS}
+        cur_params = {hp.name: Signal(range(hp.hi + 1), name=f"cur_{hp.name}") for hp in self.table}
         m.d.sync += [cur_params[n].eq(Mux(self.decoding, next_params[n], head_params[n])) for n in cur_params]
         m.d.comb += [self.cur_params[n].eq(v) for n, v in cur_params.items()]
 
@@ -138,20 +143,24 @@ class HeadRegisters(wiring.Component):
         for i in range(len(self.block_we)):
             with m.If(config_we[i]):
                 m.d.sync += config.word_select(i, SW).eq(config_data)
-        return [config.word_select(i, 32) for i in range(len(HEAD_PARAMS))]
+        return [config.word_select(i, 32) for i in range(len(self.table))]
 
     def block_checks(self, m, config_values):
         """The block's range checks and the SomaConfig rules, RULES_LATENCY + 1 cycles behind the block."""
         # Each range check registered on its own, their AND RULES_LATENCY - 1 cycles later (like the HCCS rules).
-        ranges_ok = reg(m, Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, HEAD_PARAMS)]),
+        ranges_ok = reg(m, Cat(*[(v >= hp.lo) & (v <= hp.hi) for v, hp in zip(config_values, self.table)]),
                         "ranges").all()
-        cv = {hp.name: v for hp, v in zip(HEAD_PARAMS, config_values)}
-        choice = {name: HEAD_PARAMS[HEAD_INDEX[name]].choices for name in ("gating", "field_source", "normaliser")}
+        cv = {hp.name: v for hp, v in zip(self.table, config_values)}
+        choice = {name: self.table[HEAD_INDEX[name]].choices for name in ("gating", "field_source", "normaliser")}
         gating_ok = (cv["gating"] != choice["gating"].index("query")) | \
                     (cv["field_source"] == choice["field_source"].index("values"))
         uses_hccs = cv["normaliser"] == choice["normaliser"].index("hccs_int")
-        config_hccs_ok = rules_ok(m, "config_hccs_ok", cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8],
-                                  self.params.slots)
+        if self.params.profile == "wide":
+            config_hccs_ok = wide_rules_ok(m, "config_hccs_ok", cv["hccs_B"][:16], cv["hccs_S"][:16],
+                                           cv["hccs_dmax"][:16])
+        else:
+            config_hccs_ok = rules_ok(m, "config_hccs_ok", cv["hccs_B"][:16], cv["hccs_S"][:8], cv["hccs_dmax"][:8],
+                                      self.params.slots)
         ranges_ok = delay(m, ranges_ok, RULES_LATENCY - 1)
         gating_ok, uses_hccs = (delay(m, v, RULES_LATENCY) for v in (gating_ok, uses_hccs))
         # RULES_LATENCY + 2 cycles after the block's last beat: CONFIGURE_HEAD waits CONFIG_SETTLE cycles.

@@ -20,23 +20,25 @@ from somatile.hw.regmap import TileParams
 
 def random_config(rng: np.random.Generator, params: TileParams, *, normaliser: str | None = None,
                   gating: str | None = None, include_self: bool | None = None, field_source: str | None = None):
-    """A one-head integer SomaConfig for the tile's geometry with random options and scales (every choice
-    left at None is drawn), derived from a float config by ``soma_int.integer_config``."""
+    """A one-head integer SomaConfig for the tile's geometry and profile with random options and scales (every
+    choice left at None is drawn), derived from a float config by ``soma_int.integer_config``. The wide
+    profile draws among its three normalisers and keeps 8 more output bits (a finer output scale)."""
     from somatile.model import soma, soma_int
 
+    wide = params.profile == "wide"
     gating = gating or str(rng.choice(soma.GATINGS))
     field_source = "values" if gating == "query" else (field_source or str(rng.choice(soma.FIELD_SOURCES)))
     base = soma.SomaConfig(
-        n_heads=1, head_dim=params.head_dim, ring=params.ring, sinks=params.sinks,
+        n_heads=1, head_dim=params.head_dim, ring=params.ring, sinks=params.sinks, profile=params.profile,
         include_self=bool(rng.integers(2)) if include_self is None else include_self,
         field_source=field_source, gating=gating, alpha=float(rng.uniform(0.0, 0.6)),
         recency=float(rng.choice([0.0, 0.1, 0.3])), gamma=float(rng.uniform(0.8, 0.99)),
-        normaliser=normaliser or str(rng.choice(["hccs_int", "exp_int"])),
+        normaliser=normaliser or str(rng.choice(soma.PROFILE_NORMALISERS[params.profile])),
         hccs_mode=str(rng.choice(soma.HCCS_MODES)), hccs_c=float(rng.uniform(2.0, 8.0)),
         logit_scale=float(rng.uniform(0.05, 0.2)))
     scale = float(rng.uniform(1 / 64, 1 / 16))
-    return soma_int.integer_config(base, q_scale=scale, k_scale=scale, v_scale=scale,
-                                   out_scale=float(rng.uniform(1 / 64, 1 / 16)))
+    out_scale = rng.uniform(1 / 512, 1 / 128) if wide else rng.uniform(1 / 64, 1 / 16)
+    return soma_int.integer_config(base, q_scale=scale, k_scale=scale, v_scale=scale, out_scale=float(out_scale))
 
 
 def sequence(rng: np.random.Generator, tokens: int, heads: int, head_dim: int):

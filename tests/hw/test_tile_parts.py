@@ -3,6 +3,7 @@ formula, read at the latency its constant states: the command front end (hw/tile
 registers (hw/tile_heads.py), the response streamer (hw/tile_response.py) and the payload writer
 (hw/tile_payload.py)."""
 
+import dataclasses
 import struct
 
 import numpy as np
@@ -21,6 +22,7 @@ SMALL = TileParams(lanes=8, stream_width=32, local_memory_bytes=8192, heads=4, r
                    n_max=32)
 WIDE = TileParams(lanes=32, stream_width=128, local_memory_bytes=16384, heads=4, ring=12, sinks=0,
                   head_dim=32, n_max=48, hccs_out="int16")
+WIDE_PROFILE = dataclasses.replace(SMALL, profile="wide")
 
 
 def run(dut, bench):
@@ -72,44 +74,10 @@ def test_front_end_flags_each_header_with_the_models_error_and_detail_after_chec
         regmap.pack_command(Opcode.RESET_STATE, head=1, count=3),
         regmap.pack_command(Opcode.CLEAR_ERROR, length=4),
     ]
-    dut = CommandFront(p)
-    SB, HB = p.stream_bytes, regmap.HEADER_BYTES // p.stream_bytes
-    seen = []
-
-    async def bench(ctx):
-        for frame in frames:
-            _, opcode, head, _, _, arg0, _ = struct.unpack_from("<BBBBIII", frame)
-            configured = sum(1 << h for h, state in enumerate(model.heads) if state.configured)
-            try:
-                model.read_register(arg0)
-                reg_ok = 1
-            except tile_model.CommandError:
-                reg_ok = 0
-            params = model.heads[head].values if head < p.heads else [0] * len(HEAD_PARAMS)
-            response = regmap.unpack_response(model.command(frame))
-            ctx.set(dut.restart, 1)
-            await ctx.tick()
-            ctx.set(dut.restart, 0)
-            ctx.set(dut.reg_ok, reg_ok)
-            ctx.set(dut.configured, configured)
-            for beat in beats(frame[:regmap.HEADER_BYTES], SB):
-                ctx.set(dut.beat, 1)
-                ctx.set(dut.data, beat)
-                await ctx.tick()
-            ctx.set(dut.beat, 0)
-            # The head's parameters arrive PARAMS_DELAY cycles after the header (stale values before).
-            ctx.set(dut.head_params, {hp.name: 0 for hp in HEAD_PARAMS})
-            await ctx.tick().repeat(PARAMS_DELAY)
-            ctx.set(dut.head_params, {hp.name: value for hp, value in zip(HEAD_PARAMS, params)})
-            await ctx.tick().repeat(CHECK_SETTLE - PARAMS_DELAY)
-            seen.append((response, opcode, ctx.get(dut.check_error), ctx.get(dut.check_failed),
-                         ctx.get(dut.length.expected), ctx.get(dut.no_payload),
-                         {op: ctx.get(dut.is_op[op.name.lower()]) for op in Opcode}))
-
-    run(dut, bench)
-    assert HB == 4
+    seen = front_end_verdicts(p, model, frames)
+    assert regmap.HEADER_BYTES // p.stream_bytes == 4
     errors = set()
-    for response, opcode, check_error, check_failed, expected, no_payload, is_op in seen:
+    for response, opcode, check_error, check_failed, expected, no_payload, is_op, _ in seen:
         errors.add(response.error)
         assert check_error == response.error and check_failed == (response.error != 0), (opcode, response)
         if response.error == ErrorCode.BAD_LENGTH:
@@ -123,9 +91,95 @@ def test_front_end_flags_each_header_with_the_models_error_and_detail_after_chec
                       ErrorCode.BAD_LENGTH}
 
 
-def test_head_registers_take_a_block_the_model_accepts_and_refuse_the_others_after_config_settle():
-    p = SMALL
+def front_end_verdicts(p, model, frames):
+    """Each frame's header through the front end (the model's register, configuration and head-parameter
+    verdicts on its inputs, at their latencies), beside the model's response: (response, opcode, check_error,
+    check_failed, expected length, no_payload, opcode flags) per frame."""
+    table = regmap.PROFILE_HEAD_PARAMS[p.profile]
+    dut = CommandFront(p)
+    SB = p.stream_bytes
+    seen = []
+
+    async def bench(ctx):
+        for frame in frames:
+            _, opcode, head, _, _, arg0, _ = struct.unpack_from("<BBBBIII", frame)
+            configured = sum(1 << h for h, state in enumerate(model.heads) if state.configured)
+            try:
+                model.read_register(arg0)
+                reg_ok = 1
+            except tile_model.CommandError:
+                reg_ok = 0
+            params = model.heads[head].values if head < p.heads else [0] * len(table)
+            response = regmap.unpack_response(model.command(frame))
+            ctx.set(dut.restart, 1)
+            await ctx.tick()
+            ctx.set(dut.restart, 0)
+            ctx.set(dut.reg_ok, reg_ok)
+            ctx.set(dut.configured, configured)
+            for beat in beats(frame[:regmap.HEADER_BYTES], SB):
+                ctx.set(dut.beat, 1)
+                ctx.set(dut.data, beat)
+                await ctx.tick()
+            ctx.set(dut.beat, 0)
+            # The head's parameters arrive PARAMS_DELAY cycles after the header (stale values before).
+            ctx.set(dut.head_params, {hp.name: 0 for hp in table})
+            await ctx.tick().repeat(PARAMS_DELAY)
+            ctx.set(dut.head_params, {hp.name: value for hp, value in zip(table, params)})
+            await ctx.tick().repeat(CHECK_SETTLE - PARAMS_DELAY)
+            seen.append((response, opcode, ctx.get(dut.check_error), ctx.get(dut.check_failed),
+                         ctx.get(dut.length.expected), ctx.get(dut.no_payload),
+                         {op: ctx.get(dut.is_op[op.name.lower()]) for op in Opcode},
+                         {name: ctx.get(getattr(dut, name)) for name in ("n_pad", "hccs_bytes", "decode_out_bytes",
+                                                                          "decode_out_words")}))
+
+    run(dut, bench)
+    return seen
+
+
+def wide_block(kind="hccs_int", seed=0, **changes) -> list[int]:
+    """A wide profile's head parameter block the model accepts (a random config with normaliser ``kind``), with
+    ``changes`` (register values)."""
+    cfg = run_soma.random_config(np.random.default_rng(seed), WIDE_PROFILE, normaliser=kind)
+    table = regmap.PROFILE_HEAD_PARAMS["wide"]
+    return [changes.get(hp.name, v) for hp, v in zip(table, tile_model.head_values(cfg))]
+
+
+def test_the_wide_front_end_sizes_int16_rows_and_outputs_and_skips_the_paper_hccs_rules():
+    """The wide profile: an HCCS row is padded(2 n) bytes (BAD_LENGTH's detail, the staging limit), the DECODE
+    output 2 D bytes a head, and an HCCS command on any configured head passes (the wide rule is the one its
+    CONFIGURE_HEAD passed, over no row length)."""
+    p = WIDE_PROFILE
     model = tile_model.TileModel(p)
+    for h, values in ((0, wide_block()), (1, wide_block("exp_int", 1)), (2, wide_block("pwl2_int", 2))):
+        assert regmap.unpack_response(model.command(tile_model.configure_frame(h, values))).error == ErrorCode.OK
+    row = regmap.hccs_row_bytes(p, 17)
+    too_many = regmap.staging_bytes(p) // regmap.hccs_row_bytes(p, p.n_max) + 1
+    frames = [
+        regmap.pack_command(Opcode.HCCS, head=0, arg0=3, arg1=17, payload=bytes(3 * row)),
+        regmap.pack_command(Opcode.HCCS, head=1, arg0=1, arg1=1, payload=bytes(16)),
+        regmap.pack_command(Opcode.HCCS, head=2, arg0=2, arg1=p.n_max, payload=bytes(4 * p.n_max)),
+        regmap.pack_command(Opcode.HCCS, head=2, arg0=3, arg1=17, payload=bytes(3 * regmap.padded(17))),
+        regmap.pack_command(Opcode.HCCS, head=0, arg0=too_many, arg1=p.n_max),
+        regmap.pack_command(Opcode.HCCS, head=3, arg0=1, arg1=4, payload=bytes(16)),  # not configured
+        regmap.pack_command(Opcode.DECODE, head=0, count=3, payload=bytes(9 * p.head_dim)),
+        regmap.pack_command(Opcode.DECODE, head=1, count=1, payload=bytes(3 * p.head_dim), length=16),
+    ]
+    seen = front_end_verdicts(p, model, frames)
+    for response, opcode, check_error, check_failed, expected, no_payload, is_op, _ in seen:
+        assert check_error == response.error and check_failed == (response.error != 0), (opcode, response)
+        if response.error == ErrorCode.BAD_LENGTH:
+            assert expected == response.result
+    assert [r.error for r, *_ in seen] == [ErrorCode.OK, ErrorCode.OK, ErrorCode.OK, ErrorCode.BAD_LENGTH,
+                                           ErrorCode.BAD_ARGUMENT, ErrorCode.NOT_CONFIGURED, ErrorCode.OK,
+                                           ErrorCode.BAD_LENGTH]
+    sizes = [entry[-1] for entry in seen]
+    assert [s["hccs_bytes"] for s in sizes[:3]] == [3 * row, 16, 4 * p.n_max]
+    assert [s["n_pad"] for s in sizes[:3]] == [24, 8, p.n_max]
+    assert sizes[6]["decode_out_bytes"] == 3 * regmap.decode_out_bytes(p) == 6 * p.head_dim
+    assert sizes[6]["decode_out_words"] == 6 * p.head_dim // p.word_bytes
+
+
+def test_head_registers_take_a_block_the_model_accepts_and_refuse_the_others_after_config_settle():
     out_shift = HEAD_PARAMS[HEAD_INDEX["out_shift"]]
     gating, source = HEAD_PARAMS[HEAD_INDEX["gating"]], HEAD_PARAMS[HEAD_INDEX["field_source"]]
     blocks = [(0, block_values()), (1, block_values(seed=1, out_shift=out_shift.hi + 1)),
@@ -133,6 +187,29 @@ def test_head_registers_take_a_block_the_model_accepts_and_refuse_the_others_aft
                                field_source=1 - source.choices.index("values"))),
               (2, block_values(hccs_B=40, hccs_S=4, hccs_dmax=12)), (2, block_values("exp_int", seed=3)),
               (3, block_values(seed=4, out_shift=out_shift.hi))]
+    check_head_registers(SMALL, blocks, [ErrorCode.OK, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_ARGUMENT,
+                                         ErrorCode.BAD_ARGUMENT, ErrorCode.OK, ErrorCode.OK])
+
+
+def test_wide_head_registers_take_the_wide_table_and_its_hccs_rule():
+    """The wide table's ranges (recency to 32767, B to 32768, S and dmax 16 bit, pwl2_int) and the wide HCCS
+    rule (B >= 1, B - ((S dmax) >> 8) >= 0; pwl2 and exp take B = 0), as the model decides."""
+    blocks = [(0, wide_block()), (1, wide_block("pwl2_int", 1, recency_int=32767)),
+              (1, wide_block(seed=2, recency_int=32768)), (2, wide_block(seed=3, hccs_B=0)),
+              (2, wide_block(seed=4, hccs_B=254, hccs_S=65535, hccs_dmax=1)),
+              (2, wide_block(seed=5, hccs_B=255, hccs_S=65535, hccs_dmax=1)),
+              (3, wide_block("exp_int", 6, hccs_B=0, hccs_S=65535, hccs_dmax=65535)),
+              (3, wide_block(seed=7, hccs_B=32769)), (3, wide_block(seed=8, normaliser=3))]
+    check_head_registers(WIDE_PROFILE, blocks, [ErrorCode.OK, ErrorCode.OK, ErrorCode.BAD_ARGUMENT,
+                                                ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_ARGUMENT, ErrorCode.OK,
+                                                ErrorCode.OK, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_ARGUMENT])
+
+
+def check_head_registers(p, blocks, verdicts_wanted):
+    """Each (head, block) through the head registers beside the model (its verdicts ``verdicts_wanted``), then
+    every head's selected and next parameters."""
+    HEAD_PARAMS = regmap.PROFILE_HEAD_PARAMS[p.profile]
+    model = tile_model.TileModel(p)
     dut = HeadRegisters(p)
     SB = p.stream_bytes
     results = []
@@ -182,8 +259,7 @@ def test_head_registers_take_a_block_the_model_accepts_and_refuse_the_others_aft
         verdicts.append(verdict)
         assert ok == (verdict == ErrorCode.OK)
         assert regs_match and configured_match
-    assert verdicts == [ErrorCode.OK, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_ARGUMENT,
-                        ErrorCode.OK, ErrorCode.OK]
+    assert verdicts == verdicts_wanted
     for head, selected, mode, cur_params in results[len(blocks):len(blocks) + p.heads]:
         assert selected == cur_params == model.heads[head].values
         assert mode == model.heads[head].values[HEAD_INDEX["hccs_mode"]]
