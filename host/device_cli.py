@@ -38,10 +38,10 @@ def demo(tokens: int = 64, seed: int = 1) -> int:
 
 
 def demo_wide(tokens: int = 32, seed: int = 1) -> int:
-    """The `make demo` step of the wide profile: the demo tensors through emu:// and metal://?emulate=1 (the
-    Metal kernels on the CPU emulator), compared bit for bit with the wide spec. The tile RTL does not
-    implement the wide profile yet, so sim:// is not among them."""
-    return run(argparse.Namespace(action="agree", urls=[f"emu://?{DEMO_WIDE_QUERY}",
+    """The `make demo` step of the wide profile: the demo tensors through emu://, sim:// (the wide tile RTL
+    behind the firmware) and metal://?emulate=1 (the Metal kernels on the CPU emulator), compared bit for bit
+    with the wide spec."""
+    return run(argparse.Namespace(action="agree", urls=[f"emu://?{DEMO_WIDE_QUERY}", f"sim://?{DEMO_WIDE_QUERY}",
                                                         f"metal://?emulate=1&{DEMO_WIDE_QUERY}"],
                                   tokens=tokens, seed=seed))
 

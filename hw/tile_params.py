@@ -33,7 +33,7 @@ TILE_PROFILES = ("paper", "wide")
 (int8 logits, uint8 probabilities, int8 output) and "wide" (int16 logits, Q15 probabilities, int16 output).
 A board states its profile (boards/*.yaml ``profile``); the device API refuses parameters of any other, and a
 backend that does not implement a profile refuses to build it (:data:`RTL_PROFILES`)."""
-RTL_PROFILES = ("paper",)
+RTL_PROFILES = ("paper", "wide")
 """The profiles the tile RTL (hw/tile.py) elaborates; emu:// and the firmware carry every profile."""
 
 DEVICE_REPORTS = ("field", "extra", "total", "")

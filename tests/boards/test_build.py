@@ -86,7 +86,7 @@ def test_all_builds_the_array_a_lone_tile_the_hccs_unit_the_soc_and_a_lane_sweep
         (16, "paper", "hccs"), (8, "wide", "hccs")]
     assert [top for _, top in build.standard_builds(boards.load("sim"))] == ["array", "hccs"]
     assert [top for _, top in build.standard_builds(boards.load("icebreaker"))] == ["array", "hccs"]
-    assert [top for _, top in build.standard_builds(boards.load("sim_wide"))] == ["hccs"]
+    assert [top for _, top in build.standard_builds(boards.load("sim_wide"))] == ["array", "hccs"]
 
 
 def test_bad_override_exits_with_a_message(tmp_path, capsys):
@@ -214,11 +214,21 @@ def test_parameters_a_unit_refuses_are_reported_with_the_board(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("top", ["array", "tile", "soc"])
-def test_a_profile_without_tile_rtl_is_refused_at_build_time_naming_the_key(tmp_path, capsys, top):
+def test_a_profile_without_tile_rtl_is_refused_at_build_time_naming_the_key(tmp_path, capsys, monkeypatch, top):
+    # Every profile has tile RTL now: a build that lacked the wide one stands for a profile still without it.
+    monkeypatch.setattr(build, "RTL_PROFILES", ("paper",))
     assert cli(["build", "--board", "sim_wide", "--top", top, "--no-pnr", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert "board sim_wide" in err and "key 'profile': 'wide' has no tile RTL yet" in err
     assert len(err.splitlines()) == 1
+    assert [t for _, t in build.standard_builds(boards.load("sim_wide"))] == ["hccs"]  # its row unit only
+
+
+@pytest.mark.parametrize("top", ["array", "tile", "soc"])
+def test_a_wide_boards_tile_array_and_soc_elaborate(top):
+    cfg = boards.load("sim_wide")
+    unit = build.make_unit(cfg, top)
+    assert Fragment.get(unit, None) is not None
 
 
 def test_the_hccs_top_of_a_wide_board_is_the_wide_row_unit(tmp_path):

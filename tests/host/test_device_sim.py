@@ -41,3 +41,15 @@ def test_sim_agrees_with_emu_and_moves_state_and_errors_through_the_firmware(rng
         assert not np.any(dev.read_state()["ring_k"])
         again = stream_device(dev, tokens=24, seed=5)  # the device still works after the fault
         assert np.array_equal(again["decode"], emu["decode"])
+
+
+def test_the_wide_tile_rtl_behind_the_firmware_agrees_with_emu():
+    """sim:// of the wide profile (the demo's small tile of boards/sim_wide.yaml): the int16 decode outputs, the
+    final state and the HCCS command's Q15 rows (the demo head's pwl2) equal emu://'s and the model's."""
+    from somatile.host.device_cli import DEMO_WIDE_QUERY, agree
+
+    result = agree([f"emu://?{DEMO_WIDE_QUERY}", f"sim://?{DEMO_WIDE_QUERY}"], tokens=24, seed=3)
+    assert result["agree"], result["mismatches"]
+    emu, sim = result["runs"]
+    assert sim["info"].profile == "wide" and sim["decode"].dtype == np.int16
+    assert len(np.unique(sim["decode"])) > 20 and sim["hccs"].dtype == np.uint16
