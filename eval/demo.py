@@ -11,8 +11,7 @@
 5. The same tensors streamed through `emu://` (golden model) and `sim://` (the tile RTL behind the firmware),
    compared bit for bit.
 6. The same for the wide integer profile (int16 logits, Q15 probabilities, int16 output; pwl2 near field)
-   through `emu://` and `metal://?emulate=1` (the Metal kernels on the CPU emulator): the tile RTL does not
-   implement that profile yet.
+   through `emu://`, `sim://` and `metal://?emulate=1` (the Metal kernels on the CPU emulator).
 
 Every step prints what it did; the exit code is non-zero when any step fails (a mismatch included).
 """
@@ -140,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     attempt(3, "Soma streaming attention: memory, O(1) decode, numba = spec", step_soma)
     attempt(4, "RTL for the default board", step_board, out)
     attempt(5, "Tensors streamed through emu:// and sim:// (tile RTL behind the firmware)", step_stream)
-    attempt(6, "The wide integer profile through emu:// and metal://?emulate=1 (no RTL for it yet)",
+    attempt(6, "The wide integer profile through emu://, sim:// (its tile RTL) and metal://?emulate=1",
             step_stream_wide)
 
     print(f"\n=== demo finished in {time.perf_counter() - started:.0f} s; outputs under {out}/")

@@ -234,7 +234,7 @@ PROFILE_HEAD_PARAMS: dict[str, tuple[HeadParam, ...]] = {profile: _head_params(p
 + 4*i). Every profile has the same registers in the same order; ranges and choices differ."""
 
 HEAD_PARAMS: tuple[HeadParam, ...] = PROFILE_HEAD_PARAMS["paper"]
-"""The paper profile's head parameter registers: those the tile RTL implements (``RTL_PROFILES``)."""
+"""The paper profile's head parameter registers (``PROFILE_HEAD_PARAMS`` has each profile's)."""
 
 HEAD_INDEX = {p.name: i for i, p in enumerate(HEAD_PARAMS)}
 assert all([p.name for p in table] == list(HEAD_INDEX) for table in PROFILE_HEAD_PARAMS.values())

@@ -94,7 +94,7 @@ def head_params_layout(profile: str) -> data.StructLayout:
 
 
 HEAD_PARAMS_LAYOUT = head_params_layout("paper")
-"""The paper profile's head parameter port: the tile's (``RTL_PROFILES``)."""
+"""The paper profile's head parameter port (a tile of the wide profile uses ``head_params_layout("wide")``)."""
 
 
 def element_bits(params: TileParams) -> int:

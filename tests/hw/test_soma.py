@@ -1,8 +1,8 @@
 """The Soma decode unit in the tile RTL (Verilator through cocotb): long token sequences bit-exact against
 the integer model (sim/tb_soma.py checks every output element against ``soma.prefill``), and O(1) decode:
 cycles per token at sequence position 128 and at 65,536 (state loaded through LOAD_STATE) identical and equal
-to ``expected_decode_cycles``. The wide profile's decode unit, which no tile carries yet, runs in Amaranth's
-simulator on a Python model of the local memory, bit-exact against ``soma.decode_step``."""
+to ``expected_decode_cycles``. The wide profile's decode unit also runs in Amaranth's simulator on a Python
+model of the local memory, bit-exact against ``soma.decode_step`` (the wide tile: tests/hw/test_tile.py)."""
 
 import dataclasses
 
