@@ -1,7 +1,7 @@
 """``somatile sim soma``: a seeded decode sequence through the tile RTL in Verilator, checked bit-exact
 against the integer Soma model; reports mismatches, cycles per token and state bytes.
 
-    somatile sim soma --tokens 1000 [--heads 2] [--ring 16] [--board sim] [--waves]
+    somatile sim soma --tokens 1000 [--heads 2] [--ring 16] [--board sim] [--profile paper|wide] [--waves]
 
 Exit code 0 only when every output element matches the model and the measured cycles per token equal
 ``expected_decode_cycles``. The helpers :func:`random_config` and :func:`sequence` are shared with the tests
@@ -70,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, default=None, help="heads of the tile (default: the board's)")
     parser.add_argument("--ring", type=int, default=None, help="ring slots per head (default: the board's)")
     parser.add_argument("--board", default="sim", help="board whose tile parameters to use (default: sim)")
+    parser.add_argument("--profile", choices=("paper", "wide"), default=None,
+                        help="integer profile of the tile (docs/numerics.md; default: the board's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sequence and the head options")
     parser.add_argument("--waves", action="store_true", help="write a waveform file and print its path")
 
@@ -82,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tokens < 1:
         raise SystemExit(f"somatile sim soma: --tokens must be >= 1, got {args.tokens}")
-    overrides = {k: v for k, v in (("heads", args.heads), ("ring", args.ring)) if v is not None}
+    overrides = {k: v for k, v in (("heads", args.heads), ("ring", args.ring), ("profile", args.profile))
+                 if v is not None}
     try:
         params = dataclasses.replace(TileParams.from_board(boards.load(args.board)), **overrides)
         regmap.check_fits(params)

@@ -5,7 +5,8 @@ initial state), not against the tile model, so that the tile's command layer is 
 Inputs (:func:`job`): q, k, v int8 (T, H, D); per head a parameter block (HEAD_PARAMS order) and an
 initial state (state bytes; all zero = fresh); ``measure``: token indices after which CYCLES_LAST is read
 (those tokens run without idle cycles or backpressure, so the count is the ideal one). Outputs: ``out``
-int8 (T, H, D) from the RTL, ``cycles`` (one per measured token), ``mismatches``.
+(T, H, D) from the RTL, int8 or, for a tile of the wide profile, int16; ``cycles`` (one per measured token),
+``mismatches``.
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ def job(params: TileParams, q, k, v, head_values, initial_states=None, *, measur
             "config": np.array(json.dumps({"params": dataclasses.asdict(params), "traffic": traffic}))}
 
 
+def output_dtype(params: TileParams) -> np.dtype:
+    """The DECODE output element of the tile's profile (little-endian on the wire)."""
+    return np.dtype("<i2" if params.profile == "wide" else np.int8)
+
+
 def reference(params: TileParams, q, k, v, head_values, states) -> np.ndarray:
     """The model's output for every head: ``soma.prefill`` of (T, 1, D) slices from the head's state."""
     from somatile.model import soma
 
-    out = np.empty(q.shape, np.int8)
+    out = np.empty(q.shape, output_dtype(params))
     for h in range(q.shape[1]):
         cfg = tile_model.head_config(params, head_values[h])
         arrays = tile_model.state_to_arrays(params, bytes(states[h]), cfg.gated)
@@ -69,14 +75,14 @@ async def decode_sequence(dut):
         await ok(tile_model.configure_frame(h, [int(x) for x in inputs["head_values"][h]]))
         if inputs["states"][h].any():
             await ok(regmap.pack_command(regmap.Opcode.LOAD_STATE, h, payload=inputs["states"][h].tobytes()))
-    got = np.empty_like(q)
+    got = np.empty(q.shape, output_dtype(params))
     cycles = []
     cycles_frame = tile_model.reg_read_frame("CYCLES_LAST")
     for t in range(T):
         if t in measure:
             tb.set_traffic("full", 0)
         response = await ok(tile_model.decode_frame(0, q[t], k[t], v[t]))
-        got[t] = np.frombuffer(response.payload, np.int8).reshape(H, D)
+        got[t] = np.frombuffer(response.payload, output_dtype(params))[:H * D].reshape(H, D)
         if t in measure:
             cycles.append((await ok(cycles_frame)).result)
             tb.set_traffic(config["traffic"], int(inputs["seed"]) + t)

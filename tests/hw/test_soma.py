@@ -6,6 +6,8 @@ model of the local memory, bit-exact against ``soma.decode_step`` (the wide tile
 
 import dataclasses
 
+import re
+
 import numpy as np
 import pytest
 
@@ -182,3 +184,15 @@ def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(rng):
             all_out.append(want[0])
     assert [c for _, c in cycles] == [expected_cycles(params, configs[h].normaliser) for h, _ in cycles]
     assert len(np.unique(all_out)) > 20
+
+
+def test_sim_command_runs_a_decode_sequence_in_either_profile(capsys):
+    """`somatile sim soma --profile NAME`: the tile RTL in Verilator against the integer model of that profile."""
+    from somatile.host.cli import main
+
+    for profile in ("paper", "wide"):
+        assert main(["sim", "soma", "--tokens", "40", "--heads", "2", "--ring", "8", "--profile", profile]) == 0
+        out = capsys.readouterr().out
+        assert f"profile='{profile}'" in out and "tokens 40 x heads 2: mismatches 0" in out
+        measured, expected = re.search(r"measured (\d+), expected (\d+)", out).groups()
+        assert measured == expected
