@@ -5,7 +5,6 @@ to ``expected_decode_cycles``. The wide profile's decode unit also runs in Amara
 model of the local memory, bit-exact against ``soma.decode_step`` (the wide tile: tests/hw/test_tile.py)."""
 
 import dataclasses
-
 import re
 
 import numpy as np
