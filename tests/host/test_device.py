@@ -261,3 +261,23 @@ def test_configure_refuses_parameters_whose_fallback_heads_run_the_ai_engines_ex
         with pytest.raises(ValueError, match=r"key 'fallback_exp': 'aie4ml' for fallback heads \[1\]"):
             dev.configure(params)
         dev.configure(dataclasses.replace(params, fallback_exp="somatile"))  # the tile's own exp: accepted
+
+
+def test_a_wide_tile_takes_calibrated_wide_parameters_from_their_yaml(tmp_path):
+    """`somatile calibrate --profile wide` output (HccsParams, pwl2, fallback heads on the exp) configures a
+    wide tile: its HCCS command then gives the wide spec of each head's normaliser and parameters."""
+    from somatile.model import wide
+    from somatile.model.calibrate import calibrate_wide_params
+
+    rng = np.random.default_rng(3)
+    cols = RING + SINKS
+    params = calibrate_wide_params(rng.normal(0, 2, (HEADS, 40, cols)), normaliser="pwl2")
+    params.to_yaml(tmp_path / "wide.yaml")
+    x = rng.integers(-3000, 3000, (6, cols)).astype(np.int16)
+    with somatile.host.open("emu://?board=sim_wide") as dev:
+        dev.configure(str(tmp_path / "wide.yaml"))
+        for head in range(HEADS):
+            name = "exp" if params.fallback[head] else "pwl2"
+            want = wide.wide_softmax(x, name, int(params.B[head]), int(params.S[head]), int(params.dmax[head]),
+                                     impl="numpy")
+            assert np.array_equal(dev.hccs(x, head=head), want), head
