@@ -53,3 +53,37 @@ def test_the_wide_tile_rtl_behind_the_firmware_agrees_with_emu():
     emu, sim = result["runs"]
     assert sim["info"].profile == "wide" and sim["decode"].dtype == np.int16
     assert len(np.unique(sim["decode"])) > 20 and sim["hccs"].dtype == np.uint16
+
+
+def test_the_wide_tile_rtl_normalises_minilm_logits_with_their_calibration_like_the_spec():
+    """MiniLM's own attention logits (layer 1, sentences of up to 32 tokens) as int16 rows through the wide
+    tile's HCCS command behind the firmware, each head configured with pwl2 parameters calibrated on other
+    sentences (fallback heads on the exp): equal to the wide spec and to emu://."""
+    from somatile.eval import text
+    from somatile.eval.minilm import collect_minilm_logits
+    from somatile.host.device_cli import DEMO_WIDE_QUERY
+    from somatile.model import wide
+    from somatile.model.calibrate import calibrate_wide_params
+    from somatile.model.minilm import MiniLM
+
+    cols = 32  # the demo tile's n_max
+    model = MiniLM.load()
+    pool = [s for s in text.sentences(text.load_text(), None) if len(model.encode(s)) <= cols]
+    calib, calib_mask = collect_minilm_logits(model, pool[:12], cols)[1]
+    logits, mask = collect_minilm_logits(model, pool[12:16], cols)[1]
+    heads = [0, 5]  # one broad and one sharp head of layer 1 onto the tile's two heads
+    params = calibrate_wide_params(calib[heads], calib_mask[heads], normaliser="pwl2")
+    x = wide.logits_from_float(logits[heads], mask[heads])
+    with somatile.host.open(f"sim://?{DEMO_WIDE_QUERY}") as sim, \
+            somatile.host.open(f"emu://?{DEMO_WIDE_QUERY}") as emu:
+        for dev in (sim, emu):
+            dev.configure(params)
+        valid = mask[heads[0]].sum(axis=1)  # a sentence's rows: its tokens, then padding
+        for h in range(2):
+            name = "exp" if params.fallback[h] else "pwl2"
+            for n in np.unique(valid):  # the HCCS command takes whole rows (no mask): a sentence at a time
+                rows = np.ascontiguousarray(x[h][valid == n, :n])
+                want = wide.wide_softmax(rows, name, int(params.B[h]), int(params.S[h]), int(params.dmax[h]),
+                                         impl="numpy")
+                assert np.array_equal(sim.hccs(rows, head=h), want), (h, n)
+                assert np.array_equal(emu.hccs(rows, head=h), want), (h, n)
