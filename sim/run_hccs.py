@@ -54,6 +54,31 @@ class HCCSRun:
         return not self.mismatches and not self.framing_errors
 
 
+def check_rows(config, x: np.ndarray, heads: np.ndarray) -> None:
+    """ValueError unless rows ``x`` (R, N) with head ids ``heads`` fit the row unit's ``config``."""
+    if np.asarray(heads).max(initial=0) >= config.heads:
+        raise ValueError(f"heads: rows name head {int(np.max(heads))} but the unit has {config.heads} heads")
+    if x.shape[-1] > config.n_max:
+        raise ValueError(f"x: rows of {x.shape[-1]} elements exceed the unit's n_max = {config.n_max}")
+
+
+def run_rows(unit_class, config, toplevel: str, test_module: str, testcase: str, job: dict, expected: np.ndarray,
+             waves: bool, simulator: str | None) -> HCCSRun:
+    """Run a rows job through ``unit_class(**config)`` in the cocotb test ``testcase`` and compare its rows with
+    ``expected`` (the model's): the shared end of :func:`simulate` and :func:`simulate_wide`."""
+    from somatile.sim import runner
+    from somatile.sim.tb_hccs import mismatches
+
+    started = time.perf_counter()
+    result = runner.build_and_test(unit_class, dataclasses.asdict(config), toplevel, test_module, testcase,
+                                   inputs=job, waves=waves, simulator=simulator)
+    wall = time.perf_counter() - started
+    out = result.outputs["out"]
+    status = dict(zip(("overflow", "framing", "bad_head"), result.outputs["status"].tolist()))
+    return HCCSRun(out, expected, mismatches(job, out, expected), list(result.outputs["framing_errors"]),
+                   status, int(result.outputs["cycles"]), wall, float(result.outputs["loop_seconds"]), result.waves)
+
+
 def simulate(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=None, unit: dict,
              idle: float = 0.0, backpressure: float = 0.0, seed: int = 0, strict: bool = False,
              waves: bool = False, allow_zero_floor: bool = False, simulator: str | None = None) -> HCCSRun:
@@ -65,27 +90,14 @@ def simulate(x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=
     output beat taken; with ``idle = backpressure = 0`` it is comparable to ``expected_cycles``.
     """
     from somatile.hw.hccs import HCCS, HCCSConfig
-    from somatile.sim import runner
     from somatile.sim.tb_hccs import golden, make_job
-    from somatile.sim.tb_hccs import mismatches as find_mismatches
 
     config = HCCSConfig(**unit)
-    if np.asarray(heads).max(initial=0) >= config.heads:
-        raise ValueError(f"heads: rows name head {int(np.max(heads))} but the unit has {config.heads} heads")
-    if x.shape[-1] > config.n_max:
-        raise ValueError(f"x: rows of {x.shape[-1]} elements exceed the unit's n_max = {config.n_max}")
+    check_rows(config, x, heads)
     job = make_job(x, heads, B, S, dmax, modes=modes, outs=outs, mask=mask, lanes=config.lanes,
                    head_bits=config.head_bits, out_bits=config.out_bits, idle=idle, backpressure=backpressure,
                    seed=seed, strict=strict, allow_zero_floor=allow_zero_floor)
-    expected = golden(job)
-    started = time.perf_counter()
-    result = runner.build_and_test(HCCS, dataclasses.asdict(config), TOPLEVEL, TEST_MODULE, "hccs_rows",
-                                   inputs=job, waves=waves, simulator=simulator)
-    wall = time.perf_counter() - started
-    out = result.outputs["out"]
-    status = dict(zip(("overflow", "framing", "bad_head"), result.outputs["status"].tolist()))
-    return HCCSRun(out, expected, find_mismatches(job, out, expected), list(result.outputs["framing_errors"]),
-                   status, int(result.outputs["cycles"]), wall, float(result.outputs["loop_seconds"]), result.waves)
+    return run_rows(HCCS, config, TOPLEVEL, TEST_MODULE, "hccs_rows", job, golden(job), waves, simulator)
 
 
 def simulate_wide(x: np.ndarray, heads: np.ndarray, normalisers, B, S, dmax, *, mask=None, unit: dict,
@@ -95,28 +107,16 @@ def simulate_wide(x: np.ndarray, heads: np.ndarray, normalisers, B, S, dmax, *, 
     (R, N), per head a normaliser ("exp", "hccs", "pwl2") and B, S, dmax (``somatile.model.wide``)."""
     from somatile.hw.wide import WideConfig, WideNormaliser
     from somatile.model import wide
-    from somatile.sim import runner
-    from somatile.sim.tb_hccs import mismatches as find_mismatches
     from somatile.sim.tb_wide import golden, make_job
 
     config = WideConfig(**unit)
-    if np.asarray(heads).max(initial=0) >= config.heads:
-        raise ValueError(f"heads: rows name head {int(np.max(heads))} but the unit has {config.heads} heads")
-    if x.shape[-1] > config.n_max:
-        raise ValueError(f"x: rows of {x.shape[-1]} elements exceed the unit's n_max = {config.n_max}")
+    check_rows(config, x, heads)
     for h, name in enumerate(normalisers):
         wide.check_params(name, B[h], S[h], dmax[h], 1)
     job = make_job(x, heads, normalisers, B, S, dmax, mask=mask, lanes=config.lanes, head_bits=config.head_bits,
                    idle=idle, backpressure=backpressure, seed=seed, strict=strict)
-    expected = golden(job)
-    started = time.perf_counter()
-    result = runner.build_and_test(WideNormaliser, dataclasses.asdict(config), WIDE_TOPLEVEL, WIDE_TEST_MODULE,
-                                   "wide_rows", inputs=job, waves=waves, simulator=simulator)
-    wall = time.perf_counter() - started
-    out = result.outputs["out"]
-    status = dict(zip(("overflow", "framing", "bad_head"), result.outputs["status"].tolist()))
-    return HCCSRun(out, expected, find_mismatches(job, out, expected), list(result.outputs["framing_errors"]),
-                   status, int(result.outputs["cycles"]), wall, float(result.outputs["loop_seconds"]), result.waves)
+    return run_rows(WideNormaliser, config, WIDE_TOPLEVEL, WIDE_TEST_MODULE, "wide_rows", job, golden(job), waves,
+                    simulator)
 
 
 def load_vectors(path: str | Path, profile: str = "paper") -> dict[str, np.ndarray]:
