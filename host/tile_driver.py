@@ -78,11 +78,13 @@ class TileDevice(Device):
         self.heads = info["heads"] * info["n_tiles"]
         self.tile_heads = info["heads"]
         self.head_dim = info["head_dim"]
-        self.profile = TILE_PARAMS["profile"].value_of(info["profile"])
+        fields = {f.name: TILE_PARAMS[f.name].value_of(info[f.name]) for f in dataclasses.fields(regmap.TileParams)}
+        self._params = regmap.TileParams(**fields)
+        self.profile = self._params.profile
         self._head_params = regmap.PROFILE_HEAD_PARAMS[self.profile]
         self._values = [[p.default for p in self._head_params] for _ in range(self.heads)]
         self._configured: list[bool] = [False] * self.heads
-        self._hccs_dtype = regmap.hccs_out_dtype(self.tile_params())
+        self._hccs_dtype = regmap.hccs_out_dtype(self._params)
         self._out_dtype = np.dtype("<i2" if self.profile == "wide" else np.int8)
 
     def info(self) -> DeviceInfo:
@@ -382,5 +384,4 @@ class TileDevice(Device):
 
     def tile_params(self) -> regmap.TileParams:
         """The tile parameters the device reported at HELLO."""
-        fields = {f.name: TILE_PARAMS[f.name].value_of(self._info[f.name]) for f in dataclasses.fields(regmap.TileParams)}
-        return regmap.TileParams(**fields)
+        return self._params
