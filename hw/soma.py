@@ -1247,8 +1247,6 @@ class SomaDecode(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         p = self.params
-        D, L, W = p.head_dim, p.mac_lanes, p.word_bytes
-        chunks, slots, sinks = D // L, p.slots, p.sinks
 
         # The head's parameters and the base addresses, sampled at start.
         paper = p.profile == "paper"
@@ -1259,7 +1257,7 @@ class SomaDecode(wiring.Component):
         # In the paper profile an integer-exp head's row goes to the RowNormaliser (the wide one has none).
         use_exp = head_choice(par, "normaliser", "exp_int")
         if paper:
-            m.d.comb += [self.norm.count.eq(slots), self.norm.use_exp.eq(use_exp),
+            m.d.comb += [self.norm.count.eq(p.slots), self.norm.use_exp.eq(use_exp),
                          self.norm.clb.eq(par["hccs_mode"] == 1), self.norm.out16.eq(0),
                          self.norm.B.eq(par["hccs_B"]), self.norm.S.eq(par["hccs_S"]),
                          self.norm.dmax.eq(par["hccs_dmax"]), self.norm.exp_mult.eq(par["exp_mult"])]
@@ -1271,52 +1269,40 @@ class SomaDecode(wiring.Component):
         m.d.sync += [self.rd_addr.eq(rd_addr_next)]
 
         # q, k, v, the field, the gate field and the output: LUT RAMs of memory-word rows (ElementRam).
-        q, k, v, fld, gate_fld, out = (ElementRam(m, name, bits, D, 8 * W) for name, bits in (
-            ("q_ram", 8), ("k_ram", 8), ("v_ram", 8), ("fld_ram", 16), ("gate_fld_ram", 16),
-            ("out_ram", element_bits(p))))
+        rams = SimpleNamespace(**{name: ElementRam(m, f"{name}_ram", bits, p.head_dim, 8 * p.word_bytes)
+                                  for name, bits in (("q", 8), ("k", 8), ("v", 8), ("fld", 16), ("gate_fld", 16),
+                                                     ("out", element_bits(p)))})
 
         # LOAD, WRITE and STORE: the memory's words into and out of the register files and the counters.
         m.submodules.mover = mover = StateMover(p, self.mem_words)
         m.d.comb += [mover.state_base.eq(state_base), mover.stage_base.eq(self.stage_base),
                      mover.out_base.eq(out_base), mover.rd_word.eq(rd_word), rd_addr_next.eq(mover.rd_addr)]
         m.d.sync += [self.wr_addr.eq(mover.wr_addr), self.wr_data.eq(mover.wr_data), self.wr_en.eq(mover.wr_en)]
-        for ram, port in ((k, mover.k), (v, mover.v), (fld, mover.field), (gate_fld, mover.gate_field),
-                          (out, mover.out)):
+        for ram, port in ((rams.k, mover.k), (rams.v, mover.v), (rams.fld, mover.field),
+                          (rams.gate_fld, mover.gate_field), (rams.out, mover.out)):
             ram.serve(port)
 
-        # Slot n's chunk c of K or V: word row_addr(n) + (c * L) // W, lane group (c * L % W) // L. Slots are
-        # issued in order (sinks, then the ring), so the row address advances in a register (by `words`, or to
-        # the ring's first row after the last sink) instead of being computed from n; W / L is a power of two.
-        row_addr = Signal(range(self.mem_words), name="row_addr")
+        issue = _Issue(m, p, self.mem_words, mover.rows)
+        stages = self._stages(m, par, rams, mover, issue, rd_word, use_exp)
 
-        def begin_rows(region: str):
-            m.d.sync += row_addr.eq(mover.rows[("sink_" if sinks else "ring_") + region])
+        # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
+        with m.If(self.start):
+            m.d.sync += self.busy.eq(1)
+        with m.If(self.done):
+            m.d.sync += self.busy.eq(0)
+        self._sequence(m, par, mover, issue, stages, rd_addr_next, use_exp)
+        return m
 
-        def next_row(region: str):
-            following = Mux(sink_last, mover.rows["ring_" + region], row_addr + D // W) if sinks else row_addr + D // W
-            m.d.sync += row_addr.eq(following)
-
-        # An issue counter over (slot n, chunk c) or (element); tags (valid, last, n, c) travel down a
-        # delay line so that every pipeline stage knows which item it holds.
-        n_issue = Signal(issue_shape(p))
-        sink_last = Signal()  # n_issue == sinks - 1, set with n_issue (it steers the row address)
-        c_issue = Signal(range(chunks + 1))
-        issuing, last_issue, phase = Signal(), Signal(), Signal(2)
-        max_depth = max(ScoreStage.depth(p), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
-        tags = TagLine(m, issuing, last_issue, phase, [n_issue, c_issue], max_depth, "tag")
-
-        def item(stage: int, code: int):
-            """The tags (item_layout) of the item of phase ``code`` issued ``stage`` cycles ago."""
-            return Cat(*tags.at(stage, code))
-
-        def begin_issue(code):
-            m.d.sync += [n_issue.eq(0), issuing.eq(1), phase.eq(code), sink_last.eq(sinks == 1)]
-
+    def _stages(self, m, par, rams, mover, issue, rd_word, use_exp) -> SimpleNamespace:
+        """The datapath stages, each fed the tags of the item it holds (``issue.item``) and served by the
+        register files; their FINAL element writes and LOAD's word writes into the register files."""
+        p, item = self.params, issue.item
+        paper = p.profile == "paper"
         m.submodules.scores = scores = ScoreStage(p)
         m.d.comb += [scores.head.eq(par), scores.counters.eq(mover.counters), scores.k_word.eq(rd_word),
                      scores.read_item.eq(item(READ_LATENCY, PHASE_SCORES)),
                      scores.accumulate_item.eq(item(ScoreStage.accumulate_stage(p), PHASE_SCORES))]
-        q.serve(scores.q)
+        rams.q.serve(scores.q)
         row = scores.row
         if paper:
             m.d.comb += [self.norm.row_index.eq(row.index), self.norm.row_valid.eq(row.valid),
@@ -1330,14 +1316,13 @@ class SomaDecode(wiring.Component):
         m.submodules.gate = gate = GateStage(p)
         m.d.comb += [gate.head.eq(par), gate.accumulate_item.eq(item(2, PHASE_GATE)),
                      gate.done_item.eq(item(GATE_DEPTH, PHASE_GATE))]
-        q.serve(gate.q)
-        gate_fld.serve(gate.gate_field)
-        norm_busy = Signal()
+        rams.q.serve(gate.q)
+        rams.gate_fld.serve(gate.gate_field)
         norm_done = Mux(use_exp, self.norm.done, near_field.done) if paper else near_field.done
 
-        # WEIGHTED SUM over slots for chunk c (c_issue holds the chunk); then FINAL over its L elements.
+        # WEIGHTED SUM over slots for chunk c (issue.c holds the chunk); then FINAL over its L elements.
         m.submodules.weighted = weighted = WeightedStage(p)
-        m.d.comb += [weighted.head.eq(par), weighted.n_issue.eq(n_issue), weighted.c_issue.eq(c_issue),
+        m.d.comb += [weighted.head.eq(par), weighted.n_issue.eq(issue.n), weighted.c_issue.eq(issue.c),
                      weighted.prob_address_item.eq(item(READ_LATENCY - 2, PHASE_WEIGHTED)),
                      weighted.prob_item.eq(item(READ_LATENCY - 1, PHASE_WEIGHTED)),
                      weighted.accumulate_item.eq(item(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)),
@@ -1349,7 +1334,8 @@ class SomaDecode(wiring.Component):
         m.d.comb += [output.head.eq(par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
                      output.write_item.eq(item(FINAL_DEPTH - 1, PHASE_FINAL)),
                      output.element_item.eq(item(FINAL_DEPTH, PHASE_FINAL))]
-        for ram, port in ((fld, output.field), (gate_fld, output.gate_field), (k, output.k), (v, output.v)):
+        for ram, port in ((rams.fld, output.field), (rams.gate_fld, output.gate_field), (rams.k, output.k),
+                          (rams.v, output.v)):
             ram.serve(port)
         m.submodules.field_update = field_update = FieldUpdate(p)
         m.d.comb += [field_update.head.eq(par), field_update.f_old.eq(output.f_old),
@@ -1359,40 +1345,37 @@ class SomaDecode(wiring.Component):
                      field_update.element_item.eq(item(FIELD_DEPTH, PHASE_FINAL))]
         # FINAL's element writes follow LOAD's word writes, so they take a register file's write port when both
         # ask (the phases never overlap).
-        for ram, write in ((q, mover.q_load), (k, mover.k_load), (v, mover.v_load), (fld, mover.field_load),
-                           (gate_fld, mover.gate_field_load)):
+        for ram, write in ((rams.q, mover.q_load), (rams.k, mover.k_load), (rams.v, mover.v_load),
+                           (rams.fld, mover.field_load), (rams.gate_fld, mover.gate_field_load)):
             with m.If(write.en):
                 ram.write_word(write.addr, write.data)
-        for ram, write in ((fld, field_update.field_write), (gate_fld, field_update.gate_write),
-                           (out, output.out_write)):
+        for ram, write in ((rams.fld, field_update.field_write), (rams.gate_fld, field_update.gate_write),
+                           (rams.out, output.out_write)):
             with m.If(write.en):
                 ram.write_element(write.element, write.value)
+        return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=output,
+                               norm_done=norm_done)
 
-        # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
-        with m.If(self.start):
-            m.d.sync += self.busy.eq(1)
-        with m.If(self.done):
-            m.d.sync += self.busy.eq(0)
-
-        def issue_step(final, advance=None):
-            """One item per cycle while issuing (n_issue counts them); ``final``: the phase's last item."""
-            m.d.comb += last_issue.eq(final)
-            with m.If(issuing):
-                m.d.sync += n_issue.eq(n_issue + 1)
-                if advance is not None:
-                    m.d.comb += advance.eq(1)
-                with m.If(final):
-                    m.d.sync += issuing.eq(0)
+    def _sequence(self, m, par, mover, issue, stages, rd_addr_next, use_exp):
+        """The step's state machine: LOAD, WRITE (before SCORES when ``include_self``, else after FINAL),
+        SCORES, NORMALISE, WEIGHTED and FINAL per chunk, STORE, DONE; ``done`` a pulse from a register."""
+        p = self.params
+        D, L = p.head_dim, p.mac_lanes
+        chunks, slots, sinks = D // L, p.slots, p.sinks
+        row, near_field, gate, weighted, output = (stages.row, stages.near_field, stages.gate, stages.weighted,
+                                                   stages.output)
+        n_issue, c_issue = issue.n, issue.c
+        norm_busy = Signal()
 
         def enter_scores():
             m.d.sync += c_issue.eq(0)
-            begin_rows("k")
-            begin_issue(PHASE_SCORES)
+            issue.begin_rows("k")
+            issue.begin(PHASE_SCORES)
             m.next = "SCORES"
 
         def enter_weighted():
-            begin_rows("v")
-            begin_issue(PHASE_WEIGHTED)
+            issue.begin_rows("v")
+            issue.begin(PHASE_WEIGHTED)
             m.next = "WEIGHTED"
 
         def enter_move(begin, state: str):
@@ -1420,45 +1403,46 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         enter_scores()
             with m.State("SCORES"):
-                m.d.comb += last_issue.eq((n_issue == slots - 1) & (c_issue == chunks - 1))
-                with m.If(issuing):
-                    m.d.comb += rd_addr_next.eq(row_addr + chunk_word(c_issue, p))
+                m.d.comb += issue.last.eq((n_issue == slots - 1) & (c_issue == chunks - 1))
+                with m.If(issue.issuing):
+                    m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
                     with m.If(c_issue == chunks - 1):
-                        m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1), sink_last.eq(n_issue + 2 == sinks)]
-                        next_row("k")
+                        m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1),
+                                     issue.sink_last.eq(n_issue + 2 == sinks)]
+                        issue.next_row("k")
                         with m.If(n_issue == slots - 1):
-                            m.d.sync += issuing.eq(0)
+                            m.d.sync += issue.issuing.eq(0)
                     with m.Else():
                         m.d.sync += c_issue.eq(c_issue + 1)
                 with m.If(row.we & row.last):
                     m.d.sync += norm_busy.eq(1)
-                    begin_issue(PHASE_GATE)
+                    issue.begin(PHASE_GATE)
                     m.d.comb += [gate.restart.eq(1), near_field.start.eq(1)]
-                    if paper:
+                    if p.profile == "paper":
                         m.d.comb += self.norm.start.eq(use_exp)
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
-                issue_step(n_issue == D - 1, gate.advance)
-                with m.If(norm_done):
+                issue.step(n_issue == D - 1, gate.advance)
+                with m.If(stages.norm_done):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
                     m.d.sync += c_issue.eq(0)
                     m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1)]
                     enter_weighted()
             with m.State("WEIGHTED"):
-                issue_step(n_issue == slots - 1)
-                with m.If(issuing):
-                    m.d.comb += rd_addr_next.eq(row_addr + chunk_word(c_issue, p))
-                    m.d.sync += sink_last.eq(n_issue + 2 == sinks)
-                    next_row("v")
+                issue.step(n_issue == slots - 1)
+                with m.If(issue.issuing):
+                    m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
+                    m.d.sync += issue.sink_last.eq(n_issue + 2 == sinks)
+                    issue.next_row("v")
                 with m.If(weighted.chunk_done):
                     m.d.comb += output.lane_restart.eq(1)
-                    begin_issue(PHASE_FINAL)
+                    issue.begin(PHASE_FINAL)
                     m.next = "FINAL"
             with m.State("FINAL"):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
-                # (their writes are above); after the last chunk the unit waits for them.
-                issue_step(n_issue == L - 1, output.advance)
+                # (their writes are in _stages); after the last chunk the unit waits for them.
+                issue.step(n_issue == L - 1, output.advance)
                 with m.If(c_issue != chunks - 1):
                     with m.If(n_issue == L - 1):
                         m.d.sync += c_issue.eq(c_issue + 1)
@@ -1477,4 +1461,53 @@ class SomaDecode(wiring.Component):
                 m.next = "IDLE"
         m.d.comb += [mover.loading.eq(fsm.ongoing("LOAD")), mover.writing.eq(fsm.ongoing("WRITE")),
                      mover.storing.eq(fsm.ongoing("STORE"))]
-        return m
+
+
+class _Issue:
+    """The decode step's issue counter over (slot n, chunk c) or (element n), one item per cycle while
+    ``issuing``; the tags (valid, last, phase, n, c) travel down a delay line (:class:`TagLine`) so that every
+    pipeline stage knows which item it holds (:meth:`item`). Beside it the row address of slot n's K or V:
+    slots are issued in order (sinks, then the ring), so it advances in a register (by a row's words, or to
+    the ring's first row after the last sink) instead of being computed from n. Slot n's chunk c is word
+    ``row_addr + (c * L) // W``, lane group ``(c * L % W) // L``; W / L is a power of two."""
+
+    def __init__(self, m, params: TileParams, mem_words: int, rows):
+        self.m, self.params, self.rows = m, params, rows
+        self.row_addr = Signal(range(mem_words), name="row_addr")
+        self.n = Signal(issue_shape(params), name="n_issue")
+        self.sink_last = Signal(name="sink_last")  # n == sinks - 1, set with n (it steers the row address)
+        self.c = Signal(range(params.head_dim // params.mac_lanes + 1), name="c_issue")
+        self.issuing, self.last, self.phase = Signal(name="issuing"), Signal(name="last_issue"), Signal(2, name="phase")
+        max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
+        self.tags = TagLine(m, self.issuing, self.last, self.phase, [self.n, self.c], max_depth, "tag")
+
+    def item(self, stage: int, code: int):
+        """The tags (item_layout) of the item of phase ``code`` issued ``stage`` cycles ago."""
+        return Cat(*self.tags.at(stage, code))
+
+    def begin(self, code):
+        """Issuing starts at item 0 of phase ``code``."""
+        self.m.d.sync += [self.n.eq(0), self.issuing.eq(1), self.phase.eq(code),
+                          self.sink_last.eq(self.params.sinks == 1)]
+
+    def begin_rows(self, region: str):
+        """The row address at the first slot's K (``region`` "k") or V ("v") row."""
+        self.m.d.sync += self.row_addr.eq(self.rows[("sink_" if self.params.sinks else "ring_") + region])
+
+    def next_row(self, region: str):
+        """The row address to the next slot's row."""
+        step = self.row_addr + self.params.head_dim // self.params.word_bytes
+        following = Mux(self.sink_last, self.rows["ring_" + region], step) if self.params.sinks else step
+        self.m.d.sync += self.row_addr.eq(following)
+
+    def step(self, final, advance=None):
+        """One item per cycle while issuing (n counts them); ``final``: the phase's last item; ``advance`` (a
+        stage's input) is high in every issuing cycle."""
+        m = self.m
+        m.d.comb += self.last.eq(final)
+        with m.If(self.issuing):
+            m.d.sync += self.n.eq(self.n + 1)
+            if advance is not None:
+                m.d.comb += advance.eq(1)
+            with m.If(final):
+                m.d.sync += self.issuing.eq(0)
