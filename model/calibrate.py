@@ -284,10 +284,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="float search: grid steps (default 80)")
     parser.add_argument("--mode", choices=sorted(hccs.MODE_CODES), default="div")
     parser.add_argument("--out-type", choices=sorted(hccs.OUT_CODES), default="uint8")
-    parser.add_argument("--fallback-exp", choices=FALLBACK_EXPS, default=SOMATILE_EXP,
-                        help="profile paper: the integer exp the fallback heads run, written to the file as "
-                             "fallback_exp: somatile (default; the PL tile's) or aie4ml (the AI Engine's "
-                             "exact-exp kernel, for somatile build --top aie; docs/aie.md)")
     parser.add_argument("-o", "--output", help="YAML file for the calibrated parameters (required unless --study)")
     parser.add_argument("--study", action="store_true",
                         help="instead of writing parameters: calibrate with every objective on half the rows, "
@@ -300,7 +296,8 @@ language model's accuracy)."""
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    """--profile, --normaliser and --objective, shared by `somatile calibrate` and `somatile compare`."""
+    """--profile, --normaliser, --objective and --fallback-exp, shared by `somatile calibrate` and `somatile
+    compare` (whose --save-params file records the fallback exp the same way)."""
     parser.add_argument("--profile", choices=("paper", "wide"), default=PROFILE_DEFAULT,
                         help=f"integer profile (docs/numerics.md; default {PROFILE_DEFAULT}): paper = the HCCS "
                              "paper's int8/uint8 kernel ABI, wide = int16 logits and Q15 probabilities")
@@ -310,10 +307,14 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=sorted(OBJECTIVES) + ["output"], default=None,
                         help=f"calibration objective (default: {DEFAULT_OBJECTIVE} in profile paper; in profile "
                              "wide output (the attention output error, needs values) or tv)")
+    parser.add_argument("--fallback-exp", choices=FALLBACK_EXPS, default=SOMATILE_EXP,
+                        help="profile paper: the integer exp the fallback heads run, written to the file as "
+                             "fallback_exp: somatile (default; the PL tile's) or aie4ml (the AI Engine's "
+                             "exact-exp kernel, for somatile build --top aie; docs/aie.md)")
 
 
-def profile_choice(args) -> tuple[str, str, str]:
-    """(profile, normaliser, objective) from the shared options, or ValueError naming the option."""
+def profile_choice(args) -> tuple[str, str, str, str]:
+    """(profile, normaliser, objective, fallback_exp) from the shared options, or ValueError naming the option."""
     normaliser = args.normaliser or ("pwl2" if args.profile == "wide" else "hccs")
     if args.profile == "paper":
         if normaliser != "hccs":
@@ -323,10 +324,13 @@ def profile_choice(args) -> tuple[str, str, str]:
         if objective not in OBJECTIVES:
             raise ValueError(f"--objective: expected one of {sorted(OBJECTIVES)} in profile 'paper', got "
                              f"{objective!r}")
-        return args.profile, normaliser, objective
+        return args.profile, normaliser, objective, args.fallback_exp
     if args.objective not in (None,) + WIDE_OBJECTIVES:
         raise ValueError(f"--objective: expected one of {WIDE_OBJECTIVES} in profile 'wide', got {args.objective!r}")
-    return args.profile, normaliser, args.objective
+    if args.fallback_exp != SOMATILE_EXP:
+        raise ValueError(f"--fallback-exp {args.fallback_exp}: needs --profile paper (aie4ml's exact-exp kernel "
+                         f"takes int8 logits)")
+    return args.profile, normaliser, args.objective, args.fallback_exp
 
 
 def run(args: argparse.Namespace) -> int:
@@ -334,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         print("somatile calibrate: -o/--output FILE.yaml is required (or --study)")
         return 2
     try:
-        profile, normaliser, objective = profile_choice(args)
+        profile, normaliser, objective, fallback_exp = profile_choice(args)
         data = load_input(args)
         if args.study:
             if profile == "wide":
@@ -345,9 +349,6 @@ def run(args: argparse.Namespace) -> int:
                                                 search=args.search, threshold=args.threshold, progress=True)))
             return 0
         if profile == "wide":
-            if args.fallback_exp != SOMATILE_EXP:
-                raise ValueError(f"--fallback-exp {args.fallback_exp}: needs --profile paper (aie4ml's exact-exp "
-                                 f"kernel takes int8 logits)")
             params = calibrate_wide_params(data.logits, data.mask, data.values, normaliser=normaliser,
                                            objective=objective, threshold=args.threshold)
             how = f"profile wide, {normaliser}"
@@ -355,8 +356,8 @@ def run(args: argparse.Namespace) -> int:
             params = calibrate_params(data.logits, data.mask, scale=data.scale, search=args.search,
                                       mode=args.mode, out=args.out_type, objective=objective,
                                       threshold=args.threshold, c_range=args.c_range, steps=args.steps,
-                                      progress=True, fallback_exp=args.fallback_exp)
-            how = f"{args.search} search, fallback heads on {args.fallback_exp}'s integer exp"
+                                      progress=True, fallback_exp=fallback_exp)
+            how = f"{args.search} search, fallback heads on {fallback_exp}'s integer exp"
     except (TypeError, ValueError) as exc:
         print(f"somatile calibrate: {exc}")
         return 2

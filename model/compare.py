@@ -8,8 +8,10 @@ Methods, each turned into probabilities (uint8 outputs / 255):
 - ``softmax``: the float64 reference;
 - ``hccs_float``: seed 003's float HCCS with the per-head c of the float search;
 - ``int8_div`` / ``int8_clb``: the integer kernel on the int8 logits with the integer-searched (B, S, dmax);
-- ``intexp``: the integer-exp softmax on the int8 logits;
-- ``deployed``: int8_div on HCCS heads and intexp on the heads marked fallback (what hardware would run);
+- ``intexp``: somatile's integer-exp softmax on the int8 logits;
+- ``deployed``: int8_div on HCCS heads and, on the heads marked fallback, the integer exp ``fallback_exp``
+  names (``--fallback-exp``: somatile's intexp, what the PL tile runs, or aie4ml's exact-exp kernel, what
+  the AI Engine runs): what that hardware would return;
 - ``deployed_float``: its float reference (the float family the integers represent, exact softmax on
   fallback heads), which separates the approximation error from the integer rounding.
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from somatile.model import calibrate, hccs, intexp, quant, wide
 from somatile.model.logits import add_input_arguments, head_metrics, load_input
+from somatile.model.params import SOMATILE_EXP, check_fallback_exp
 
 METHODS = ("hccs_float", "int8_div", "int8_clb", "intexp", "deployed", "deployed_float")
 WIDE_METHODS = ("wide_exp", "wide_hccs|wide_pwl2", "deployed", "deployed_float")
@@ -73,11 +76,14 @@ def wide_outputs(logits, mask, params, *, impl="numba") -> dict[str, np.ndarray]
 
 def compare(logits, mask=None, values=None, *, scale=None, objective=calibrate.DEFAULT_OBJECTIVE,
             threshold=calibrate.DEFAULT_THRESHOLD, mode="div", out="uint8", progress=False, impl="numba",
-            profile="paper", normaliser="hccs") -> dict:
+            profile="paper", normaliser="hccs", fallback_exp=SOMATILE_EXP) -> dict:
     """Calibrate on ``logits`` (with the given int8 ``scale`` per head, or one chosen from the logits) and
     measure every method per head; returns the report (``params``, ``reference``, ``outputs`` are arrays
     and objects; :func:`json_report` makes it JSON-ready). ``profile`` "wide" calibrates ``normaliser``
-    ("pwl2" or "hccs") with ``objective`` ("output", "tv" or None: output when values are given)."""
+    ("pwl2" or "hccs") with ``objective`` ("output", "tv" or None: output when values are given).
+    ``fallback_exp`` (:data:`params.FALLBACK_EXPS`, checked before calibrating) is the integer exp of the
+    fallback heads in ``params`` and in the ``deployed`` method, as `somatile calibrate` records it."""
+    check_fallback_exp(fallback_exp, profile)
     x3, valid3, _ = hccs.as_heads(logits, mask, "logits", floating=True)
     if values is not None and (values.ndim != 3 or values.shape[:2] != (x3.shape[0], x3.shape[2])):
         raise ValueError(f"values: expected (H, N, D) = ({x3.shape[0]}, {x3.shape[2]}, D), got {values.shape}")
@@ -90,7 +96,7 @@ def compare(logits, mask=None, values=None, *, scale=None, objective=calibrate.D
         float_c = np.full(x3.shape[0], np.nan)
     else:
         params = calibrate.calibrate_params(x3, valid3, scale=scale, objective=objective, threshold=threshold,
-                                            mode=mode, out=out, progress=progress)
+                                            mode=mode, out=out, progress=progress, fallback_exp=fallback_exp)
         float_c = calibrate.calibrate_float(x3, valid3, objective=objective, threshold=threshold,
                                             progress=progress).c
         outputs = method_outputs(x3, valid3, params, float_c, impl=impl)
@@ -111,7 +117,8 @@ def compare(logits, mask=None, values=None, *, scale=None, objective=calibrate.D
     summary = {name: {k: float(np.mean([ph["methods"][name][k] for ph in per_head]))
                       for k in per_head[0]["methods"][name]} for name in outputs}
     return {"shape": list(x3.shape), "objective": objective, "threshold": threshold, "mode": mode, "out": out,
-            "profile": profile, "normaliser": params.normaliser, "heads": per_head, "summary": summary, "params": params, "reference": q, "outputs": outputs}
+            "profile": profile, "normaliser": params.normaliser, "fallback_exp": params.fallback_exp,
+            "heads": per_head, "summary": summary, "params": params, "reference": q, "outputs": outputs}
 
 
 def _top_method(report: dict) -> str:
@@ -123,7 +130,7 @@ def format_table(report: dict) -> str:
     methods = list(report["summary"])
     top = _top_method(report)
     lines = [f"per-head total variation (0..1) against float softmax; objective {report['objective']}, "
-             f"threshold {report['threshold']}",
+             f"threshold {report['threshold']}, fallback heads on {report['fallback_exp']}'s integer exp",
              f"{'head':>4} {'c':>6} {'B':>5} {'S':>4} {'dmax':>4} " + " ".join(f"{m:>14}" for m in methods)
              + f" {'top1 ' + top.split('_')[-1]:>8} fallback"]
     for ph in report["heads"]:
@@ -191,17 +198,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-type", choices=sorted(hccs.OUT_CODES), default="uint8")
     parser.add_argument("--out", metavar="DIR", default="build/compare",
                         help="JSON + PNG plots (default build/compare)")
-    parser.add_argument("--save-params", metavar="FILE.yaml", help="write the calibrated parameters as YAML")
+    parser.add_argument("--save-params", metavar="FILE.yaml",
+                        help="write the calibrated parameters as YAML (as somatile calibrate -o does, with the "
+                             "--fallback-exp choice)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        profile, normaliser, objective = calibrate.profile_choice(args)
+        profile, normaliser, objective, fallback_exp = calibrate.profile_choice(args)
         data = load_input(args)
         report = compare(data.logits, data.mask, data.values, scale=data.scale, objective=objective,
                          threshold=args.threshold, out=args.out_type, progress=True, profile=profile,
-                         normaliser=normaliser)
+                         normaliser=normaliser, fallback_exp=fallback_exp)
     except (TypeError, ValueError) as exc:
         print(f"somatile compare: {exc}")
         return 2

@@ -53,6 +53,16 @@ FALLBACK_EXPS = (SOMATILE_EXP, AIE4ML_EXP)
 """``fallback_exp`` choices: somatile's integer exp (the PL tile's, the default) or aie4ml's exact-exp kernel."""
 
 
+def check_fallback_exp(fallback_exp: str, profile: str) -> None:
+    """ValueError naming ``fallback_exp`` unless it is one of :data:`FALLBACK_EXPS` that ``profile`` can run
+    (aie4ml's exp only in profile paper). Callers that calibrate check it before the search."""
+    if fallback_exp not in FALLBACK_EXPS:
+        raise ValueError(f"fallback_exp: expected one of {list(FALLBACK_EXPS)}, got {fallback_exp!r}")
+    if profile != "paper" and fallback_exp != SOMATILE_EXP:
+        raise ValueError(f"fallback_exp: {fallback_exp!r} needs profile 'paper' (aie4ml's exact-exp kernel "
+                         f"takes int8 logits); profile {profile!r} runs its own exp")
+
+
 @dataclasses.dataclass(frozen=True)
 class HccsParams:
     """Validated per-head HCCS integers plus the fallback flags and input scales of one model.
@@ -88,11 +98,7 @@ class HccsParams:
         if self.normaliser not in PROFILE_NORMALISERS[self.profile]:
             raise ValueError(f"normaliser: expected one of {PROFILE_NORMALISERS[self.profile]} in profile "
                              f"{self.profile!r}, got {self.normaliser!r}")
-        if self.fallback_exp not in FALLBACK_EXPS:
-            raise ValueError(f"fallback_exp: expected one of {list(FALLBACK_EXPS)}, got {self.fallback_exp!r}")
-        if self.profile != "paper" and self.fallback_exp != SOMATILE_EXP:
-            raise ValueError(f"fallback_exp: {self.fallback_exp!r} needs profile 'paper' (aie4ml's exact-exp kernel "
-                             f"takes int8 logits); profile {self.profile!r} runs its own exp")
+        check_fallback_exp(self.fallback_exp, self.profile)
         hccs.code_of(hccs.MODE_CODES, "mode", self.mode)
         hccs.code_of(hccs.OUT_CODES, "out", self.out)
         if self.profile == "wide":

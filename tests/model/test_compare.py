@@ -154,3 +154,63 @@ def test_cli_refuses_an_npz_declaring_a_huge_array(tmp_path, capsys):
         z.writestr("logits.npy", header.getvalue() + b"\0" * 64)
     assert run_cli(["--logits", str(path), "--no-plots"]) == 2
     assert "declares shape (1000, 1000, 1000000)" in capsys.readouterr().out
+
+
+def test_save_params_with_fallback_exp_aie4ml_writes_the_key_and_the_hybrid_runs_that_exp(tmp_path, capsys):
+    """compare --fallback-exp aie4ml --save-params: the file names aie4ml's exp like calibrate's, compare's
+    deployed hybrid is aie_exp's integers on the fallback heads and HCCS's on the others, and the saved file
+    predicts the same integers."""
+    from somatile.model.aie_exp import aie_exp_softmax
+
+    logits, _, _ = synth.synthetic_logits(4, 80, 64, peaked=1, seed=3)
+    path = tmp_path / "in.npz"
+    np.savez(path, logits=logits.astype(np.float32))
+    saved, out = tmp_path / "p.yaml", tmp_path / "out"
+    argv = ["--logits", str(path), "--profile", "paper", "--threshold", "0.16", "--fallback-exp", "aie4ml",
+            "--out", str(out), "--save-params", str(saved), "--no-plots"]
+    assert run_cli(argv) == 0
+    assert "fallback heads on aie4ml's integer exp" in capsys.readouterr().out
+    assert "fallback_exp: aie4ml" in saved.read_text()
+    params = HccsParams.from_yaml(saved)
+    assert params.fallback_exp == "aie4ml" and params.fallback.any() and not params.fallback.all()
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["fallback_exp"] == summary["params"]["fallback_exp"] == "aie4ml"
+
+    data = load_npz(path)
+    report = compare.compare(data.logits, data.mask, scale=data.scale, threshold=0.16, fallback_exp="aie4ml")
+    assert report["params"].to_dict() == params.to_dict()
+    xq = quant.quantize_logits(data.logits, params.scale, data.mask)
+    y = params.apply_int(xq)
+    for h in range(params.heads):
+        want = (aie_exp_softmax(xq[h], params.exp_kq[h]) if params.fallback[h] else
+                hccs.hccs_int(xq[h], params.B[h], params.S[h], params.dmax[h], mode=params.mode))
+        assert np.array_equal(y[h], want), h
+    assert np.array_equal(report["outputs"]["deployed"], y / 255.0)
+    fb = params.fallback
+    # somatile's exp gives other integers on these heads: the file's choice is what makes the prediction.
+    assert not np.array_equal(intexp.intexp_softmax(xq[fb], params.exp_mult[fb]), y[fb])
+    default = compare.compare(data.logits, data.mask, scale=data.scale, threshold=0.16)
+    assert default["fallback_exp"] == "somatile"
+    assert np.array_equal(default["outputs"]["deployed"][fb],
+                          intexp.intexp_softmax(xq[fb], params.exp_mult[fb]) / 255.0)
+
+
+def test_a_bad_fallback_exp_is_one_line_naming_the_option_and_the_choices(capsys):
+    from somatile.host.cli import main as cli
+
+    with pytest.raises(SystemExit) as info:
+        cli(["compare", "--rows", "20", "--fallback-exp", "intexp"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "somatile compare: error: argument --fallback-exp: invalid choice: 'intexp' (choose from 'somatile', "
+        "'aie4ml')")
+    # aie4ml's kernel takes int8 logits: the wide profile (the default) refuses it before calibrating.
+    assert run_cli(["--rows", "20", "--fallback-exp", "aie4ml", "--no-plots"]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["somatile compare: --fallback-exp aie4ml: needs --profile paper (aie4ml's exact-exp kernel "
+                     "takes int8 logits)"]
+    logits, _, _ = synth.synthetic_logits(2, 20, 16, seed=0)
+    with pytest.raises(ValueError, match=r"^fallback_exp: expected one of \['somatile', 'aie4ml'\], got 'intexp'$"):
+        compare.compare(logits, profile="paper", fallback_exp="intexp")
+    with pytest.raises(ValueError, match="^fallback_exp: 'aie4ml' needs profile 'paper'"):
+        compare.compare(logits, profile="wide", fallback_exp="aie4ml")
