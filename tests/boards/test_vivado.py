@@ -93,7 +93,7 @@ def test_the_addresses_the_block_design_assigns_are_the_firmware_headers(tile_bu
         r"\[get_bd_addr_segs (\S+)\]", text)}
     header = tmp_path / "somatile_versal.h"
     assert vivado.main(["--c-header", str(header)]) == 0
-    defines = {k: int(v, 16) for k, v in re.findall(r"#define (VERSAL_\w+) (0x[0-9A-F]+)u", header.read_text())}
+    defines = header_defines(header)
     assert assigned[("versal_cips_0/M_AXI_LPD", "axi_dma_0/S_AXI_LITE/Reg")] == (
         defines["VERSAL_DMA_BASE"], defines["VERSAL_DMA_BYTES"])
     ocm = "versal_cips_0/S_AXI_LPD/pspmc_0_psv_ocm_ram_0"
@@ -101,16 +101,43 @@ def test_the_addresses_the_block_design_assigns_are_the_firmware_headers(tile_bu
         assert assigned[(space, ocm)] == (defines["VERSAL_DMA_BUFFER_BASE"], defines["VERSAL_DMA_BUFFER_BYTES"])
     assert len(assigned) == 3
     assert f"CONFIG.c_sg_length_width {{{vivado.DMA_LENGTH_BITS}}}" in text
-    assert f"#define VERSAL_DMA_LENGTH_BITS {vivado.DMA_LENGTH_BITS}u" in header.read_text()
-    # The HAL's bounce buffers (section .dma, the linker's OCM region) lie inside the window the DMA sees.
-    origin, length = re.search(r"OCM \(rw\)\s*: ORIGIN = (0x\w+), LENGTH = (\d+)K",
-                               (FIRMWARE / "hal" / "versal" / "link.ld").read_text()).groups()
-    base, size = defines["VERSAL_DMA_BUFFER_BASE"], defines["VERSAL_DMA_BUFFER_BYTES"]
-    assert base <= int(origin, 16) and int(origin, 16) + int(length) * 1024 <= base + size
+    assert defines["VERSAL_DMA_LENGTH_BITS"] == vivado.DMA_LENGTH_BITS
     # The firmware's Makefile defines no address of its own: the HAL takes them from the header.
     makefile = (FIRMWARE / "Makefile").read_text()
     assert "VERSAL_DMA_BASE ?=" not in makefile and "VERSAL_UART_BASE ?=" not in makefile
     assert "-m somatile.boards.vivado --c-header" in makefile
+
+
+def header_defines(header: Path) -> dict[str, int]:
+    """The generated header's ``#define VERSAL_*`` numbers (plain: the linker script includes it too)."""
+    return {k: int(v, 0) for k, v in re.findall(r"^#define (VERSAL_\w+) (0x[0-9A-F]+|\d+)$", header.read_text(), re.M)}
+
+
+def test_the_linker_script_takes_its_regions_from_the_address_map(tmp_path):
+    """make -C firmware writes the Versal link.ld from hal/versal/link.ld.S and the generated header: its regions
+    are FIRMWARE_MEMORY's, the on-chip memory the DMA's window of ADDRESS_MAP (below TF-A's BL31 at 0xFFFE0000),
+    and the source names no address of its own."""
+    import subprocess
+
+    build = tmp_path / "fw"
+    script = build / "versal" / "link.ld"
+    subprocess.run(["make", "-s", "-C", str(FIRMWARE), "BOARD=vck190", f"BUILD={build}", str(script)], check=True,
+                   capture_output=True, text=True)
+    regions = {name: (int(origin, 16), int(length, 16)) for name, origin, length in re.findall(
+        r"^\s*(\w+) \(\w+\)\s*: ORIGIN = (0x[0-9A-F]+), LENGTH = (0x[0-9A-F]+)$", script.read_text(), re.M)}
+    assert regions == {name: (base, size) for name, (base, size, _) in vivado.FIRMWARE_MEMORY.items()}
+    defines = header_defines(build / "gen" / "somatile_versal.h")
+    assert regions == {name: (defines[f"VERSAL_{name}_BASE"], defines[f"VERSAL_{name}_BYTES"]) for name in regions}
+    windows = vivado.ADDRESS_MAP["DMA_BUFFER"]
+    assert {(w.base, w.size) for w in windows} == {(defines["VERSAL_DMA_BUFFER_BASE"], defines["VERSAL_DMA_BUFFER_BYTES"])}
+    ocm_base, ocm_bytes = regions["OCM"]
+    assert ocm_base == windows[0].base and ocm_base + ocm_bytes <= windows[0].base + windows[0].size
+    assert ocm_base + ocm_bytes <= 0xFFFE0000
+    assert regions["ATCM"][0] == 0  # start.S's low vectors
+    assert regions["ATCM"][0] + regions["ATCM"][1] <= regions["BTCM"][0]
+    source = (FIRMWARE / "hal" / "versal" / "link.ld.S").read_text()
+    assert re.findall(r"\b0x[0-9A-Fa-f]+|\b\d+[KM]\b", source.split("MEMORY", 1)[1].split("}", 1)[0]) == []
+    assert '#include "somatile_versal.h"' in source
 
 
 def test_a_port_the_block_design_does_not_know_is_an_error_naming_it(tile_build):
