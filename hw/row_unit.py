@@ -32,3 +32,12 @@ class RowUnit(wiring.Component):
     @classmethod
     def layouts(cls, config):
         raise NotImplementedError
+
+    @classmethod
+    def port_signature(cls, config) -> wiring.Signature:
+        """The unit's streams as the part that contains it offers them to another (``Out`` on the owner, ``In``
+        on the part that drives them): while ``active`` is high, ``i``, ``o`` and ``cfg`` are the unit's own
+        (same layouts and handshakes); while it is low the owner drives the unit and ``o.valid`` stays low."""
+        in_beat, out_beat, cfg, _ = cls.layouts(config)
+        return wiring.Signature({"active": In(1), "i": In(stream.Signature(in_beat)),
+                                 "o": Out(stream.Signature(out_beat)), "cfg": In(stream.Signature(cfg))})

@@ -16,7 +16,7 @@ nothing else. One step, per head (docs/numerics.md, section Soma, is the contrac
    ``x = sat(rshift_round(score * score_mult, score_shift) - recency_int * distance)`` to int8 (wide: int16;
    0 where invalid).
 4. NORMALISE: paper: integer HCCS (div/clb) through the streaming HCCS unit of ``hw/hccs.py`` (``hccs_lanes``
-   per beat), or the integer exp through :class:`RowNormaliser`, uint8 probabilities; wide: the head's
+   per beat), or the integer exp through an exp-only :class:`RowNormaliser`, uint8 probabilities; wide: the head's
    normaliser (exp, hccs or pwl2) through the wide normaliser of ``hw/wide.py``, Q15 probabilities; and, in
    parallel, the query gate ``sat(64 + rshift_round((q . G) * gate_mult, gate_shift), 0, 128)`` (128 when
    ungated).
@@ -75,13 +75,14 @@ def normaliser_cycles(n: int) -> int:
 
 class NormaliserSignature(wiring.Signature):
     """The ports of a :class:`RowNormaliser` as the normaliser sees them (commands ``In``, ``done`` and
-    ``prob`` ``Out``); a unit that drives one has ``In(NormaliserSignature(n_max))`` (the flipped view)."""
+    ``prob`` ``Out``); a unit that drives one has ``In(NormaliserSignature(n_max))`` (the flipped view). An
+    exp-only normaliser has no HCCS parameters (``use_exp``, ``clb``, ``out16``, ``B``, ``S``, ``dmax``)."""
 
-    def __init__(self, n_max: int):
+    def __init__(self, n_max: int, exp_only: bool = False):
+        hccs_ports = {} if exp_only else {"use_exp": In(1), "clb": In(1), "out16": In(1), "B": In(16), "S": In(8),
+                                           "dmax": In(8)}
         super().__init__({
-            "start": In(1), "done": Out(1), "count": In(range(n_max + 1)),
-            "use_exp": In(1), "clb": In(1), "out16": In(1),
-            "B": In(16), "S": In(8), "dmax": In(8), "exp_mult": In(16),
+            "start": In(1), "done": Out(1), "count": In(range(n_max + 1)), **hccs_ports, "exp_mult": In(16),
             "row_we": In(1), "row_index": In(range(n_max)), "row_x": In(signed(8)), "row_valid": In(1),
             "prob_index": In(range(n_max)), "prob": Out(16),
         })
@@ -104,7 +105,9 @@ def element_bits(params: TileParams) -> int:
 
 
 class RowNormaliser(wiring.Component):
-    """Integer HCCS (div/clb) or integer-exp softmax over one row of up to ``n_max`` int8 logits.
+    """Integer HCCS (div/clb) or integer-exp softmax over one row of up to ``n_max`` int8 logits; with
+    ``exp_only`` the integer exp alone (uint8 probabilities: the decode unit's fallback heads, whose HCCS
+    heads use the tile's streaming row unit), without the HCCS ports or datapath.
 
     Bit-exact with ``hccs.hccs_row`` and ``intexp.intexp_row`` (masks included). The row is written through
     ``row_we/row_index/row_x/row_valid`` before ``start``; the parameters (``count``, ``use_exp``, ``clb``,
@@ -115,9 +118,9 @@ class RowNormaliser(wiring.Component):
     chain or one barrel shifter.
     """
 
-    def __init__(self, n_max: int):
-        self.n_max = n_max
-        super().__init__(NormaliserSignature(n_max))
+    def __init__(self, n_max: int, exp_only: bool = False):
+        self.n_max, self.exp_only = n_max, exp_only
+        super().__init__(NormaliserSignature(n_max, exp_only))
 
     def elaborate(self, platform):
         m = Module()
@@ -132,11 +135,18 @@ class RowNormaliser(wiring.Component):
 
         # Parameters, sampled at start.
         last_index = Signal(signed(len(self.count) + 1))
-        use_exp, clb, out16 = Signal(), Signal(), Signal()
-        B, S, dmax, exp_mult = Signal(16), Signal(8), Signal(8), Signal(16)
+        exp_mult = Signal(16)
         with m.If(self.start):
-            m.d.sync += [last_index.eq(self.count - 1), use_exp.eq(self.use_exp), clb.eq(self.clb), out16.eq(self.out16),
-                         B.eq(self.B), S.eq(self.S), dmax.eq(self.dmax), exp_mult.eq(self.exp_mult)]
+            m.d.sync += [last_index.eq(self.count - 1), exp_mult.eq(self.exp_mult)]
+        if self.exp_only:
+            # Constants: the HCCS datapath below then drives nothing and is not built.
+            use_exp, clb, out16, B, S, dmax = Const(1), Const(0), Const(0), Const(0, 16), Const(0, 8), Const(0, 8)
+        else:
+            use_exp, clb, out16 = Signal(), Signal(), Signal()
+            B, S, dmax = Signal(16), Signal(8), Signal(8)
+            with m.If(self.start):
+                m.d.sync += [use_exp.eq(self.use_exp), clb.eq(self.clb), out16.eq(self.out16), B.eq(self.B),
+                             S.eq(self.S), dmax.eq(self.dmax)]
 
         # Issue: one row index per cycle while `issuing`; the tags (valid, last, pass, index) travel with it,
         # so that a consumer ignores the previous pass's elements still in the pipeline.
@@ -264,19 +274,35 @@ class RowNormaliser(wiring.Component):
 
 
 def near_field_unit(params: TileParams) -> "hccs_unit.HCCSConfig | wide_unit.WideConfig":
-    """Configuration of the streaming row unit that normalises the decode row: in the paper profile the HCCS
-    unit (hw/hccs.py) of HCCS heads with ``hccs_lanes`` lanes, in the wide profile the wide normaliser
-    (hw/wide.py) of every head with as many int16 lanes as it is built for up to ``hccs_lanes``. One head
-    (loaded with the current head's parameters before each row), rows of up to ``sinks + ring`` slots rounded
+    """Configuration of the tile's one streaming row unit, which normalises the decode row and the HCCS
+    command's rows: in the paper profile the HCCS unit (hw/hccs.py) with ``hccs_lanes`` lanes and the command's
+    ``hccs_out``, in the wide profile the wide normaliser (hw/wide.py) of every head with as many int16 lanes
+    as it is built for up to ``hccs_lanes``. One head (loaded with the parameters of the row's head before each
+    row), rows of up to the larger of ``sinks + ring`` slots and the command's padded ``n_max`` elements, rounded
     up to whole beats, and a divider of one quotient bit per cycle: the unit takes one row per decode step, so
     its divider's rate does not matter, and two chained subtractors per cycle do not fit one cycle on the ECP5
     tile (the paper's 23-bit reciprocal takes 25 cycles instead of 14)."""
     if params.profile == "wide":
         lanes = max(lanes for lanes in wide_unit.LANES if lanes <= params.hccs_lanes)
-        return wide_unit.WideConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, div_bits=1)
-    lanes = params.hccs_lanes
-    return hccs_unit.HCCSConfig(lanes=lanes, heads=1, n_max=-(-params.slots // lanes) * lanes, out_type="uint8",
-                                div_bits=1)
+    else:
+        lanes = params.hccs_lanes
+    longest = max(params.slots, regmap.hccs_row_bytes(params, params.n_max) // regmap.element_bytes(params))
+    n_max = -(-longest // lanes) * lanes
+    if params.profile == "wide":
+        return wide_unit.WideConfig(lanes=lanes, heads=1, n_max=n_max, div_bits=1)
+    return hccs_unit.HCCSConfig(lanes=lanes, heads=1, n_max=n_max, out_type=params.hccs_out, div_bits=1)
+
+
+def near_row_beats(params: TileParams) -> int:
+    """Beats of the decode row (its ``sinks + ring`` slots, the last beat's spare lanes masked)."""
+    return -(-params.slots // near_field_unit(params).lanes)
+
+
+def near_field_port(params: TileParams) -> wiring.Signature:
+    """The row unit's streams as the decode unit offers them to the tile's HCCS command
+    (:meth:`somatile.hw.row_unit.RowUnit.port_signature`)."""
+    unit = wide_unit.WideNormaliser if params.profile == "wide" else hccs_unit.HCCS
+    return unit.port_signature(near_field_unit(params))
 
 
 PHASE_SCORES, PHASE_GATE, PHASE_WEIGHTED, PHASE_FINAL = range(4)
@@ -555,26 +581,32 @@ class ScoreStage(wiring.Component):
 
 
 class NearFieldFeed(wiring.Component):
-    """The decode row through a streaming row unit (:func:`near_field_unit`): in the paper profile an HCCS
-    head's row through the HCCS unit of ``hw/hccs.py``, in the wide profile every head's row through the wide
-    normaliser of ``hw/wide.py``, its ``cfg`` written at ``start`` with the code of the head's normaliser
+    """The decode row through the tile's streaming row unit (:func:`near_field_unit`): in the paper profile an
+    HCCS head's row through the HCCS unit of ``hw/hccs.py``, in the wide profile every head's row through the
+    wide normaliser of ``hw/wide.py``, its ``cfg`` written at ``start`` with the code of the head's normaliser
     (:func:`wide_code`) and its B, S and dmax.
 
     Keeps the row in registers as SCORES writes it (``row``), and from ``start`` (a pulse, the row complete)
-    feeds it in beats of the unit's lanes through a register slice (:data:`FEED_LATENCY`) and collects the
-    unit's probabilities in ``probs`` (slot n at element n: uint8 paper, Q15 uint16 wide); ``done`` is high in
-    the cycle the last beat arrives (``probs`` holds it the cycle after). In the paper profile it does nothing
-    for an integer-exp head (``head``'s normaliser), whose row the :class:`RowNormaliser` takes. The unit's own
-    backpressure holds the feed; it never stalls the output. Latency from ``start`` through ``done``:
-    :meth:`row_cycles`.
+    feeds it in :func:`near_row_beats` beats of the unit's lanes through a register slice
+    (:data:`FEED_LATENCY`) and collects the unit's probabilities in ``probs`` (slot n at element n: uint8
+    paper, Q15 uint16 wide); ``done`` is high in the cycle the last beat arrives (``probs`` holds it the cycle
+    after). In the paper profile it does nothing for an integer-exp head (``head``'s normaliser), whose row
+    the :class:`RowNormaliser` takes. The unit's own backpressure holds the feed; it never stalls the output.
+    Latency from ``start`` through ``done``: :meth:`row_cycles`.
+
+    ``command`` (:func:`near_field_port`) lends the unit to the tile's HCCS command while ``command.active``
+    is high (never during a step): its beats go through the same register slice, ``cfg`` and ``o`` are the
+    unit's own, and ``done`` and ``probs`` stay as they are.
     """
 
     def __init__(self, params: TileParams):
         self.params = params
         self.config = near_field_unit(params)
+        self.row_beats = near_row_beats(params)
         super().__init__({
             "head": In(head_params_layout(params.profile)), "row": In(row_layout(params)), "start": In(1),
-            "probs": Out(element_bits(params) * self.config.n_max), "done": Out(1),
+            "probs": Out(element_bits(params) * self.config.lanes * self.row_beats), "done": Out(1),
+            "command": Out(near_field_port(params)),
         })
 
     @staticmethod
@@ -588,23 +620,24 @@ class NearFieldFeed(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        par, unit_config = self.head, self.config
+        par, unit_config, command = self.head, self.config, self.command
         bits = element_bits(self.params)
+        active = command.active
         if self.params.profile == "wide":
             m.submodules.near_wide = near_unit = wide_unit.WideNormaliser(config=unit_config)
             feeds = Const(1)
-            unit_params = [near_unit.cfg.payload.params.code.eq(wide_code(par))]
+            decode_cfg = Signal(near_unit.cfg.payload.shape())
+            unit_params = [decode_cfg.params.code.eq(wide_code(par))]
         else:
             m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
             feeds = ~head_choice(par, "normaliser", "exp_int")
-            unit_params = [near_unit.cfg.payload.params.mode.eq(par["hccs_mode"]),
-                           near_unit.cfg.payload.params.out.eq(hccs.OUT_UINT8)]
-        hl = unit_config.lanes
-        row_beats = unit_config.n_max // hl
+            decode_cfg = Signal(near_unit.cfg.payload.shape())
+            unit_params = [decode_cfg.params.mode.eq(par["hccs_mode"]), decode_cfg.params.out.eq(hccs.OUT_UINT8)]
+        hl, row_beats = unit_config.lanes, self.row_beats
         # Data registers without a reset (every slot is written in each step before it is read).
-        row_bits = Signal(bits * unit_config.n_max, reset_less=True)
-        row_valid_bits = Signal(unit_config.n_max, reset_less=True)
-        prob_bits = Signal(bits * unit_config.n_max, reset_less=True)
+        row_bits = Signal(bits * hl * row_beats, reset_less=True)
+        row_valid_bits = Signal(hl * row_beats, reset_less=True)
+        prob_bits = Signal(bits * hl * row_beats, reset_less=True)
         m.d.comb += self.probs.eq(prob_bits)
         feed_beat = Signal(range(row_beats + 1))
         # The beat the unit returns next, one-hot: each word of prob_bits is enabled by one of its flip-flops
@@ -613,8 +646,9 @@ class NearFieldFeed(wiring.Component):
         with m.If(self.row.we):
             m.d.sync += [row_bits.word_select(self.row.index, bits).eq(self.row.x),
                          row_valid_bits.bit_select(self.row.index, 1).eq(self.row.valid)]
-        # The beats reach the unit through a register slice (FEED_LATENCY): the beat multiplexer and the
-        # counter's comparisons would otherwise sit in front of the unit's first stage and its bank enables.
+        # The beats reach the unit through a register slice (FEED_LATENCY): the beat multiplexer, the
+        # counter's comparisons and the choice between the step's row and the command's would otherwise sit in
+        # front of the unit's first stage and its bank enables.
         feeding = Signal()
         # The beat's elements are selected in groups of lanes, each by a copy of feed_beat of its own (one index
         # steering every element's multiplexer would span the unit's row memory in one cycle).
@@ -624,28 +658,38 @@ class NearFieldFeed(wiring.Component):
         beat_bits = [row_bits[bits * hl * b:bits * hl * (b + 1)] for b in range(row_beats)]
         feed_data = Cat(*[Array(beat[g * group_bits:(g + 1) * group_bits] for beat in beat_bits)[feed_index.copy(g)]
                           for g in range(groups)])
-        feed_ready, feed_valid, fed = skid_buffer(
-            m, feeding, Cat(feed_data, row_valid_bits.word_select(feed_beat, hl),
-                            feed_beat == 0, feed_beat == row_beats - 1), near_unit.i.ready, "feed")
-        with m.If(feeding & feed_ready):
+        step_beat = Cat(feed_data, row_valid_bits.word_select(feed_beat, hl), feed_beat == 0,
+                        feed_beat == row_beats - 1)
+        given = command.i.payload
+        command_beat = Cat(given.data.as_value(), given.mask, given.first, given.last)
+        feed_ready, feed_valid, fed = skid_buffer(m, Mux(active, command.i.valid, feeding),
+                                                  Mux(active, command_beat, step_beat), near_unit.i.ready, "feed")
+        m.d.comb += command.i.ready.eq(feed_ready & active)
+        with m.If(feeding & feed_ready & ~active):
             m.d.sync += [feed_beat.eq(feed_beat + 1), *feed_index.increment()]
             with m.If(feed_beat == row_beats - 1):
                 m.d.sync += feeding.eq(0)
+        m.d.comb += [decode_cfg.head.eq(0), decode_cfg.params.B.eq(par["hccs_B"]),
+                     decode_cfg.params.S.eq(par["hccs_S"]), decode_cfg.params.dmax.eq(par["hccs_dmax"]), *unit_params]
         m.d.comb += [near_unit.i.valid.eq(feed_valid), near_unit.i.payload.data.eq(fed[:bits * hl]),
                      near_unit.i.payload.mask.eq(fed[bits * hl:(bits + 1) * hl]),
                      near_unit.i.payload.first.eq(fed[(bits + 1) * hl]),
                      near_unit.i.payload.last.eq(fed[(bits + 1) * hl + 1]),
-                     near_unit.i.payload.head.eq(0), near_unit.o.ready.eq(1),
-                     near_unit.cfg.payload.head.eq(0), near_unit.cfg.payload.params.B.eq(par["hccs_B"]),
-                     near_unit.cfg.payload.params.S.eq(par["hccs_S"]),
-                     near_unit.cfg.payload.params.dmax.eq(par["hccs_dmax"]), *unit_params,
-                     near_unit.cfg.valid.eq(self.start & feeds),
-                     self.done.eq(near_unit.o.valid & near_unit.o.payload.last)]
-        with m.If(near_unit.o.valid):
+                     near_unit.i.payload.head.eq(0),
+                     near_unit.cfg.payload.eq(Mux(active, command.cfg.payload, decode_cfg)),
+                     near_unit.cfg.valid.eq(Mux(active, command.cfg.valid, self.start & feeds)),
+                     command.cfg.ready.eq(near_unit.cfg.ready),
+                     near_unit.o.ready.eq(~active | command.o.ready),
+                     command.o.valid.eq(near_unit.o.valid & active), command.o.payload.eq(near_unit.o.payload),
+                     self.done.eq(near_unit.o.valid & near_unit.o.payload.last & ~active)]
+        # The step's probabilities: the low element bits of each lane (a paper unit built for the command's
+        # int16 output answers the step's uint8 heads zero-extended).
+        step_probs = Cat(*[lane[:bits] for lane in near_unit.o.payload.data])
+        with m.If(near_unit.o.valid & ~active):
             m.d.sync += drain_sel.eq(drain_sel << 1)
             for j in range(row_beats):
                 with m.If(drain_sel[j]):
-                    m.d.sync += prob_bits.word_select(j, bits * hl).eq(near_unit.o.payload.data.as_value())
+                    m.d.sync += prob_bits.word_select(j, bits * hl).eq(step_probs)
         with m.If(self.start):  # after the counters' own updates, which it overrides
             m.d.sync += [feed_beat.eq(0), *feed_index.eq(0), drain_sel.eq(1), feeding.eq(feeds)]
         return m
@@ -742,11 +786,12 @@ class WeightedStage(wiring.Component):
             "head": In(head_params_layout(params.profile)), "n_issue": In(issue_shape(params)),
             "c_issue": In(item.members["c"]), "prob_address_item": In(item), "prob_item": In(item),
             "accumulate_item": In(item), "done_item": In(item),
-            "probs": In(element_bits(params) * near_field_unit(params).n_max), "v_word": In(8 * params.word_bytes),
+            "probs": In(element_bits(params) * near_field_unit(params).lanes * near_row_beats(params)),
+            "v_word": In(8 * params.word_bytes),
             "acc": Out(data.ArrayLayout(signed(32), params.mac_lanes)), "chunk_done": Out(1),
         }
         if params.profile == "paper":
-            ports.update(prob_index=Out(range(params.n_max)), prob=In(16))
+            ports.update(prob_index=Out(range(params.slots)), prob=In(16))
         super().__init__(ports)
 
     @staticmethod
@@ -1214,15 +1259,15 @@ class SomaDecode(wiring.Component):
     output, :func:`output_words` words); memory ports ``rd_addr -> rd_data`` (synchronous read: the word
     arrives the cycle after ``rd_addr``) and ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit per byte); all four
     outputs come from registers. ``busy`` is high from the cycle after ``start`` through the ``done`` cycle
-    (the last store is written in the done cycle); while it is high the unit owns the memory ports and, in the
-    paper profile, drives the :class:`RowNormaliser` through ``norm`` (:class:`NormaliserSignature`, flipped;
-    its ``B``, ``S``, ``dmax``, ``exp_mult`` from the head's parameters sampled at ``start``, so ``head`` may
-    change from the cycle after ``start`` on). The wide profile has no ``norm``: its near field is the unit's
-    own.
+    (the last store is written in the done cycle); while it is high the unit owns the memory ports. ``head`` is
+    sampled at ``start`` and may change from the cycle after it on. ``command`` (:func:`near_field_port`)
+    lends the tile's one streaming row unit to the HCCS command while ``command.active`` is high, which the
+    tile keeps low from ``start`` through ``done``.
 
     The unit itself sequences the step (LOAD, WRITE, STORE, the issue counter and the tag line every stage
     reads its items from) and composes the datapath stages: :class:`ScoreStage` (SCORES), :class:`NearFieldFeed`
-    (the row through the near-field row unit) and :class:`GateStage` (NORMALISE), :class:`WeightedStage`
+    (the row through the streaming row unit), in the paper profile an exp-only :class:`RowNormaliser` (the
+    integer-exp heads) and :class:`GateStage` (NORMALISE), :class:`WeightedStage`
     (WEIGHTED SUM), :class:`OutputStage` and :class:`FieldUpdate` (FINAL). :func:`expected_cycles` is the sum of
     their latencies.
     """
@@ -1237,10 +1282,8 @@ class SomaDecode(wiring.Component):
             "rd_addr": Out(range(mem_words)), "rd_data": In(8 * word),
             "wr_addr": Out(range(mem_words)), "wr_data": Out(8 * word), "wr_en": Out(word),
         }
-        if params.profile == "paper":
-            # The normaliser's ports, driven by this unit while busy.
-            ports["norm"] = In(NormaliserSignature(params.n_max))
         ports["head"] = In(head_params_layout(params.profile))
+        ports["command"] = Out(near_field_port(params))
         super().__init__(ports)
         self.mem_words = mem_words
 
@@ -1254,13 +1297,13 @@ class SomaDecode(wiring.Component):
         state_base, out_base = (Signal(range(self.mem_words), name=n) for n in ("state_base", "out_base"))
         with m.If(self.start):
             m.d.sync += [par.eq(self.head), state_base.eq(self.state_base), out_base.eq(self.out_base)]
-        # In the paper profile an integer-exp head's row goes to the RowNormaliser (the wide one has none).
+        # In the paper profile an integer-exp head's row goes to the exp-only RowNormaliser (the wide profile
+        # has none: its row unit computes every normaliser).
         use_exp = head_choice(par, "normaliser", "exp_int")
+        norm = None
         if paper:
-            m.d.comb += [self.norm.count.eq(p.slots), self.norm.use_exp.eq(use_exp),
-                         self.norm.clb.eq(par["hccs_mode"] == 1), self.norm.out16.eq(0),
-                         self.norm.B.eq(par["hccs_B"]), self.norm.S.eq(par["hccs_S"]),
-                         self.norm.dmax.eq(par["hccs_dmax"]), self.norm.exp_mult.eq(par["exp_mult"])]
+            m.submodules.norm = norm = RowNormaliser(p.slots, exp_only=True)
+            m.d.comb += [norm.count.eq(p.slots), norm.exp_mult.eq(par["exp_mult"])]
 
         # Memory ports from registers: the phases set the *_next values. The word read is registered as it
         # leaves the block RAM (whose clock-to-output alone is over half a cycle on the ECP5).
@@ -1283,17 +1326,17 @@ class SomaDecode(wiring.Component):
             ram.serve(port)
 
         issue = _Issue(m, p, self.mem_words, mover.rows)
-        stages = self._stages(m, par, rams, mover, issue, rd_word, use_exp)
+        stages = self._stages(m, par, rams, mover, issue, rd_word, use_exp, norm)
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
             m.d.sync += self.busy.eq(1)
         with m.If(self.done):
             m.d.sync += self.busy.eq(0)
-        self._sequence(m, par, mover, issue, stages, rd_addr_next, use_exp)
+        self._sequence(m, par, mover, issue, stages, rd_addr_next, use_exp, norm)
         return m
 
-    def _stages(self, m, par, rams, mover, issue, rd_word, use_exp) -> SimpleNamespace:
+    def _stages(self, m, par, rams, mover, issue, rd_word, use_exp, norm) -> SimpleNamespace:
         """The datapath stages, each fed the tags of the item it holds (``issue.item``) and served by the
         register files; their FINAL element writes and LOAD's word writes into the register files."""
         p, item = self.params, issue.item
@@ -1305,20 +1348,21 @@ class SomaDecode(wiring.Component):
         rams.q.serve(scores.q)
         row = scores.row
         if paper:
-            m.d.comb += [self.norm.row_index.eq(row.index), self.norm.row_valid.eq(row.valid),
-                         self.norm.row_x.eq(row.x), self.norm.row_we.eq(row.we)]
+            m.d.comb += [norm.row_index.eq(row.index), norm.row_valid.eq(row.valid), norm.row_x.eq(row.x),
+                         norm.row_we.eq(row.we)]
 
         # Paper: HCCS heads normalise through the streaming HCCS unit (hw/hccs.py), exp heads through the
-        # tile's RowNormaliser (norm); wide: every head through the wide normaliser (hw/wide.py). The query
-        # gate runs beside either.
+        # RowNormaliser (norm); wide: every head through the wide normaliser (hw/wide.py). The query gate runs
+        # beside either. The row unit serves the tile's HCCS command between steps (command).
         m.submodules.near_field = near_field = NearFieldFeed(p)
         m.d.comb += [near_field.head.eq(par), near_field.row.eq(row)]
+        wiring.connect(m, wiring.flipped(self.command), near_field.command)
         m.submodules.gate = gate = GateStage(p)
         m.d.comb += [gate.head.eq(par), gate.accumulate_item.eq(item(2, PHASE_GATE)),
                      gate.done_item.eq(item(GATE_DEPTH, PHASE_GATE))]
         rams.q.serve(gate.q)
         rams.gate_fld.serve(gate.gate_field)
-        norm_done = Mux(use_exp, self.norm.done, near_field.done) if paper else near_field.done
+        norm_done = Mux(use_exp, norm.done, near_field.done) if paper else near_field.done
 
         # WEIGHTED SUM over slots for chunk c (issue.c holds the chunk); then FINAL over its L elements.
         m.submodules.weighted = weighted = WeightedStage(p)
@@ -1329,7 +1373,7 @@ class SomaDecode(wiring.Component):
                      weighted.done_item.eq(item(WEIGHTED_DEPTH, PHASE_WEIGHTED)),
                      weighted.probs.eq(near_field.probs), weighted.v_word.eq(rd_word)]
         if paper:
-            m.d.comb += [self.norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(self.norm.prob)]
+            m.d.comb += [norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(norm.prob)]
         m.submodules.output = output = OutputStage(p)
         m.d.comb += [output.head.eq(par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
                      output.write_item.eq(item(FINAL_DEPTH - 1, PHASE_FINAL)),
@@ -1356,7 +1400,7 @@ class SomaDecode(wiring.Component):
         return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=output,
                                norm_done=norm_done)
 
-    def _sequence(self, m, par, mover, issue, stages, rd_addr_next, use_exp):
+    def _sequence(self, m, par, mover, issue, stages, rd_addr_next, use_exp, norm):
         """The step's state machine: LOAD, WRITE (before SCORES when ``include_self``, else after FINAL),
         SCORES, NORMALISE, WEIGHTED and FINAL per chunk, STORE, DONE; ``done`` a pulse from a register."""
         p = self.params
@@ -1419,7 +1463,7 @@ class SomaDecode(wiring.Component):
                     issue.begin(PHASE_GATE)
                     m.d.comb += [gate.restart.eq(1), near_field.start.eq(1)]
                     if p.profile == "paper":
-                        m.d.comb += self.norm.start.eq(use_exp)
+                        m.d.comb += norm.start.eq(use_exp)
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
                 issue.step(n_issue == D - 1, gate.advance)

@@ -1,5 +1,5 @@
 """An AI-Engine-style compute tile: AXI4-Stream in and out, a local data memory, the command layer of
-:mod:`somatile.hw.regmap`, the Soma decode unit and the row normaliser.
+:mod:`somatile.hw.regmap` and the Soma decode unit, whose streaming row unit also serves the HCCS command.
 
 Ports (flat names, so that ``AxiStreamBus.from_prefix(dut, "s_axis")`` binds): ``s_axis_tdata``
 (``stream_width`` bits), ``s_axis_tvalid``, ``s_axis_tready``, ``s_axis_tlast`` in; ``m_axis_*`` out; and
@@ -7,11 +7,14 @@ Ports (flat names, so that ``AxiStreamBus.from_prefix(dut, "s_axis")`` binds): `
 beat; the behaviour, frame for frame, is that of :class:`somatile.hw.tile_model.TileModel` (its docstring
 lists the checks and the fault rules) except that CYCLES_LAST counts real cycles.
 
-Profiles (``TileParams.profile``, docs/numerics.md "Two integer profiles"): "paper" (int8 logits and output,
-the HCCS command and the integer-exp heads through :class:`~somatile.hw.soma.RowNormaliser`) or "wide" (the
-head registers of the wide table, an int16 DECODE output, and the HCCS command over int16 rows through the
-wide row unit of :mod:`somatile.hw.wide`, normalised by the head's normaliser into Q15; the decode unit
-carries its own wide normaliser). The command layer, its checks and its latencies are the same.
+Profiles (``TileParams.profile``, docs/numerics.md "Two integer profiles"): "paper" (int8 logits and output;
+HCCS rows, the command's and the decode steps', through the HCCS unit of :mod:`somatile.hw.hccs`, the
+decode steps' integer-exp heads through the decode unit's exp-only
+:class:`~somatile.hw.soma.RowNormaliser`) or "wide" (the head registers of the wide table, an int16 DECODE
+output, and every row, the HCCS command's over int16 logits included, through the wide row unit of
+:mod:`somatile.hw.wide`, normalised by the head's normaliser into Q15). Either way the tile has one row unit:
+the decode unit's, lent to the HCCS command between steps (:mod:`~somatile.hw.tile_rows`). The command
+layer, its checks and its latencies are the same.
 
 Contract:
 
@@ -32,9 +35,9 @@ Parts, each a component with its own contract and latency constants: the command
 (:mod:`~somatile.hw.tile_front`: header capture and checks, ``CHECK_SETTLE``), the head registers
 (:mod:`~somatile.hw.tile_heads`: ``CONFIG_SETTLE``, ``SELECT_LATENCY``), the register reader
 (:mod:`~somatile.hw.tile_regs`), the payload writer and clear sweep (:mod:`~somatile.hw.tile_payload`), the
-response streamer (:mod:`~somatile.hw.tile_response`), the decode unit and the normaliser
-(:mod:`~somatile.hw.soma`; in the wide profile the HCCS command's row unit of :mod:`~somatile.hw.wide`); the
-state machine here sequences them.
+response streamer (:mod:`~somatile.hw.tile_response`), the HCCS command's rows
+(:mod:`~somatile.hw.tile_rows`: elements into the row unit's beats and back) and the decode unit
+(:mod:`~somatile.hw.soma`); the state machine here sequences them.
 """
 
 from __future__ import annotations
@@ -45,14 +48,14 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2 as log2
 
 from somatile.hw import regmap
-from somatile.hw import wide as wide_unit
 from somatile.hw.pipe import block_ram, delay, reg
 from somatile.hw.regmap import PROFILE_HEAD_PARAMS, ErrorCode, Opcode, TileParams
-from somatile.hw.soma import RowNormaliser, SomaDecode, expected_cycles, output_words, wide_code
+from somatile.hw.soma import SomaDecode, expected_cycles, output_words
 from somatile.hw.tile_front import CHECK_SETTLE, PARAMS_DELAY, CommandFront
 from somatile.hw.tile_heads import CONFIG_SETTLE, SELECT_LATENCY, HeadRegisters
 from somatile.hw.tile_payload import PayloadWriter
 from somatile.hw.tile_response import ResponseStreamer, header_wait
+from somatile.hw.tile_rows import CommandRows
 from somatile.hw.tile_regs import VALUE_LATENCY, RegisterReader
 
 
@@ -87,13 +90,6 @@ def hccs_out_bytes(params: TileParams) -> int:
     return regmap.hccs_out_dtype(params).itemsize
 
 
-def hccs_command_unit(params: TileParams) -> wide_unit.WideConfig:
-    """The wide profile's HCCS command row unit: one int16 lane (the command's rows are fetched from staging
-    an element a cycle, like the paper's), one head (loaded with the command's head at EXECUTE), rows of a
-    padded row's elements (the padding masked: its output is 0, as the command's padding must be)."""
-    return wide_unit.WideConfig(lanes=1, heads=1, n_max=regmap.hccs_row_bytes(params, params.n_max) // 2)
-
-
 class Tile(wiring.Component):
     """One tile; keyword arguments are the fields of :class:`somatile.hw.regmap.TileParams` plus
     ``tile_index`` (its position in an array, reported by INFO)."""
@@ -113,11 +109,9 @@ class Tile(wiring.Component):
         mem, rd = block_ram(m, "mem", unsigned(8 * p.word_bytes), mem_words)
         wr = mem.write_port(granularity=8)
         m.submodules.decode = dec = SomaDecode(p, mem_words)
-        # The HCCS command's row unit (and, in the paper profile, the integer-exp heads' normaliser).
-        if p.profile == "wide":
-            m.submodules.norm = norm = wide_unit.WideNormaliser(config=hccs_command_unit(p))
-        else:
-            m.submodules.norm = norm = RowNormaliser(p.n_max)
+        # The HCCS command's rows through the decode unit's row unit (lent between steps).
+        m.submodules.rows = rows = CommandRows(p, out_bytes)
+        wiring.connect(m, rows.unit, dec.command)
         # Command header, its checks and the sizes it implies (hw/tile_front.py).
         m.submodules.front = front = CommandFront(p)
         # Every head's parameters (hw/tile_heads.py); the header's head index bits once more, in copies written
@@ -127,7 +121,7 @@ class Tile(wiring.Component):
         m.submodules.payload = payload = PayloadWriter(p)
         # The response (hw/tile_response.py): header beats, then memory words, the INFO words or HCCS rows.
         m.submodules.response = resp = ResponseStreamer(p, info, out_bytes)
-        seq = _Sequencer(m, self, front, heads, payload, resp, dec, norm)
+        seq = _Sequencer(m, self, front, heads, payload, resp, dec, rows)
 
         fields = front.header
         # The header head's parameters (the HCCS rule check reads three of them; the decode unit's parameters
@@ -169,10 +163,7 @@ class Tile(wiring.Component):
         # The value is read in EXECUTE, at least one cycle after CHECK.
         assert VALUE_LATENCY <= CHECK_SETTLE + 1
 
-        if p.profile == "wide":
-            seq.drive_wide_normaliser(rd)
-        else:
-            seq.drive_normaliser(rd)
+        seq.drive_rows(rd)
         # Decode unit: addresses, memory ports. The current head's addresses advance with cur (no multiplier
         # between cur and the decode unit).
         m.d.comb += [dec.state_base.eq(seq.dec_state_base), dec.stage_base.eq(seq.dec_stage_base),
@@ -198,11 +189,11 @@ class Tile(wiring.Component):
 class _Sequencer:
     """The tile's command sequencing: its registers (error, counters, the response's fields, the decode loop
     over heads, the HCCS rows) and the states of its state machine, which steer the parts (front end, head
-    registers, payload writer, response streamer, decode unit, normaliser)."""
+    registers, payload writer, response streamer, decode unit, the HCCS command's rows)."""
 
-    def __init__(self, m, tile: Tile, front, heads, payload, resp, dec, norm):
+    def __init__(self, m, tile: Tile, front, heads, payload, resp, dec, rows):
         self.m, self.tile, self.front, self.heads, self.payload, self.resp = m, tile, front, heads, payload, resp
-        self.dec, self.norm = dec, norm
+        self.dec, self.rows = dec, rows
         p = self.p = tile.params
         W = p.word_bytes
         self.state_words = regmap.state_bytes(p) // W
@@ -274,59 +265,26 @@ class _Sequencer:
         self.next_row_addr = reg(m, self.stage_word + (self.next_row_start >> log2(self.word_elems)),
                                  "next_row_addr", range(mem_words + 1))
         self.fetched_lane = reg(m, self.fetch_elem[:log2(self.word_elems)], "fetched_lane")
-        self.hccs_start = Signal()
         self.hccs_row_we = Signal()
-        self.hccs_prob_index = Signal(range(p.n_max + 1))
         self.hccs_configure = Signal()
-        if p.profile == "wide":
-            # The row's last element, padding included (the wide row unit takes the padding, masked).
-            self.n_pad_last = reg(m, front.n_pad - 1, "n_pad_last", range(regmap.padded(p.n_max)))
+        # The row's last element, padding included (the row unit takes the padding, masked).
+        self.n_pad_last = reg(m, front.n_pad - 1, "n_pad_last", range(regmap.padded(p.n_max)))
 
-    def drive_normaliser(self, rd):
-        """The normaliser's inputs: the decode unit's, or the HCCS command's (the members it drives)."""
-        m, norm, dec = self.m, self.norm, self.dec
-        # The HCCS command's row writes (and its start, after the last) reach the normaliser two cycles late,
-        # from registers: the memory word is registered as it leaves the block RAM, the byte selected out of
-        # it the next cycle, and the write follows.
+    def drive_rows(self, rd):
+        """The HCCS command's rows: its head's parameters written at EXECUTE, the row's n_pad elements (those
+        beyond n masked) two cycles after their fetch: the memory word is registered as it leaves the block
+        RAM, the element selected out of it the next cycle."""
+        m, rows, p = self.m, self.rows, self.p
+        bits = 8 * regmap.element_bytes(p)
         fetched_word = reg(m, rd.data, "fetched_word")
-        late_x = reg(m, fetched_word.word_select(delay(m, self.fetched_lane, 1), 8), "late_x")
-        late_start, late_we = (delay(m, v, 2, reset_less=False) for v in (self.hccs_start, self.hccs_row_we))
-        late_index = delay(m, self.row_index, 2)
-        # The HCCS command's parameters from the registers its rule check reads (the exp head is never asked for
-        # there), a decode step's from the decode unit: no head multiplexer in front of the normaliser. The
-        # exp multiplier is a decode step's only.
-        head = self.heads.header_params
-        hccs_drive = {"start": late_start, "count": self.front.header.arg1, "use_exp": 0,
-                      "clb": self.heads.hccs_mode == 1, "out16": self.out_bytes == 2, "row_we": late_we,
-                      "row_index": late_index, "row_x": late_x, "row_valid": 1, "prob_index": self.hccs_prob_index,
-                      "B": head.hccs_B, "S": head.hccs_S, "dmax": head.hccs_dmax}
-        for name, member in norm.signature.members.items():
-            if member.flow == wiring.In:  # into the normaliser
-                source = getattr(dec.norm, name)
-                m.d.comb += getattr(norm, name).eq(Mux(self.hccs_active, hccs_drive[name], source)
-                                                   if name in hccs_drive else source)
-            else:
-                m.d.comb += getattr(dec.norm, name).eq(getattr(norm, name))
-
-    def drive_wide_normaliser(self, rd):
-        """The wide HCCS command's row unit: its head's parameters written at EXECUTE, the row's n_pad elements
-        (those beyond n masked) as one-lane beats, two cycles after their fetch like the paper's row writes.
-        The unit's input is never refused here: a row starts only after the previous row's last output beat
-        (every bank free), and inside a row the unit takes every beat."""
-        m, norm, p = self.m, self.norm, self.p
-        fetched_word = reg(m, rd.data, "fetched_word")
-        late_x = reg(m, fetched_word.word_select(delay(m, self.fetched_lane, 1), 16), "late_x")
+        late_x = reg(m, fetched_word.word_select(delay(m, self.fetched_lane, 1), bits), "late_x")
         row_index, arg1 = self.row_index, self.front.header.arg1
         late_we = delay(m, self.hccs_row_we, 2, reset_less=False)
         late_mask, late_first, late_last = (delay(m, v, 2) for v in (row_index < arg1, row_index == 0,
                                                                       row_index == self.n_pad_last))
-        head = self.heads.header_params
-        m.d.comb += [norm.i.valid.eq(late_we), norm.i.payload.data[0].eq(late_x), norm.i.payload.mask.eq(late_mask),
-                     norm.i.payload.first.eq(late_first), norm.i.payload.last.eq(late_last),
-                     norm.i.payload.head.eq(0),
-                     norm.cfg.valid.eq(self.hccs_configure), norm.cfg.payload.head.eq(0),
-                     norm.cfg.payload.params.code.eq(wide_code(head)), norm.cfg.payload.params.B.eq(head.hccs_B),
-                     norm.cfg.payload.params.S.eq(head.hccs_S), norm.cfg.payload.params.dmax.eq(head.hccs_dmax)]
+        m.d.comb += [rows.valid.eq(late_we), rows.x.eq(late_x), rows.mask.eq(late_mask), rows.first.eq(late_first),
+                     rows.last.eq(late_last), rows.n_last.eq(self.n_pad_last), rows.active.eq(self.hccs_active),
+                     rows.configure.eq(self.hccs_configure), rows.head.eq(self.heads.header_params)]
 
     def set_length(self, value, nonzero):
         self.m.d.sync += [self.resp_length.eq(value), self.resp_has_payload.eq(nonzero)]
@@ -507,8 +465,7 @@ class _Sequencer:
                 m.next = "DECODE_NEXT"
             with m.Elif(is_op[Opcode.HCCS]):
                 m.d.sync += [self.row.eq(0), self.hccs_active.eq(1)]
-                if p.profile == "wide":
-                    m.d.comb += self.hccs_configure.eq(1)
+                m.d.comb += self.hccs_configure.eq(1)
                 # hccs_bytes counts the input rows' bytes; the output element may be wider (paper int16).
                 set_length(front.hccs_bytes * (self.out_bytes // regmap.element_bytes(p)), front.hccs_bytes_nonzero)
                 start_response()
@@ -555,63 +512,35 @@ class _Sequencer:
                 finish()
 
     def hccs_states(self):
-        """The HCCS command's rows: each loaded from staging into the normaliser, normalised, sent."""
-        m, resp, W = self.m, self.resp, self.p.word_bytes
-        wide = self.p.profile == "wide"
+        """The HCCS command's rows: each loaded from staging into the row unit, its probabilities packed into
+        the response's beats as the unit answers them, sent."""
+        m, resp, rows = self.m, self.resp, self.rows
         row_index, fetch_elem, fetch_addr = self.row_index, self.fetch_elem, self.fetch_addr
-        arg1 = self.front.header.arg1
         with m.State("HCCS_LOAD"):
-            # Read the row's words from staging and write its elements into the normaliser, one a cycle (the
-            # paper's n, the wide unit's n_pad: it takes the padding masked). fetch_elem is the element whose
-            # word (fetch_addr) is addressed this cycle; the one consumed was addressed the cycle before (its
-            # lane in fetched_lane).
+            # Read the row's words from staging and hand its n_pad elements to the row unit, one a cycle (the
+            # padding masked). fetch_elem is the element whose word (fetch_addr) is addressed this cycle; the
+            # one consumed was addressed the cycle before (its lane in fetched_lane).
             m.d.sync += [self.fetch_valid.eq(1), fetch_elem.eq(fetch_elem + 1)]
             with m.If(fetch_elem[:log2(self.word_elems)] == self.word_elems - 1):
                 m.d.sync += fetch_addr.eq(fetch_addr + 1)
             with m.If(self.fetch_valid):
                 m.d.comb += self.hccs_row_we.eq(1)
                 m.d.sync += row_index.eq(row_index + 1)
-                with m.If(row_index == (self.n_pad_last if wide else self.front.arg1_last)):
+                with m.If(row_index == self.n_pad_last):
                     m.d.sync += self.fetching.eq(0)
-                    if wide:
-                        # The unit answers the row as it comes: its beats are packed as they arrive.
-                        m.d.comb += resp.pack_clear.eq(1)
-                        m.next = "HCCS_PACK"
-                    else:
-                        m.d.comb += self.hccs_start.eq(1)
-                        m.next = "HCCS_RUN"
-        if not wide:
-            with m.State("HCCS_RUN"):
-                # The probabilities are read one cycle after their index: HCCS_PACK consumes row_index's and
-                # addresses the next; HCCS_SEND holds the address of the one it will consume next.
-                m.d.comb += self.hccs_prob_index.eq(0)
-                with m.If(self.norm.done):
-                    m.d.sync += row_index.eq(0)
+                    # The unit answers the row as it comes: its elements are packed as they arrive.
                     m.d.comb += resp.pack_clear.eq(1)
                     m.next = "HCCS_PACK"
         with m.State("HCCS_PACK"):
-            if wide:
-                # One output beat (one element) a cycle from the row unit; row_done: it was the row's last.
-                out = self.norm.o
-                m.d.comb += [out.ready.eq(1), resp.pack.eq(out.valid), resp.value.eq(out.payload.data[0])]
-                with m.If(out.valid):
-                    m.d.sync += self.row_done.eq(out.payload.last)
-                    with m.If(resp.beat_full):
-                        m.next = "HCCS_SEND"
-            else:
-                m.d.comb += self.hccs_prob_index.eq(row_index + 1)
-                value = Mux(row_index < arg1, self.norm.prob, 0)[:8 * self.out_bytes]
-                # row_done: the row's last element is packed (row_index == n_pad when HCCS_SEND reads it), in a
-                # register: a comparison there was in front of the enables of the frame's counters.
-                m.d.comb += [resp.pack.eq(1), resp.value.eq(value)]
-                m.d.sync += [row_index.eq(row_index + 1), self.row_done.eq(row_index + 1 == self.front.n_pad)]
+            # One element a cycle from the row unit; row_done: it was the row's last.
+            m.d.comb += [rows.take.eq(1), resp.pack.eq(rows.out_valid), resp.value.eq(rows.value)]
+            with m.If(rows.out_valid):
+                m.d.sync += self.row_done.eq(rows.final)
                 with m.If(resp.beat_full):
                     m.next = "HCCS_SEND"
         with m.State("HCCS_SEND"):
             final = self.row_done & self.last_row
             m.d.comb += [resp.send_row.eq(1), resp.row_last.eq(final)]
-            if not wide:
-                m.d.comb += self.hccs_prob_index.eq(row_index)
             with m.If(resp.beat):
                 with m.If(final):
                     m.d.sync += self.hccs_active.eq(0)

@@ -56,7 +56,7 @@ CHECK_SETTLE = PARAMS_DELAY + RULES_LATENCY + 1
 
 class CommandFront(wiring.Component):
     """The front end of a tile with :class:`~somatile.hw.regmap.TileParams` ``params``; the ports are listed
-    in the module docstring (the sizes: ``head_end``, ``arg1_last`` (arg1 - 1), ``n_pad`` (arg1 rounded up to
+    in the module docstring (the sizes: ``head_end``, ``n_pad`` (arg1 rounded up to
     the elements of a frame granule: a row's elements, padding included, ``regmap.hccs_row_bytes`` /
     ``regmap.element_bytes``), ``rows_last`` (arg0 - 1), ``hccs_bytes`` (arg0 * the row's bytes) and its
     ``!= 0``, the DECODE
@@ -75,7 +75,7 @@ class CommandFront(wiring.Component):
             "head_params": In(head_params_layout(p.profile)),
             "check_error": Out(8), "check_failed": Out(1), "is_op": Out(OPCODE_FLAGS), "no_payload": Out(1),
             "length": Out(PAYLOAD_LENGTH),
-            "head_end": Out(9), "arg1_last": Out(signed(33)), "n_pad": Out(n_pad_shape), "rows_last": Out(signed(33)),
+            "head_end": Out(9), "n_pad": Out(n_pad_shape), "rows_last": Out(signed(33)),
             "hccs_bytes": Out(hccs_bits + log2(regmap.FRAME_GRANULE)), "hccs_bytes_nonzero": Out(1),
             "decode_out_bytes": Out(32), "decode_out_nonzero": Out(1), "decode_out_words": Out(range(mem_words + 1)),
             "head_words": Out(32), "next_head_words": Out(32), "end_head_words": Out(32),
@@ -171,8 +171,7 @@ class CommandFront(wiring.Component):
         fields = self.header
         head, count, arg1 = fields.head, fields.count, fields.arg1
         state_words = regmap.state_bytes(p) // p.word_bytes
-        out = {"head_end": reg(m, head + Mux(is_counted, count, 1), "head_end", unsigned(9)),
-               "arg1_last": reg(m, arg1 - 1, "arg1_last", signed(33))}
+        out = {"head_end": reg(m, head + Mux(is_counted, count, 1), "head_end", unsigned(9))}
         # HCCS command arguments: rows * the row's bytes, 3 cycles after the header: n_pad is a multiple of the
         # granule's elements, so the product is rows times its few high bits, in the fabric (a DSP block's row
         # is too far from the header register).
@@ -217,7 +216,7 @@ class CommandFront(wiring.Component):
         last_beat_at = out["last_beat_at"] = reg(m, expected - SB, "last_beat_at", signed(34))
         out["first_is_last"] = reg(m, last_beat_at == 0, "first_is_last")
         out["before_last_beat"] = reg(m, last_beat_at - SB, "before_last_beat", signed(35))
-        m.d.comb += [self.head_end.eq(out["head_end"]), self.arg1_last.eq(out["arg1_last"]), self.n_pad.eq(n_pad),
+        m.d.comb += [self.head_end.eq(out["head_end"]), self.n_pad.eq(n_pad),
                      self.rows_last.eq(out["rows_last"]), self.hccs_bytes.eq(hccs_bytes),
                      self.hccs_bytes_nonzero.eq(out["hccs_bytes_nonzero"]),
                      self.decode_out_bytes.eq(out["decode_out_bytes"]),

@@ -476,3 +476,80 @@ def test_payload_writer_puts_beats_into_memory_a_cycle_late_and_the_sweep_clears
 
     run(dut, bench)
     assert sweeps == [(1, p.heads * state_words), (0, 2 * state_words)]
+
+
+@pytest.mark.parametrize("p", [SMALL, WIDE, WIDE_PROFILE], ids=["paper-uint8", "paper-int16", "wide"])
+def test_command_rows_normalise_through_the_decode_units_row_unit_like_the_model(p):
+    """The HCCS command's rows, element by element with gaps, through CommandRows and the row unit of a
+    NearFieldFeed lent to it (``command.active``), read back with stalls: each row equals the model's HCCS
+    command, padding 0, and ``final`` marks each row's last element."""
+    from amaranth.hdl import Module
+    from amaranth.lib import wiring
+
+    from somatile.hw.soma import NearFieldFeed, head_params_layout
+    from somatile.hw.tile import hccs_out_bytes
+    from somatile.hw.tile_rows import CONFIGURE_LATENCY, CommandRows
+
+    rng = np.random.default_rng(11)
+    out_bytes = hccs_out_bytes(p)
+    if p.profile == "wide":
+        values = tile_model.head_values(run_soma.random_config(rng, p, normaliser="pwl2_int"))
+    else:  # parameters inside the paper's HCCS rules, which the command checks; clb for the int16 rows
+        values = block_values(hccs_B=40, hccs_S=1, hccs_dmax=12, hccs_mode=int(p.hccs_out == "int16"))
+    model = tile_model.TileModel(p)
+    assert regmap.unpack_response(model.command(tile_model.configure_frame(0, values))).error == ErrorCode.OK
+    dtype = np.int16 if p.profile == "wide" else np.int8
+    lo, hi = (-3000, 3000) if p.profile == "wide" else (-128, 128)
+    elem = regmap.element_bytes(p)
+    rows = []
+    for n in (10, 13, p.n_max, 17):  # the paper rule holds for these parameters from 10 elements on
+        x = rng.integers(lo, hi, (2, n)).astype(dtype)
+        response = regmap.unpack_response(model.command(tile_model.hccs_frame(0, x, p.profile)))
+        assert response.error == ErrorCode.OK
+        want = np.frombuffer(response.payload, regmap.hccs_out_dtype(p)).reshape(2, -1)
+        n_pad = regmap.hccs_row_bytes(p, n) // elem
+        rows += [(np.pad(row, (0, n_pad - n)), n, want[r]) for r, row in enumerate(x)]
+
+    m = Module()
+    m.submodules.feed = feed = NearFieldFeed(p)
+    m.submodules.rows = dut = CommandRows(p, out_bytes)
+    wiring.connect(m, dut.unit, feed.command)
+    layout = head_params_layout(p.profile)
+    got = []
+
+    async def bench(ctx):
+        ctx.set(dut.active, 1)
+        ctx.set(dut.head, layout.const(dict(zip(layout.members, values))))
+        ctx.set(dut.configure, 1)
+        await ctx.tick()
+        ctx.set(dut.configure, 0)
+        await ctx.tick().repeat(CONFIGURE_LATENCY)
+        for x, n, _ in rows:
+            ctx.set(dut.n_last, len(x) - 1)
+            for i, xi in enumerate(x):
+                while rng.random() < 0.3:    # a gap in the fetch
+                    ctx.set(dut.valid, 0)
+                    await ctx.tick()
+                ctx.set(dut.valid, 1), ctx.set(dut.x, int(xi)), ctx.set(dut.mask, int(i < n))
+                ctx.set(dut.first, int(i == 0)), ctx.set(dut.last, int(i == len(x) - 1))
+                await ctx.tick()
+            ctx.set(dut.valid, 0)
+            values_out = []
+            for _ in range(20 * len(x) + 400):
+                take = rng.random() < 0.7
+                ctx.set(dut.take, int(take))
+                if take and ctx.get(dut.out_valid):
+                    values_out.append((ctx.get(dut.value), ctx.get(dut.final)))
+                    if values_out[-1][1]:
+                        await ctx.tick()
+                        break
+                await ctx.tick()
+            ctx.set(dut.take, 0)
+            got.append(values_out)
+
+    run(m, bench)
+    assert len(got) == len(rows)
+    for (x, n, want), values_out in zip(rows, got):
+        assert [v for v, _ in values_out] == want.tolist(), (n, x.tolist())
+        assert [f for _, f in values_out] == [0] * (len(x) - 1) + [1]
+        assert any(want[:n]) and not any(want[n:])

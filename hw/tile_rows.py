@@ -1,0 +1,105 @@
+"""The HCCS command's rows through the tile's one streaming row unit (the decode unit's, lent between steps).
+
+:class:`CommandRows` turns the command's elements, fetched from staging one a cycle, into the unit's beats of
+``lanes`` elements, and the unit's beats of probabilities back into elements one a cycle for the response.
+It writes the command's head parameters into the unit first (``configure``), and holds the unit's port
+(``unit.active``) while ``active`` is high.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from somatile.hw import regmap
+from somatile.hw.pipe import reg
+from somatile.hw.regmap import TileParams
+from somatile.hw.soma import head_params_layout, near_field_port, near_field_unit, wide_code
+from somatile.model import hccs
+
+CONFIGURE_LATENCY = 1
+"""Cycles from ``configure`` to the parameters' write into the unit (a register: the pulse comes from the
+command's state, far from the unit's head table)."""
+
+
+class CommandRows(wiring.Component):
+    """One row at a time (the row's elements, then its probabilities, before the next row's first element).
+
+    - ``configure`` (pulse): the unit's head 0 takes ``head`` (the command's head: B, S, dmax and, paper,
+      ``hccs_mode`` with the tile's ``hccs_out``; wide, the head's normaliser) :data:`CONFIGURE_LATENCY`
+      cycles later; ``active`` must be high by then and stay high until the last row's last element is taken.
+    - Elements: ``x`` (int8 paper, int16 wide) with ``mask`` (0: padding, output 0), ``first`` and ``last``
+      (the row's first and last element, padding included) in a cycle with ``valid``. A beat goes to the unit
+      a cycle after its last lane's element (or the row's last element: its spare lanes masked). The unit
+      never refuses it: a row starts only after the previous row's last probability was taken (every bank
+      free), and inside a row the unit takes a beat every cycle.
+    - Probabilities: ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``; ``take``
+      consumes it (one a cycle); ``final`` marks the row's ``n_last``-th (last) element. The unit's spare
+      lanes beyond it are dropped.
+    """
+
+    def __init__(self, params: TileParams, out_bytes: int):
+        self.params, self.out_bytes = params, out_bytes
+        self.config = near_field_unit(params)
+        bits = 8 * regmap.element_bytes(params)
+        self.n_elements = regmap.hccs_row_bytes(params, params.n_max) // regmap.element_bytes(params)
+        super().__init__({
+            "unit": In(near_field_port(params)), "active": In(1),
+            "configure": In(1), "head": In(head_params_layout(params.profile)),
+            "valid": In(1), "x": In(signed(bits)), "mask": In(1), "first": In(1), "last": In(1),
+            "n_last": In(range(self.n_elements)),
+            "take": In(1), "out_valid": Out(1), "value": Out(8 * out_bytes), "final": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p, unit, lanes = self.params, self.unit, self.config.lanes
+        bits = 8 * regmap.element_bytes(p)
+        m.d.comb += unit.active.eq(self.active)
+
+        # The head's parameters, written a cycle after configure.
+        cfg = unit.cfg.payload
+        m.d.sync += unit.cfg.valid.eq(self.configure)
+        m.d.comb += [cfg.head.eq(0), cfg.params.B.eq(self.head["hccs_B"]), cfg.params.S.eq(self.head["hccs_S"]),
+                     cfg.params.dmax.eq(self.head["hccs_dmax"])]
+        if p.profile == "wide":
+            m.d.comb += cfg.params.code.eq(wide_code(self.head))
+        else:
+            m.d.comb += [cfg.params.mode.eq(self.head["hccs_mode"]),
+                         cfg.params.out.eq(hccs.OUT_INT16 if self.out_bytes == 2 else hccs.OUT_UINT8)]
+
+        # Elements into a beat: lane `lane` takes the element; the beat is registered once its last lane (or
+        # the row's last element) is in, spare lanes masked.
+        lane = Signal(range(lanes))
+        held_x = Signal(bits * lanes, reset_less=True)
+        held_mask = Signal(lanes)
+        held_first = Signal()
+        beat = unit.i.payload
+        m.d.sync += unit.i.valid.eq(0)
+        with m.If(self.valid):
+            x_lanes = [Mux(lane == j, self.x.as_unsigned(), held_x.word_select(j, bits)) for j in range(lanes)]
+            mask_lanes = [Mux(lane == j, self.mask, Mux(lane > j, held_mask[j], 0)) for j in range(lanes)]
+            first = Mux(lane == 0, self.first, held_first)
+            m.d.sync += [held_x.eq(Cat(*x_lanes)), held_mask.eq(Cat(*mask_lanes)), held_first.eq(first),
+                         lane.eq(lane + 1)]
+            with m.If((lane == lanes - 1) | self.last):
+                m.d.sync += [unit.i.valid.eq(1), beat.data.eq(Cat(*x_lanes)), beat.mask.eq(Cat(*mask_lanes)),
+                             beat.first.eq(first), beat.last.eq(self.last), beat.head.eq(0), lane.eq(0)]
+
+        # The unit's beats out an element at a time: out_lane is the lane offered; the beat is consumed with its
+        # last lane, or with the row's last element (the spare lanes after it are padding of the beat).
+        out = unit.o
+        out_lane = Signal(range(lanes))
+        count = Signal(range(self.n_elements))
+        lane_values = [out.payload.data[j][:8 * self.out_bytes] for j in range(lanes)]
+        m.d.comb += [self.out_valid.eq(out.valid), self.final.eq(count == self.n_last),
+                     self.value.eq(Array(lane_values)[out_lane] if lanes > 1 else lane_values[0])]
+        with m.If(self.take & out.valid):
+            m.d.sync += [out_lane.eq(out_lane + 1), count.eq(count + 1)]
+            with m.If((out_lane == lanes - 1) | self.final):
+                m.d.comb += out.ready.eq(1)
+                m.d.sync += out_lane.eq(0)
+        with m.If(self.valid & self.first):  # a new row: its probabilities count from 0
+            m.d.sync += [count.eq(0), out_lane.eq(0)]
+        return m
