@@ -26,7 +26,10 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import types
+from numba.core.imputils import impl_ret_borrowed
+from numba.cpython.unsafe.numbers import leading_zeros
 from numba.extending import intrinsic
+from numba.np.arrayobj import make_array, populate_array
 
 INPUT_BITS = 8
 """Logits enter as int8."""
@@ -82,7 +85,7 @@ WIDTHS = {
 def per_head(name: str, value, heads: int) -> np.ndarray:
     """Expand an integer or a length-``heads`` sequence of integers to int64 (heads,); errors name ``name``."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return np.full(heads, value, np.int64)  # the common case, without the array round trip
+        return np.array((value,) * heads, np.int64)  # the common case; np.full costs several times more
     arr = np.asarray(value)
     if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
         raise ValueError(f"{name}: expected integers, got {value!r}")
@@ -117,8 +120,7 @@ def check_params(B, S, dmax, cols: int, heads: int = 1, *, allow_zero_floor: boo
     if cols < 1:
         raise ValueError(f"rows are empty (cols = {cols}); HCCS needs at least one element per row")
     B, S, dmax = (per_head(n, v, heads) for n, v in (("B", B), ("S", S), ("dmax", dmax)))
-    for h in range(heads):
-        b, s, dm = int(B[h]), int(S[h]), int(dmax[h])
+    for h, (b, s, dm) in enumerate(zip(B.tolist(), S.tolist(), dmax.tolist())):
         where = f"head {h}: " if heads > 1 else ""
         for name, val, lo, hi in (("B", b, B_MIN, B_MAX), ("S", s, S_MIN, S_MAX), ("dmax", dm, DMAX_MIN, DMAX_MAX)):
             if not lo <= val <= hi:
@@ -269,14 +271,30 @@ def sub_i32(typingctx, a, b):
     return types.int32(types.int32, types.int32), lambda context, builder, sig, args: builder.sub(*args)
 
 
+@intrinsic
+def flat_view(typingctx, a):
+    """The C-contiguous array ``a`` as a 1-D view of its elements: ``a.reshape(-1)`` without numba's general
+    reshape, whose shape normalisation and helper call cost tens of nanoseconds each (the six reshapes of a
+    single-row call cost more than a 256-element row)."""
+    if not isinstance(a, types.Array) or a.layout != "C":
+        return None
+    view = a.copy(ndim=1, layout="C")
+
+    def codegen(context, builder, signature, args):
+        source = make_array(signature.args[0])(context, builder, args[0])
+        result = make_array(view)(context, builder)
+        populate_array(result, data=source.data, shape=[source.nitems], strides=[source.itemsize],
+                       itemsize=source.itemsize, meminfo=source.meminfo, parent=source.parent)
+        return impl_ret_borrowed(context, builder, view, result._getvalue())
+
+    return view(a), codegen
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def leading_bit(v):
-    """floor(log2 v) for v >= 1: the position of the leading one."""
-    k = 0
-    while v > 1:
-        v >>= 1
-        k += 1
-    return k
+    """floor(log2 v) for 1 <= v < 2^63: the position of the leading one, in one instruction (a shift loop
+    costs a mispredicted branch per row whose total changes octave)."""
+    return np.int64(63) - np.int64(leading_zeros(np.uint64(v)))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -299,10 +317,8 @@ def hccs_row(x_row, valid_row, B, S, dmax, mode_code, out_code, out_row):
     out_row: integer array of length N (int32, or the dtype of out_code), receives 0 at masked positions and
     the whole row 0 when no element takes part. Many rows of a head go faster through :func:`hccs_rows2`.
     """
-    n = x_row.shape[0]
-    valid2 = np.ascontiguousarray(valid_row).reshape(1, valid_row.shape[0])
-    return hccs_rows2(np.ascontiguousarray(x_row).reshape(1, n), valid2, B, S, dmax, mode_code, out_code,
-                      out_row.reshape(1, n))
+    return _hccs_flat(np.ascontiguousarray(x_row), np.ascontiguousarray(valid_row), valid_row.shape[0] == 0, 1,
+                      x_row.shape[0], B, S, dmax, mode_code, out_code, out_row)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -325,14 +341,21 @@ def hccs_rows2(x2, valid2, B, S, dmax, mode_code, out_code, out2):
       wider reciprocal (masks, ``allow_zero_floor``) take int32 lanes.
 
     Every step is cast back to its lane width, since numba would otherwise widen to int64 and cut the SIMD
-    lanes. The loops are written out here rather than in helpers taking the arrays: numba reference-counts
-    array arguments of every (even inlined) call with atomic operations, which on a 128-element row cost
-    more than the row; rows are addressed by unsigned offsets into the flat arrays, so that numba's
-    negative-index wrap-around does not turn the loads into gathers.
+    lanes. The loops are written out in one function (:func:`_hccs_flat`, called once per call, not per row)
+    rather than in per-pass helpers taking the arrays: numba reference-counts array arguments of every (even
+    inlined) call with atomic operations, which on a 128-element row cost more than the row; rows are
+    addressed by unsigned offsets into the flat arrays (:func:`flat_view`), so that numba's negative-index
+    wrap-around does not turn the loads into gathers.
     """
     rows, n = x2.shape
-    x, out, valid = x2.reshape(-1), out2.reshape(-1), valid2.reshape(-1)
-    every = valid2.shape[1] == 0
+    return _hccs_flat(flat_view(x2), flat_view(valid2), valid2.shape[1] == 0, rows, n, B, S, dmax, mode_code,
+                      out_code, flat_view(out2))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _hccs_flat(x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out):
+    """The rows of :func:`hccs_rows2` over the flat arrays x and out (rows * n elements) and valid (the same,
+    or ignored when ``every``)."""
     narrow_out = out_code == OUT_UINT8
     shift = np.int32(INV_SHIFT if narrow_out else 0)
     cap = np.int32(UINT8_MAX if narrow_out else INT16_MAX)

@@ -23,8 +23,8 @@ import numpy as np
 
 from somatile.model import nbcache
 from somatile.model.hccs import (INT16_MAX, OUT_CODES, OUT_DTYPES, OUT_UINT8, UINT8_MAX, as_heads, ashr_i32,
-                                 code_of, floor_log2, leading_bit, masked_max_at, mul_i32, per_head_in_range,
-                                 shl_i32, sub_i32)
+                                 code_of, flat_view, floor_log2, leading_bit, masked_max_at, mul_i32,
+                                 per_head_in_range, shl_i32, sub_i32)
 
 # Its kernels inline @njit code of these files: a change there must reach this module's numba cache.
 nbcache.drop_stale(__file__, ("intexp.py", "hccs.py"))
@@ -130,10 +130,8 @@ def intexp_row(x_row, valid_row, mult, out_code, out_row):
     masked positions and in a fully-masked row). E is computed twice rather than stored, so that nothing is
     allocated; many rows of a head go faster through :func:`intexp_rows2` with a scratch row.
     """
-    n = x_row.shape[0]
-    valid2 = np.ascontiguousarray(valid_row).reshape(1, valid_row.shape[0])
-    return intexp_rows2(np.ascontiguousarray(x_row).reshape(1, n), valid2, mult, out_code, out_row.reshape(1, n),
-                        np.empty(0, np.int32))
+    return _intexp_flat(np.ascontiguousarray(x_row), np.ascontiguousarray(valid_row), valid_row.shape[0] == 0,
+                        1, x_row.shape[0], mult, out_code, out_row, np.empty(0, np.int32))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -150,8 +148,14 @@ def intexp_rows2(x2, valid2, mult, out_code, out2, terms):
     per-head table of E by distance, 256 entries, was measured slower: the lookups do not vectorise.)
     """
     rows, n = x2.shape
-    x, out, valid = x2.reshape(-1), out2.reshape(-1), valid2.reshape(-1)
-    every = valid2.shape[1] == 0
+    return _intexp_flat(flat_view(x2), flat_view(valid2), valid2.shape[1] == 0, rows, n, mult, out_code,
+                        flat_view(out2), terms)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _intexp_flat(x, valid, every, rows, n, mult, out_code, out, terms):
+    """The rows of :func:`intexp_rows2` over the flat arrays x and out (rows * n elements) and valid (the
+    same, or ignored when ``every``)."""
     stored = terms.shape[0] >= n
     mult32 = np.int32(mult)
     numerator = np.uint32(UINT8_NUMERATOR if out_code == OUT_UINT8 else INT16_NUMERATOR)

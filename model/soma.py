@@ -421,7 +421,11 @@ def state_dtypes(cfg: SomaConfig, float_dtype=np.float32) -> tuple[np.dtype, np.
 
 def check_inputs(cfg: SomaConfig, q, k, v, seq: bool):
     """q, k, v as arrays of the shapes ``cfg`` asks for (with a leading T axis when ``seq``), or ValueError
-    naming the tensor and the expected shape. Every backend of prefill/decode_step calls this first."""
+    naming the tensor and the expected shape. Every backend of prefill/decode_step calls this first.
+    Integer tokens that are already int8 arrays of the right shapes pass one cheap test (the decode step's
+    per-token path); anything else takes the checks below, which name what is wrong."""
+    if cfg.integer and not seq and _int8_token(cfg, q, k, v):
+        return q, k, v
     lead = "(T, " if seq else "("
     shapes = {"q": (cfg.n_heads, cfg.head_dim), "k": (cfg.n_kv_heads, cfg.head_dim),
               "v": (cfg.n_kv_heads, cfg.head_dim)}
@@ -429,9 +433,8 @@ def check_inputs(cfg: SomaConfig, q, k, v, seq: bool):
     length = None
     for name, a in arrays.items():
         want = shapes[name]
-        expected = f"{lead}{want[0]}, {want[1]})"
         if a.ndim != len(want) + seq or a.shape[seq:] != want:
-            raise ValueError(f"Soma input {name!r}: expected shape {expected}, got {a.shape}")
+            raise ValueError(f"Soma input {name!r}: expected shape {lead}{want[0]}, {want[1]}), got {a.shape}")
         if seq:
             if length is not None and a.shape[0] != length:
                 raise ValueError(f"Soma input {name!r}: expected T={length} tokens like q, got {a.shape[0]}")
@@ -448,6 +451,18 @@ def check_inputs(cfg: SomaConfig, q, k, v, seq: bool):
     if seq and length == 0:
         raise ValueError("Soma input 'q': expected at least one token, got T=0")
     return arrays["q"], arrays["k"], arrays["v"]
+
+
+_INT8 = np.dtype(np.int8)
+
+
+def _int8_token(cfg: SomaConfig, q, k, v) -> bool:
+    """True when q, k, v are int8 numpy arrays of one token's shapes for ``cfg`` (what check_inputs accepts
+    for an integer decode step, tested without building its messages)."""
+    kv_shape = (cfg.n_kv_heads, cfg.head_dim)
+    return (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray
+            and q.dtype == _INT8 and k.dtype == _INT8 and v.dtype == _INT8
+            and q.shape == (cfg.n_heads, cfg.head_dim) and k.shape == kv_shape and v.shape == kv_shape)
 
 
 def _float_dtype(*arrays) -> np.dtype:

@@ -10,7 +10,7 @@ that LLVM vectorises int8 x int8 -> int32; the rest is int64 (wide enough for ev
 
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -81,82 +81,157 @@ def _field_update(f, x, gamma_q15):
             f[c, d] = _rshift_round(acc, 15)
 
 
+DOT_CHUNK = 64
+"""Head dimensions that are a multiple of this run the dot products and P.V rows in loops of this constant
+trip count: LLVM then emits them as straight-line vector code, with no remainder loop or runtime trip-count
+checks per slot (a third of the score time at head_dim 64)."""
+PV_SLOTS = 4
+"""P.V adds this many value rows per pass over the accumulator row, so that the int32 accumulator is loaded
+and stored once per four slots rather than once per slot."""
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
-def _dot(q, t, h, keys, c, j, D):
-    """q[t, h] . keys[c, j] in int32 lanes (|sum| <= D * 2^14), indexed in place: a view per slot would
-    cost two atomic reference-count updates, more than the 64 multiplies."""
+def _dot(q16, h, keys, c, j, D):
+    """q16[h] . keys[c, j] in int32 lanes (|sum| <= D * 2^14), indexed in place: a view per slot would cost
+    two atomic reference-count updates, more than the 64 multiplies. q16 holds the query widened to int16
+    once per token, so that the multiply is the int16 x int16 -> int32 pair LLVM forms vpmaddwd from."""
     s = np.int32(0)
-    for d in range(D):
-        s = np.int32(s + np.int32(np.int32(q[t, h, d]) * np.int32(keys[c, j, d])))
+    if D % DOT_CHUNK == 0:
+        for d0 in range(0, D, DOT_CHUNK):
+            for i in range(DOT_CHUNK):
+                d = np.uint64(d0) + np.uint64(i)
+                s = np.int32(s + np.int32(np.int32(q16[h, d]) * np.int32(keys[c, j, d])))
+    else:
+        for d in range(D):
+            s = np.int32(s + np.int32(np.int32(q16[h, d]) * np.int32(keys[c, j, d])))
     return s
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _accumulate(acc, g, pj, values, c, j, D):
-    """acc[g] += pj * values[c, j] in int32 lanes (|acc| < 2^23)."""
-    for d in range(D):
-        acc[g, d] = np.int32(acc[g, d] + np.int32(pj * np.int32(values[c, j, d])))
+def _scores(q16, h0, group, keys, c, slots, scores, s0, D):
+    """scores[g, s0 + j] = q16[h0 + g] . keys[c, j] for the group's heads g and slots j < ``slots``: each key
+    row is read once for the group while it is in L1."""
+    for j in range(slots):
+        for g in range(group):
+            scores[g, s0 + j] = _dot(q16, h0 + g, keys, c, j, D)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _logits(scores, r0, j0, j1, mult, shift, recency, dist0, valid_end, lo, hi, x_rows):
+    """Steps 3 and 5 over slots j0..j1-1 of the row at flat offset r0 of ``scores`` and ``x_rows``, where the
+    ring distance is ``dist0 - j`` (a straight piece of the modulo): x = sat(rshr(s * mult, shift) -
+    recency * dist, lo, hi), 0 from ``valid_end`` on. Branch-free and with unsigned indices (no
+    negative-index wrap-around), so that LLVM vectorises it in int64 lanes."""
+    half = (np.int64(1) << shift) >> 1
+    for i in range(j1 - j0):
+        j = np.uint64(j0) + np.uint64(i)
+        logit = ((np.int64(scores[r0 + j]) * mult + half) >> shift) - recency * (dist0 - np.int64(j))
+        logit = lo if logit < lo else (hi if logit > hi else logit)
+        x_rows[r0 + j] = logit if np.int64(j) < valid_end else 0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate4(acc, g, p_0, p_1, p_2, p_3, values, c, j, d):
+    """acc[g, d] += the four products of prob and values[c, j..j+3, d] (int32: a product is below 2^22)."""
+    pair_0 = np.int32(p_0 * np.int32(values[c, j, d])) + np.int32(p_1 * np.int32(values[c, j + 1, d]))
+    pair_1 = np.int32(p_2 * np.int32(values[c, j + 2, d])) + np.int32(p_3 * np.int32(values[c, j + 3, d]))
+    acc[g, d] = np.int32(acc[g, d] + np.int32(np.int32(pair_0) + np.int32(pair_1)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate(acc, group, prob, p0, values, c, slots, D):
+    """acc[g] += sum_j prob[g, p0 + j] * values[c, j] over slots j < ``slots``, in int32 lanes (|acc| < 2^23),
+    PV_SLOTS value rows per pass."""
+    full = slots - slots % PV_SLOTS
+    for j in range(0, full, PV_SLOTS):
+        for g in range(group):
+            p_0, p_1 = np.int32(prob[g, p0 + j]), np.int32(prob[g, p0 + j + 1])
+            p_2, p_3 = np.int32(prob[g, p0 + j + 2]), np.int32(prob[g, p0 + j + 3])
+            if D % DOT_CHUNK == 0:
+                for d0 in range(0, D, DOT_CHUNK):
+                    for i in range(DOT_CHUNK):
+                        _accumulate4(acc, g, p_0, p_1, p_2, p_3, values, c, j, np.uint64(d0) + np.uint64(i))
+            else:
+                for d in range(D):
+                    _accumulate4(acc, g, p_0, p_1, p_2, p_3, values, c, j, d)
+    for j in range(full, slots):
+        for g in range(group):
+            p_j = np.int32(prob[g, p0 + j])
+            for d in range(D):
+                acc[g, d] = np.int32(acc[g, d] + np.int32(p_j * np.int32(values[c, j, d])))
 
 
 @numba.njit(cache=True, nogil=True)
-def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p, include_self, gated,
-         field_keys, profile, codes, hccs_mode, gamma_q15, logit_lo, logit_hi, out_lo, out_hi, out):
+def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p, codes, layer, out):
     """The token loop. Work is blocked by KV head: its ``group`` query heads score and accumulate against
     the same key and value rows while they are in L1, sinks and ring in separate loops (no per-slot branch
-    between the two arrays)."""
+    between the two arrays). The ring distance is linear in the slot on either side of ``write_pos``, so
+    the logits need no distance table; once every slot is valid the normaliser takes its unmasked path.
+    ``layer`` holds the per-layer integers in LAYER_FIELDS order (one array: a numba call costs per
+    argument)."""
+    (include_self, gated, field_keys, profile, hccs_mode, gamma_q15, logit_lo, logit_hi, out_lo,
+     out_hi) = (layer[0] != 0, layer[1] != 0, layer[2] != 0, layer[3], layer[4], layer[5], layer[6], layer[7],
+                layer[8], layer[9])
     T, H, D = q.shape
     Hkv = k.shape[1]
     group = H // Hkv
     sinks, ring = sink_k.shape[1], ring_k.shape[1]
     n = sinks + ring
-    x_row = np.zeros(n, np.int32)
+    q16 = np.empty((H, D), np.int16)
+    scores = np.empty((group, n), np.int32)
+    x_rows = np.empty((group, n), np.int32)
+    flat_scores, flat_x = scores.reshape(-1), x_rows.reshape(-1)
     valid = np.zeros(n, np.bool_)
-    dist = np.zeros(n, np.int64)
+    no_mask = np.zeros(0, np.bool_)
     prob = np.zeros((group, n), np.int32)
     acc = np.zeros((group, D), np.int32)
+    lag = 0 if include_self else 1
     for t in range(T):
         if include_self:
             _write(ring_k, ring_v, sink_k, sink_v, counters, k[t], v[t])
         write_pos, fill, step = counters[0], counters[1], counters[2]
+        sink_fill = min(step, sinks)
         for j in range(sinks):
-            valid[j] = j < step
-            dist[j] = 0
-        lag = 0 if include_self else 1
+            valid[j] = j < sink_fill
         for j in range(ring):
             valid[sinks + j] = j < fill
-            dist[sinks + j] = (write_pos - 1 - j) % ring + lag
+        mask = no_mask if sink_fill == sinks and fill == ring else valid
+        for h in range(H):
+            for d in range(D):
+                q16[h, d] = q[t, h, d]
         for c in range(Hkv):
+            h0 = c * group
+            _scores(q16, h0, group, sink_k, c, sinks, scores, 0, D)
+            _scores(q16, h0, group, ring_k, c, ring, scores, sinks, D)
             for g in range(group):
-                h = c * group + g
+                h = h0 + g
                 mult, shift, recency = p[_SCORE_MULT, h], p[_SCORE_SHIFT, h], p[_RECENCY, h]
-                for j in range(sinks):
-                    logit = _rshift_round(np.int64(_dot(q, t, h, sink_k, c, j, D)) * mult, shift) - recency * dist[j]
-                    x_row[j] = _clamp(logit, logit_lo, logit_hi) if valid[j] else 0
-                for j in range(ring):
-                    logit = (_rshift_round(np.int64(_dot(q, t, h, ring_k, c, j, D)) * mult, shift)
-                             - recency * dist[sinks + j])
-                    x_row[sinks + j] = _clamp(logit, logit_lo, logit_hi) if valid[sinks + j] else 0
-                _normalise_row(x_row, valid, p, h, profile, codes[h], hccs_mode, prob[g])
+                r0 = np.uint64(g * n)
+                _logits(flat_scores, r0, 0, sinks, mult, shift, 0, 0, sink_fill, logit_lo, logit_hi, flat_x)
+                # ring slot j: dist = (write_pos - 1 - j) mod ring + lag, i.e. dist0 - j with dist0 below
+                # for j < write_pos and dist0 + ring from there on
+                dist0 = write_pos - 1 + lag + sinks
+                _logits(flat_scores, r0, sinks, sinks + write_pos, mult, shift, recency, dist0, sinks + fill,
+                        logit_lo, logit_hi, flat_x)
+                _logits(flat_scores, r0, sinks + write_pos, n, mult, shift, recency, dist0 + ring, sinks + fill,
+                        logit_lo, logit_hi, flat_x)
+                _normalise_row(x_rows[g], mask, p, h, profile, codes[h], hccs_mode, prob[g])
             acc[:] = 0
-            for j in range(sinks):
-                for g in range(group):
-                    _accumulate(acc, g, prob[g, j], sink_v, c, j, D)
-            for j in range(ring):
-                for g in range(group):
-                    _accumulate(acc, g, prob[g, sinks + j], ring_v, c, j, D)
+            _accumulate(acc, group, prob, 0, sink_v, c, sinks, D)
+            _accumulate(acc, group, prob, sinks, ring_v, c, ring, D)
             for g in range(group):
-                h = c * group + g
+                h = h0 + g
                 gate = np.int64(GATE_ONE)
                 if gated:
                     z = np.int64(0)
                     for d in range(D):
                         z += np.int64(q[t, h, d]) * np.int64(gate_field[c, d])
                     gate = _clamp(GATE_HALF + _rshift_round(z * p[_GATE_MULT, h], p[_GATE_SHIFT, h]), 0, GATE_ONE)
+                out_mult, out_shift = p[_OUT_MULT, h], p[_OUT_SHIFT, h]
+                far_mult, far_shift = p[_ALPHA_MULT, h] * gate, p[_ALPHA_SHIFT, h] + GATE_FRAC_BITS
                 for d in range(D):
-                    near = _clamp(_rshift_round(np.int64(acc[g, d]) * p[_OUT_MULT, h], p[_OUT_SHIFT, h]),
-                                  INT16_MIN, INT16_MAX)
-                    far = _clamp(_rshift_round(np.int64(field[c, d]) * p[_ALPHA_MULT, h] * gate,
-                                               p[_ALPHA_SHIFT, h] + GATE_FRAC_BITS), INT16_MIN, INT16_MAX)
+                    near = _clamp(_rshift_round(np.int64(acc[g, d]) * out_mult, out_shift), INT16_MIN, INT16_MAX)
+                    far = _clamp(_rshift_round(np.int64(field[c, d]) * far_mult, far_shift), INT16_MIN, INT16_MAX)
                     out[t, h, d] = _clamp(near + far, out_lo, out_hi)
         if not include_self:
             _write(ring_k, ring_v, sink_k, sink_v, counters, k[t], v[t])
@@ -177,22 +252,50 @@ def normalise_int(cfg, x3: np.ndarray, valid3: np.ndarray) -> np.ndarray:
     return out.reshape(x3.shape)
 
 
-@functools.lru_cache(maxsize=32)
-def _tables(cfg):
-    """param_table and norm_codes of a config, computed once: at one token per call they cost about a
-    sixth of the step. The arrays are only read by _run."""
-    return param_table(cfg), norm_codes(cfg)
+LAYER_FIELDS = ("include_self", "gated", "field_keys", "profile", "hccs_mode", "gamma_q15", "logit_lo", "logit_hi",
+                "out_lo", "out_hi")
+"""The per-layer integers that :func:`_run` reads from its ``layer`` argument, in this order."""
+PLAN_CACHE_SIZE = 32
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a config contributes to every call of :func:`_run`, computed once per config object: the
+    parameter table, the normaliser codes, the LAYER_FIELDS array and the output dtype (together about
+    a tenth of a 30 us step when rebuilt per token)."""
+
+    cfg: object
+    params: np.ndarray
+    codes: np.ndarray
+    layer: np.ndarray
+    out_dtype: np.dtype
+
+
+_plans: dict[int, _Plan] = {}
+
+
+def _plan(cfg) -> _Plan:
+    """The plan of ``cfg``, looked up by identity (a frozen config never changes; hashing one costs more
+    than the lookup saves). The plan holds ``cfg``, so its id is not reused while the entry exists."""
+    plan = _plans.get(id(cfg))
+    if plan is not None and plan.cfg is cfg:
+        return plan
+    lim = LIMITS[cfg.profile]
+    layer = np.array([cfg.include_self, cfg.gated, cfg.field_source == "keys", PROFILE_CODES[cfg.profile],
+                      hccs.MODE_CODES[cfg.hccs_mode], cfg.gamma_q15, *lim["logit"], *lim["out"]], np.int64)
+    plan = _Plan(cfg, param_table(cfg), norm_codes(cfg), layer, out_dtype(cfg))
+    if len(_plans) >= PLAN_CACHE_SIZE:
+        _plans.pop(next(iter(_plans)), None)
+    _plans[id(cfg)] = plan
+    return plan
 
 
 def run(cfg, st, q, k, v) -> np.ndarray:
     """T integer decode steps (same contract as soma_int.run_spec); ``st`` is updated in place."""
-    out = np.empty(q.shape, out_dtype(cfg))
+    plan = _plan(cfg)
+    out = np.empty(q.shape, plan.out_dtype)
     counters = np.array([st.write_pos, st.fill, st.step], np.int64)
-    lim = LIMITS[cfg.profile]
-    params, codes = _tables(cfg)
     _run(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), st.ring_k, st.ring_v,
-         st.sink_k, st.sink_v, st.field, st.gate_field, counters, params, cfg.include_self, cfg.gated,
-         cfg.field_source == "keys", PROFILE_CODES[cfg.profile], codes, hccs.MODE_CODES[cfg.hccs_mode],
-         cfg.gamma_q15, *lim["logit"], *lim["out"], out)
-    st.write_pos, st.fill, st.step = (int(x) for x in counters)
+         st.sink_k, st.sink_v, st.field, st.gate_field, counters, plan.params, plan.codes, plan.layer, out)
+    st.write_pos, st.fill, st.step = counters.tolist()
     return out
