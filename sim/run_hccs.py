@@ -3,7 +3,8 @@
 ``somatile sim hccs --vectors FILE.npz [--lanes L] [--mode div|clb] [--out uint8|int16] [--waves]``
 ``somatile sim hccs --profile wide --vectors FILE.npz [--normaliser exp|hccs|pwl2] [--lanes L]``: the wide
 profile's unit (hw/wide.py) on int16 logits, checked against ``somatile.model.wide.wide_softmax``.
-``somatile sim hccs --random ROWS [--cols N] [--heads H] [--chunk C] [--jobs J | --cluster ADDRESS] [--seed S]``
+``somatile sim hccs --random ROWS [--cols N] [--heads H] [--chunk C] [--jobs J | --cluster ADDRESS] [--seed S]
+[--harness cocotb|cpp] [--traffic full|random|mixed]``
 FILE holds ``x`` int8 (H, R, N), ``B``, ``S``, ``dmax`` integers (H,) and optionally ``mask`` bool (H, R, N)
 (True = the element takes part). Row r of head h enters the unit as head h, heads one after another, back
 to back. The command prints the rows that differ from ``hccs_int`` and the measured against the expected
@@ -13,7 +14,9 @@ cycle count, and exits 1 on any mismatch or framing error (2 on a bad file).
 extreme and padded rows) in chunks of C, each chunk one simulation, run through the job layer
 (``somatile.eval.jobs``: in process, ``--jobs`` processes, or a Dask scheduler); every chunk checks its
 rows against the model and its cycles against ``expected_cycles``. The summary is the same however the
-chunks ran.
+chunks ran. ``--harness cpp`` runs the chunks through the C++ stream harness of sim/stream.py
+(:func:`harness_build`, :func:`simulate_harness`: no Python per cycle, docs/regress.md) instead of cocotb, and
+``--traffic`` gives them idles and backpressure (``somatile.sim.regress.chunk_traffic``).
 
 :func:`simulate` is the one code path behind the command, the tests, the benchmark and :func:`demo`.
 """
@@ -28,6 +31,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from somatile.sim import regress, stream
 
 TOPLEVEL = "hccs"
 TEST_MODULE = "somatile.sim.tb_hccs"
@@ -48,6 +53,9 @@ class HCCSRun:
     wall_seconds: float
     loop_seconds: float
     waves: Path | None
+    cpu_seconds: float | None = None
+    """CPU time of the streaming loop (the C++ stream harness reports it; on a loaded machine it is less than
+    ``loop_seconds``)."""
 
     @property
     def ok(self) -> bool:
@@ -117,6 +125,60 @@ def simulate_wide(x: np.ndarray, heads: np.ndarray, normalisers, B, S, dmax, *, 
                    idle=idle, backpressure=backpressure, seed=seed, strict=strict)
     return run_rows(WideNormaliser, config, WIDE_TOPLEVEL, WIDE_TEST_MODULE, "wide_rows", job, golden(job), waves,
                     simulator)
+
+
+def harness_build(unit: dict) -> stream.StreamBuild:
+    """The HCCS unit ``HCCS(**unit)`` in the stream harness (``cfg`` as the setup stream, ``status`` reported)."""
+    from somatile.hw.hccs import HCCS
+
+    return stream.build(HCCS, unit, TOPLEVEL, input=stream.amaranth_stream("i"),
+                        output=stream.amaranth_stream("o"), setup=stream.amaranth_stream("cfg"), report=("status",))
+
+
+def framing_errors(sent: dict[str, np.ndarray], got: dict[str, np.ndarray], beats_per_row: int) -> list[str]:
+    """One line per output beat whose framing fields (mask, first, last, head) differ from its input beat's."""
+    if len(got["first"]) != len(sent["first"]):
+        return [f"expected {len(sent['first'])} output beats, got {len(got['first'])}"]
+    lines = []
+    for field in ("mask", "first", "last", "head"):
+        want = stream.bits_value(sent[field]) if field == "mask" else np.asarray(sent[field]).astype(np.int64)
+        wrong = np.flatnonzero(got[field] != want)
+        lines += [f"beat {k} (row {k // beats_per_row}): {field} {got[field][k]} expected {want[k]}"
+                  for k in wrong[:regress.SHOWN]]
+    return lines
+
+
+def simulate_harness(sim: stream.StreamBuild, x: np.ndarray, heads: np.ndarray, B, S, dmax, *, modes, outs, mask=None,
+                  unit: dict, idle: float = 0.0, backpressure: float = 0.0, seed: int = 0,
+                  allow_zero_floor: bool = False, expected: np.ndarray | None = None):
+    """:func:`simulate` through the stream harness ``sim`` (from :func:`harness_build` of the same ``unit``);
+    returns an :class:`HCCSRun`. ``expected`` (default: ``hccs_int`` of the rows) is what the
+    outputs are compared with; its mismatch lines name the row index in ``x``."""
+    from somatile.hw.hccs import HCCSConfig, in_beat_layout, out_beat_layout
+    from somatile.sim import tb_hccs
+
+    started = time.perf_counter()
+    config = HCCSConfig(**unit)
+    check_rows(config, x, heads)
+    job = tb_hccs.make_job(x, heads, B, S, dmax, modes=modes, outs=outs, mask=mask, lanes=config.lanes,
+                           head_bits=config.head_bits, out_bits=config.out_bits, strict=False,
+                           allow_zero_floor=allow_zero_floor)
+    sent = tb_hccs.row_beats(job)
+    beats = sim.records(sim.input, {"i__payload": stream.pack(stream.payload_fields(in_beat_layout(config)), sent)})
+    setup = sim.records(sim.setup, {"cfg__payload": np.array([tb_hccs.pack_cfg(job, h) for h in range(len(B))])})
+    result = stream.run(sim, beats, len(beats), setup=setup, idle=idle, stall=backpressure, seed=seed)
+    out_fields = stream.payload_fields(out_beat_layout(config))
+    got = stream.unpack(out_fields, sim.fields(sim.output, result.out)["o__payload"])
+    rows, n = x.shape
+    beats_per_row = -(-n // config.lanes)
+    framing = framing_errors(sent, got, beats_per_row)
+    out = (np.zeros((rows, n), np.int32) if framing and len(got["data"]) != len(beats) else
+           got["data"].reshape(rows, -1)[:, :n].astype(np.int32))
+    expected = tb_hccs.golden(job) if expected is None else expected
+    status = {name: (result.report["status"] >> bit) & 1
+              for bit, name in enumerate(("overflow", "framing", "bad_head"))}
+    return HCCSRun(out, expected, tb_hccs.mismatches(job, out, expected), framing, status, result.cycles,
+                   time.perf_counter() - started, result.seconds, None, result.cpu_seconds)
 
 
 def load_vectors(path: str | Path, profile: str = "paper") -> dict[str, np.ndarray]:
@@ -219,51 +281,75 @@ def regression_rows(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.
     return x, mask
 
 
+def regression_unit(cols: int, heads: int, lanes: int, out: str) -> dict:
+    """The HCCS unit of a ``--random`` regression: rows of ``cols`` fill ``n_max`` up to the lanes."""
+    return {"lanes": lanes, "heads": heads, "n_max": -(-cols // lanes) * lanes, "out_type": out}
+
+
 def regression_job(job: dict) -> dict:
     """One chunk of ``--random`` (a job of somatile.eval.jobs, in any process): its rows made from its seed,
-    simulated and checked; returns counts only (the rows are remade where needed from the seed)."""
+    simulated (cocotb, or the C++ stream harness ``job["build"]``) under the chunk's idles and backpressure
+    and checked; returns counts only (the rows are remade where needed from the seed). The cycles must equal
+    ``expected_cycles`` in a chunk without idles and backpressure and may only exceed it otherwise."""
     from somatile.hw.hccs import HCCSConfig, expected_cycles
 
     rng = np.random.default_rng(job["seed"])
     heads, cols = job["heads"], job["cols"]
     x, mask = regression_rows(rng, job["rows"], cols)
     head_of_row = np.arange(job["rows"]) % heads
-    unit = {"lanes": job["lanes"], "heads": heads, "n_max": -(-cols // job["lanes"]) * job["lanes"],
-            "out_type": job["out"]}
-    run = simulate(x, head_of_row, job["B"], job["S"], job["dmax"], modes=[job["mode"]] * heads,
-                   outs=[job["out"]] * heads, mask=mask, unit=unit)
+    unit = regression_unit(cols, heads, job["lanes"], job["out"])
+    args = (x, head_of_row, job["B"], job["S"], job["dmax"])
+    options = dict(modes=[job["mode"]] * heads, outs=[job["out"]] * heads, mask=mask, unit=unit, idle=job["idle"],
+                   backpressure=job["backpressure"], seed=job["seed"][-1])
+    if job["build"] is None:
+        run = simulate(*args, **options)
+    else:
+        run = simulate_harness(job["build"], *args, **options)
+    expected = expected_cycles(HCCSConfig(**unit), job["rows"], cols, mode=job["mode"], out=job["out"])
+    full_rate = job["idle"] == job["backpressure"] == 0
     return {"rows": job["rows"], "mismatches": len(run.mismatches), "framing": len(run.framing_errors),
-            "first": (run.mismatches + run.framing_errors)[:3], "cycles": run.cycles,
-            "expected_cycles": expected_cycles(HCCSConfig(**unit), job["rows"], cols, mode=job["mode"],
-                                               out=job["out"]), "seconds": run.wall_seconds,
-            "loop_seconds": run.loop_seconds}
+            "first": (run.mismatches + run.framing_errors)[:3], "cycles": run.cycles, "sim_cycles": run.cycles,
+            "expected_cycles": expected,
+            "cycles_ok": run.cycles == expected if full_rate else run.cycles >= expected, "full_rate": full_rate,
+            "status": run.status, "seconds": run.wall_seconds, "loop_seconds": run.loop_seconds,
+            "cpu_seconds": run.cpu_seconds}
 
 
 def regression(rows: int, *, cols: int = 256, heads: int = 2, lanes: int = 8, mode: str = "div",
                out: str = "uint8", chunk: int = 20000, seed: int = 0, n_jobs: int | None = 1,
-               cluster: str | None = None) -> dict:
+               cluster: str | None = None, harness: str = "cocotb", traffic: str = "full") -> dict:
     """``rows`` seeded rows through the HCCS unit in chunks (see the module docstring); returns the totals and
     the per-chunk results in chunk order. The per-head parameters are calibrated once on rows of another
-    seed, so every chunk uses the same ones."""
+    seed, so every chunk uses the same ones. ``harness``: "cocotb" (sim/tb_hccs.py) or "cpp" (the C++ stream
+    harness of sim/stream.py, built here once for every chunk); ``traffic``: see
+    :func:`somatile.sim.regress.chunk_traffic`."""
     from somatile.eval import jobs as joblayer
     from somatile.model import calibrate, hccs
 
     if rows < 1 or chunk < 1:
         raise ValueError(f"--random {rows} --chunk {chunk}: expected positive row and chunk counts")
+    if harness not in regress.HARNESSES:
+        raise ValueError(f"--harness: expected one of {regress.HARNESSES}, got {harness!r}")
     calib_x, calib_mask = regression_rows(np.random.default_rng([seed, 1 << 20]), 512, cols)
     logits = np.where(calib_mask, calib_x.astype(np.float32) / 16.0, -np.inf)
     params = calibrate.calibrate_params(np.repeat(logits[None], heads, 0), np.repeat(calib_mask[None], heads, 0),
                                         mode=mode)
     hccs.check_params(params.B, params.S, params.dmax, cols, heads)
+    build = harness_build(regression_unit(cols, heads, lanes, out)) if harness == "cpp" else None
     starts = range(0, rows, chunk)
     work = [{"rows": min(chunk, rows - a), "cols": cols, "heads": heads, "lanes": lanes, "mode": mode, "out": out,
-             "seed": [seed, i], "B": params.B.tolist(), "S": params.S.tolist(), "dmax": params.dmax.tolist()}
+             "seed": [seed, i], "B": params.B.tolist(), "S": params.S.tolist(), "dmax": params.dmax.tolist(),
+             "build": build, **dict(zip(("idle", "backpressure"), regress.chunk_traffic(traffic, i)))}
             for i, a in enumerate(starts)]
+    started = time.perf_counter()
     results = joblayer.run(regression_job, work, n_jobs=n_jobs, cluster=cluster,
                            labels=[f"rows {a}..{a + w['rows'] - 1}" for a, w in zip(starts, work)],
                            desc="hccs regression")
+    wall = time.perf_counter() - started
     total = {k: sum(r[k] for r in results) for k in ("rows", "mismatches", "framing", "cycles", "expected_cycles")}
-    return {**total, "chunks": results, "first": [line for r in results for line in r["first"]][:10]}
+    first = [f"rows {a}..: {line}" for a, r in zip(starts, results) for line in r["first"]][:10]
+    return {**total, "chunks": results, "first": first, "cycles_ok": all(r["cycles_ok"] for r in results),
+            "status_ok": not any(v for r in results for v in r["status"].values()), "wall_seconds": wall}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -280,6 +366,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--random: chunks run in this many processes (default 1; each is a simulator)")
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
                         help="--random: run the chunks on a Dask distributed scheduler, e.g. tcp://HOST:8786")
+    regress.add_harness_arguments(parser, "--random", "sim/tb_hccs.py")
     parser.add_argument("--profile", choices=("paper", "wide"), default="paper",
                         help="integer profile (docs/numerics.md): paper (the HCCS unit, int8 logits) or wide (the "
                              "wide unit of hw/wide.py, int16 logits, Q15 out; --vectors only)")
@@ -297,21 +384,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_regression(args: argparse.Namespace) -> int:
     try:
         result = regression(args.random, cols=args.cols, heads=args.heads, lanes=args.lanes, mode=args.mode,
-                            out=args.out, chunk=args.chunk, seed=args.seed, n_jobs=args.jobs, cluster=args.cluster)
+                            out=args.out, chunk=args.chunk, seed=args.seed, n_jobs=args.jobs, cluster=args.cluster,
+                            harness=args.harness, traffic=args.traffic)
     except ValueError as exc:
         print(f"somatile sim hccs: {exc}", file=sys.stderr)
         return 2
     for line in result["first"]:
         print("MISMATCH " + line)
-    seconds = sum(c["seconds"] for c in result["chunks"])
-    streaming = sum(c["loop_seconds"] for c in result["chunks"])
-    print(f"rows: {result['rows']} in {len(result['chunks'])} chunks, mismatching rows: {result['mismatches']}, "
-          f"framing errors: {result['framing']}")
-    print(f"cycles: measured {result['cycles']}, expected {result['expected_cycles']} "
-          f"({result['cycles'] / result['expected_cycles']:.3f}x); simulators ran {seconds:.1f} s, of which "
-          f"{streaming:.1f} s streaming rows ({result['rows'] / max(streaming, 1e-9):.0f} rows/s per simulator)")
-    return 0 if result["mismatches"] == result["framing"] == 0 and result["cycles"] == result["expected_cycles"] \
-        else 1
+    print(f"rows: {result['rows']} in {len(result['chunks'])} chunks ({args.harness} harness, {args.traffic} "
+          f"traffic), mismatching rows: {result['mismatches']}, framing errors: {result['framing']}, "
+          f"sticky status bits: {'none' if result['status_ok'] else 'SET'}")
+    print(regress.cycles_line(result["chunks"]))
+    print(regress.speed_line(result["chunks"], result["wall_seconds"], args.jobs, result["rows"], "rows"))
+    ok = result["mismatches"] == result["framing"] == 0 and result["cycles_ok"] and result["status_ok"]
+    return 0 if ok else 1
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,6 +2,11 @@
 against the integer Soma model; reports mismatches, cycles per token and state bytes.
 
     somatile sim soma --tokens 1000 [--heads 2] [--ring 16] [--board sim] [--profile paper|wide] [--waves]
+    somatile sim soma --tokens 100000 --harness cpp [--chunk 5000] [--jobs 2] [--traffic full|random|mixed]
+
+The second form is the long regression through the C++ stream harness (sim/regress.py): chunks of seeded
+heads and tokens on the job layer, every response checked in bulk, the cycles of every DECODE frame against
+the formula.
 
 Exit code 0 only when every output element matches the model and the measured cycles per token equal
 ``expected_decode_cycles``. The helpers :func:`random_config` and :func:`sequence` are shared with the tests
@@ -17,6 +22,10 @@ import time
 import numpy as np
 
 from somatile.hw.regmap import TileParams
+from somatile.sim import regress, stream
+
+TOPLEVEL = "somatile_tile"
+
 
 def random_config(rng: np.random.Generator, params: TileParams, *, normaliser: str | None = None,
                   gating: str | None = None, include_self: bool | None = None, field_source: str | None = None):
@@ -59,10 +68,188 @@ def run_decode(params: TileParams, q, k, v, head_values, initial_states=None, *,
     from somatile.hw.tile import Tile
     from somatile.sim import runner, tb_soma
 
-    return runner.build_and_test(Tile, dataclasses.asdict(params), "somatile_tile", "somatile.sim.tb_soma",
+    return runner.build_and_test(Tile, dataclasses.asdict(params), TOPLEVEL, "somatile.sim.tb_soma",
                                  inputs=tb_soma.job(params, q, k, v, head_values, initial_states,
                                                     measure=measure, traffic=traffic, seed=seed),
                                  waves=waves)
+
+
+def harness_build(params: TileParams) -> stream.StreamBuild:
+    """The tile ``Tile(**params)`` (a TileParams) in the stream harness, its ``error`` output reported."""
+    from somatile.hw.tile import Tile
+
+    return stream.build(Tile, dataclasses.asdict(params), TOPLEVEL, input=stream.axis_stream("s_axis"),
+                        output=stream.axis_stream("m_axis"), report=("error",))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeStimulus:
+    """The frames of a decode chunk in stream order, what answers them, and which frames are which."""
+    frames: list[bytes]
+    responses: list[bytes]
+    decode_frames: np.ndarray
+    """Index in ``frames`` of each token's DECODE frame."""
+    cycle_reads: np.ndarray
+    """Index in ``frames`` of each REG_READ of CYCLES_LAST."""
+    expected_cycles: int
+
+
+def decode_stimulus(params, configs, q, k, v, *, measure_every: int, reference: str = "spec") -> DecodeStimulus:
+    """CONFIGURE_HEAD of every head, then per token one DECODE frame of all heads (q, k, v int8 (T, H, D)), a
+    REG_READ of CYCLES_LAST after every ``measure_every``-th token and after the last. ``reference``: "spec"
+    answers each DECODE with the integer model's outputs (sim/tb_soma.py ``reference``, every token at once);
+    "emu" with the golden tile model (hw/tile_model.py, frame by frame). A CYCLES_LAST read is answered with
+    ``expected_decode_cycles`` (the model has no clock)."""
+    from somatile.hw import regmap, tile_model
+    from somatile.hw.regmap import ErrorCode, Opcode
+    from somatile.hw.tile import expected_decode_cycles
+    from somatile.sim import tb_soma
+
+    values = [tile_model.head_values(c) for c in configs]
+    cycles = expected_decode_cycles(params, configs)
+    tokens, heads = q.shape[:2]
+    cycles_read = tile_model.reg_read_frame("CYCLES_LAST")
+    cycles_response = regmap.pack_response(Opcode.REG_READ, 0, ErrorCode.OK, b"", cycles)
+    frames = [tile_model.configure_frame(h, values[h]) for h in range(heads)]
+    decode_frames, cycle_reads = [], []
+    for t in range(tokens):
+        decode_frames.append(len(frames))
+        frames.append(tile_model.decode_frame(0, q[t], k[t], v[t]))
+        if (t + 1) % measure_every == 0 or t == tokens - 1:
+            cycle_reads.append(len(frames))
+            frames.append(cycles_read)
+    if reference == "emu":
+        model = tile_model.TileModel(params)
+        responses = [model.command(frame) for frame in frames]
+        for i in cycle_reads:
+            responses[i] = cycles_response
+    elif reference == "spec":
+        states = np.zeros((heads, regmap.state_bytes(params)), np.uint8)
+        out = tb_soma.reference(params, q, k, v, values, states).reshape(tokens, -1)
+        responses = [regmap.pack_response(Opcode.CONFIGURE_HEAD, h, ErrorCode.OK) for h in range(heads)]
+        for t in range(tokens):
+            responses.append(regmap.pack_response(Opcode.DECODE, 0, ErrorCode.OK, out[t].tobytes()))
+            if len(responses) in cycle_reads:
+                responses.append(cycles_response)
+    else:
+        raise ValueError(f"reference: expected 'spec' or 'emu', got {reference!r}")
+    return DecodeStimulus(frames, responses, np.asarray(decode_frames), np.asarray(cycle_reads), cycles)
+
+
+def frame_beats(sim: stream.StreamBuild, frames: list[bytes], beat_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """AXI4-Stream records of byte frames (``tlast`` on each frame's last beat) and each frame's first beat."""
+    data = np.frombuffer(b"".join(frames), np.uint8).reshape(-1, beat_bytes)
+    lengths = np.array([len(f) for f in frames]) // beat_bytes
+    ends = np.cumsum(lengths)
+    last = np.zeros(len(data), np.uint8)
+    last[ends - 1] = 1
+    ports = dict(zip(sim.input.data, (data, last)))
+    return sim.records(sim.input, ports), ends - lengths
+
+
+def compare_responses(stimulus: DecodeStimulus, data: np.ndarray, last: np.ndarray, *, exact_cycles: bool,
+                      beat_bytes: int) -> tuple[int, list[str], bool]:
+    """The responses that differ from the expected ones (their count, and up to ``regress.SHOWN`` lines naming
+    the frame and, for a DECODE, its token) and whether every CYCLES_LAST word is right: equal to
+    ``expected_decode_cycles`` when ``exact_cycles``, at least that otherwise (the word then takes no part in
+    the byte comparison)."""
+    from somatile.hw import regmap
+
+    want = np.frombuffer(b"".join(stimulus.responses), np.uint8)
+    lengths = np.array([len(r) for r in stimulus.responses])
+    starts = np.cumsum(lengths) - lengths
+    want_last = np.zeros(len(want) // beat_bytes, np.uint8)
+    want_last[(starts + lengths) // beat_bytes - 1] = 1
+    got = data.reshape(-1)
+    if len(got) != len(want):
+        return 1, [f"expected {len(want)} response bytes ({len(want_last)} beats), got {len(got)}"], False
+    result_at = starts[stimulus.cycle_reads][:, None] + 8 + np.arange(4)
+    words = np.ascontiguousarray(got[result_at]).view("<u4").ravel()
+    differs = got != want
+    if exact_cycles:
+        cycles_ok = bool(np.all(words == stimulus.expected_cycles))
+    else:
+        cycles_ok = bool(np.all(words >= stimulus.expected_cycles))
+        differs[result_at.ravel()] = False
+    lines = []
+    bad_frames = np.unique(np.searchsorted(starts, np.flatnonzero(differs), side="right") - 1)
+    bad_frames = np.union1d(bad_frames, np.searchsorted(starts // beat_bytes,
+                                                        np.flatnonzero(last != want_last), side="right") - 1)
+    token_of = {int(f): t for t, f in enumerate(stimulus.decode_frames)}
+    for f in bad_frames[:regress.SHOWN]:
+        a, n = int(starts[f]), int(lengths[f])
+        at = np.flatnonzero(got[a:a + n] != want[a:a + n])
+        what = f"token {token_of[f]} " if f in token_of else ""
+        where = (f"first at byte {int(at[0])} (payload byte {int(at[0]) - regmap.HEADER_BYTES}): RTL "
+                 f"{int(got[a + at[0]])} expected {int(want[a + at[0]])}" if len(at) else "tlast misplaced")
+        lines.append(f"{what}(frame {f}, opcode {stimulus.frames[f][1]}): {len(at)} byte(s) differ, {where}")
+    return len(bad_frames), lines, cycles_ok
+
+
+FRAME_SLICE_CYCLES = 1
+"""Cycles a DECODE frame takes at the stream ports beyond CYCLES_LAST: the response's output register slice."""
+
+
+def decode_job(job: dict) -> dict:
+    """One chunk of a decode regression (a job of somatile.eval.jobs): heads' options, scales and the token
+    sequence drawn from the chunk's seed (:func:`random_config`, :func:`sequence`), streamed through the
+    tile in the stream harness ``job["build"]`` from a fresh state, every response checked (see
+    :func:`compare_responses`) and, at full rate, every DECODE frame's cycles against the formula."""
+    started = time.perf_counter()
+    params = TileParams(**job["params"])
+    rng = np.random.default_rng(job["seed"])
+    configs = [random_config(rng, params) for _ in range(params.heads)]
+    q, k, v = sequence(rng, job["tokens"], params.heads, params.head_dim)
+    stimulus = decode_stimulus(params, configs, q, k, v, measure_every=job["measure_every"],
+                               reference=job["reference"])
+    sim = job["build"]
+    beats, first_beats = frame_beats(sim, stimulus.frames, params.stream_bytes)
+    expected_beats = sum(len(r) for r in stimulus.responses) // params.stream_bytes
+    run = stream.run(sim, beats, expected_beats, idle=job["idle"], stall=job["backpressure"],
+                     seed=job["seed"][-1])
+    got = sim.fields(sim.output, run.out)
+    full_rate = job["idle"] == job["backpressure"] == 0
+    mismatches, first, cycles_ok = compare_responses(stimulus, got["m_axis_tdata"], got["m_axis_tlast"][:, 0],
+                                                     exact_cycles=full_rate, beat_bytes=params.stream_bytes)
+    response_ends = np.cumsum([len(r) for r in stimulus.responses]) // params.stream_bytes - 1
+    decode = stimulus.decode_frames
+    if len(run.out_cycles) == expected_beats:
+        frame_cycles = run.out_cycles[response_ends[decode]] - run.in_cycles[first_beats[decode]] + 1
+    else:
+        frame_cycles = np.zeros(len(decode), np.int64)
+    per_frame = stimulus.expected_cycles + FRAME_SLICE_CYCLES
+    frame_ok = np.all(frame_cycles == per_frame) if full_rate else np.all(frame_cycles >= per_frame)
+    return {"tokens": job["tokens"], "mismatches": mismatches, "first": first, "cycles": int(frame_cycles.sum()),
+            "expected_cycles": per_frame * len(decode), "cycles_ok": bool(cycles_ok and frame_ok),
+            "full_rate": full_rate, "sim_cycles": run.cycles, "error": run.report["error"], "timeout": run.timeout,
+            "seconds": time.perf_counter() - started, "loop_seconds": run.seconds,
+            "cpu_seconds": run.cpu_seconds}
+
+
+def decode_regression(tokens: int, params, *, chunk: int = 5000, seed: int = 0, n_jobs: int | None = 1,
+                      cluster: str | None = None, traffic: str = "full", measure_every: int = 1000,
+                      reference: str = "spec") -> dict:
+    """``tokens`` decode tokens through the tile of ``params`` in chunks of ``chunk`` (each its own seeded
+    heads and sequence from a fresh state) on the job layer; the tile is built here once. Returns the totals
+    and the per-chunk results in chunk order."""
+    from somatile.eval import jobs as joblayer
+
+    if tokens < 1 or chunk < 1 or measure_every < 1:
+        raise ValueError(f"--tokens {tokens} --chunk {chunk}: expected positive token and chunk counts")
+    build = harness_build(params)
+    starts = range(0, tokens, chunk)
+    work = [{"params": dataclasses.asdict(params), "tokens": min(chunk, tokens - a), "seed": [seed, i],
+             "measure_every": measure_every, "reference": reference, "build": build,
+             **dict(zip(("idle", "backpressure"), regress.chunk_traffic(traffic, i)))} for i, a in enumerate(starts)]
+    started = time.perf_counter()
+    results = joblayer.run(decode_job, work, n_jobs=n_jobs, cluster=cluster,
+                           labels=[f"tokens {a}..{a + w['tokens'] - 1}" for a, w in zip(starts, work)],
+                           desc="decode regression")
+    wall = time.perf_counter() - started
+    first = [f"tokens {a}..: {line}" for a, r in zip(starts, results) for line in r["first"]][:regress.SHOWN]
+    return {"tokens": sum(r["tokens"] for r in results), "mismatches": sum(r["mismatches"] for r in results),
+            "first": first, "chunks": results, "cycles_ok": all(r["cycles_ok"] for r in results),
+            "error_ok": not any(r["error"] or r["timeout"] for r in results), "wall_seconds": wall}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +261,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="integer profile of the tile (docs/numerics.md; default: the board's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sequence and the head options")
     parser.add_argument("--waves", action="store_true", help="write a waveform file and print its path")
+    regress.add_harness_arguments(parser, "", "sim/tb_soma.py")
+    parser.add_argument("--chunk", type=int, default=5000,
+                        help="--harness cpp: tokens per simulation, each chunk its own heads and sequence from a "
+                             "fresh state (default 5000)")
+    parser.add_argument("--jobs", type=int, default=1, help="--harness cpp: chunks run in this many processes")
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="--harness cpp: run the chunks on a Dask distributed scheduler, e.g. tcp://HOST:8786")
+    parser.add_argument("--reference", choices=("spec", "emu"), default="spec",
+                        help="--harness cpp: expected DECODE outputs from the integer model (spec, in bulk) or the "
+                             "golden tile model (emu, frame by frame; default spec)")
+
+
+def run_regression(args: argparse.Namespace, params: TileParams) -> int:
+    """``--harness cpp``: the decode regression of sim/regress.py; exit code 0 only with no mismatch, every
+    cycle count as expected and the tile's error output low."""
+    try:
+        result = decode_regression(args.tokens, params, chunk=args.chunk, seed=args.seed, n_jobs=args.jobs,
+                                   cluster=args.cluster, traffic=args.traffic, reference=args.reference)
+    except ValueError as exc:
+        raise SystemExit(f"somatile sim soma: {exc}") from None
+    for line in result["first"]:
+        print("MISMATCH " + line)
+    print(f"tile: {params}")
+    print(f"tokens: {result['tokens']} x heads {params.heads} in {len(result['chunks'])} chunks (cpp harness, "
+          f"{args.traffic} traffic, reference {args.reference}), mismatching responses: {result['mismatches']}, "
+          f"error output: {'low' if result['error_ok'] else 'HIGH or timed out'}")
+    print(regress.cycles_line(result["chunks"]) + " (DECODE frames, expected_decode_cycles + 1 each)")
+    print(regress.speed_line(result["chunks"], result["wall_seconds"], args.jobs, result["tokens"], "tokens"))
+    return 0 if result["mismatches"] == 0 and result["cycles_ok"] and result["error_ok"] else 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
         regmap.check_fits(params)
     except ValueError as exc:
         raise SystemExit(f"somatile sim soma: {exc}") from None
+    if args.harness == "cpp":
+        return run_regression(args, params)
     rng = np.random.default_rng(args.seed)
     configs = [random_config(rng, params) for _ in range(params.heads)]
     q, k, v = sequence(rng, args.tokens, params.heads, params.head_dim)
