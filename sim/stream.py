@@ -292,9 +292,13 @@ def _scalars(fields: PayloadLayout):
 
 
 def bits_value(bits: np.ndarray) -> np.ndarray:
-    """Integers (K,) from bits (K, width) of booleans, bit 0 first (a lane mask as one field)."""
-    bits = np.asarray(bits, np.uint64)
-    return (bits << np.arange(bits.shape[1], dtype=np.uint64)).sum(axis=1, dtype=np.uint64).astype(np.int64)
+    """Integers (K,) from bits (K, width <= 64) of booleans, bit 0 first (a lane mask as one field)."""
+    packed = np.packbits(np.asarray(bits, bool), axis=1, bitorder="little")
+    if packed.shape[1] > 8:
+        raise ValueError(f"bits_value: {np.shape(bits)[1]} bits do not fit one 64-bit field")
+    words = np.zeros((len(packed), 8), np.uint8)
+    words[:, :packed.shape[1]] = packed
+    return words.view("<u8").ravel().astype(np.int64)
 
 
 def pack(fields: PayloadLayout, values: dict[str, np.ndarray]) -> np.ndarray:
