@@ -75,4 +75,11 @@ def test_decode_step_rejects_bad_tokens_by_name(rng):
         decode_step(cfg, state, q.astype(np.int16), k, v)
     with pytest.raises(ValueError, match=r"Soma input 'v': expected shape \(2, 16\), got \(2, 15\)"):
         decode_step(cfg, state, q, k, v[:, :15])
-    assert state.step == 0
+    short = SomaState.empty(cfg)
+    short.ring_k = short.ring_k[:, :5]
+    with pytest.raises(ValueError, match="Soma state: ring_k int8 \\(2, 5, 16\\)"):
+        decode_step(cfg, short, q, k, v)
+    assert state.step == 0 and short.step == 0
+    strided = np.repeat(q, 2, axis=1)[:, ::2]   # a view with a column stride of 2 passes the fast test
+    out, _ = decode_step(cfg, state, strided, k, v)
+    np.testing.assert_array_equal(out, prefill(cfg, q[None], k[None], v[None], impl="numpy")[0][0])
