@@ -67,8 +67,20 @@ eval: $(STAMP)
 	$(BIN)/somatile eval smollm2 --text build/eval/devil.txt --out build/eval/smollm2_other --only $(OTHER_TEXT_VARIANTS)
 	$(BIN)/python -m somatile.eval --write-results docs/results.md build/eval
 
+# The AI Engine rows (aie4ml's estimate beside the PL HCCS unit, docs/boards.md) need calibrated parameters:
+# MiniLM layer 0's own logits (--quick sentences), calibrated for the paper profile with aie4ml's exp for
+# fallback heads, as a user would for their model.
+AIE_DIR := build/boards/aie-params
 boards: $(STAMP)
 	$(BIN)/somatile build --all --out build/boards --report docs/boards.md
+	$(BIN)/somatile eval minilm --quick --dump-logits $(AIE_DIR)/minilm_layer0.npz --layer 0 --out $(AIE_DIR)/eval
+	$(BIN)/somatile calibrate --logits $(AIE_DIR)/minilm_layer0.npz --profile paper --fallback-exp aie4ml \
+		-o $(AIE_DIR)/minilm_layer0.yaml
+	for board in vck190 vek280; do \
+		$(BIN)/somatile build --board $$board --top aie --params $(AIE_DIR)/minilm_layer0.yaml --out build/boards \
+			|| exit 1; \
+	done
+	$(BIN)/somatile build --collect --out build/boards --report docs/boards.md
 
 firmware:
 	$(MAKE) -C firmware
