@@ -8,12 +8,12 @@ It writes the command's head parameters into the unit first (``configure``), and
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Array, Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import reg
+from somatile.hw.pipe import block_ram
 from somatile.hw.regmap import TileParams
 from somatile.hw.soma import head_params_layout, near_field_port, near_field_unit, wide_code
 from somatile.model import hccs
@@ -34,9 +34,10 @@ class CommandRows(wiring.Component):
       a cycle after its last lane's element (or the row's last element: its spare lanes masked). The unit
       never refuses it: a row starts only after the previous row's last probability was taken (every bank
       free), and inside a row the unit takes a beat every cycle.
-    - Probabilities: ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``; ``take``
-      consumes it (one a cycle); ``final`` marks the row's ``n_last``-th (last) element. The unit's spare
-      lanes beyond it are dropped.
+    - Probabilities: the unit's beats go into a row buffer as they come (the unit is never stalled);
+      ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``, from the second cycle
+      after its beat arrived; ``take`` consumes it (one a cycle, any stalls); ``final`` marks the row's
+      ``n_last``-th (last) element. The unit's spare lanes beyond it are dropped.
     """
 
     def __init__(self, params: TileParams, out_bytes: int):
@@ -87,19 +88,41 @@ class CommandRows(wiring.Component):
                 m.d.sync += [unit.i.valid.eq(1), beat.data.eq(Cat(*x_lanes)), beat.mask.eq(Cat(*mask_lanes)),
                              beat.first.eq(first), beat.last.eq(self.last), beat.head.eq(0), lane.eq(0)]
 
-        # The unit's beats out an element at a time: out_lane is the lane offered; the beat is consumed with its
-        # last lane, or with the row's last element (the spare lanes after it are padding of the beat).
-        out = unit.o
+        # The unit's beats into a row buffer (a block RAM of one row's beats), out of it an element at a time:
+        # the unit is never stalled (its ready is constant, as in a decode step, so its output stage has no
+        # enables). A beat is offered from the second cycle after its write (`written` counts the beats a
+        # cycle late: the read a cycle after the write returns it, the one in the write's cycle would not).
+        out_bits = 8 * self.out_bytes
+        beats = -(-self.n_elements // lanes)
+        buffer, rd = block_ram(m, "row_buffer", unsigned(out_bits * lanes), beats)
+        wr = buffer.write_port()
+        wr_beat = Signal(range(beats + 1))
+        written = Signal(range(beats + 1))
+        m.d.sync += written.eq(wr_beat)
+        m.d.comb += [unit.o.ready.eq(1), wr.addr.eq(wr_beat), wr.en.eq(unit.o.valid),
+                     wr.data.eq(Cat(*[unit.o.payload.data[j][:out_bits] for j in range(lanes)]))]
+        with m.If(unit.o.valid):
+            m.d.sync += wr_beat.eq(wr_beat + 1)
+        # rd_beat: the beat whose elements are offered (rd.data holds it: its address is the next beat in the
+        # cycle the last of its elements is taken, else rd_beat); out_lane the element in it.
+        rd_beat = Signal(range(beats + 1))
         out_lane = Signal(range(lanes))
+        # count: the elements taken; final (count == n_last) in a register, like rd_beat + 1, so that the read
+        # address is one multiplexer behind the take.
         count = Signal(range(self.n_elements))
-        lane_values = [out.payload.data[j][:8 * self.out_bytes] for j in range(lanes)]
-        m.d.comb += [self.out_valid.eq(out.valid), self.final.eq(count == self.n_last),
+        final, rd_next = Signal(), Signal.like(rd_beat)
+        step = Signal()
+        m.d.comb += rd.addr.eq(Mux(step, rd_next, rd_beat))
+        lane_values = [rd.data.word_select(j, out_bits) for j in range(lanes)]
+        out_valid = written > rd_beat
+        m.d.comb += [self.out_valid.eq(out_valid), self.final.eq(final),
                      self.value.eq(Array(lane_values)[out_lane] if lanes > 1 else lane_values[0])]
-        with m.If(self.take & out.valid):
-            m.d.sync += [out_lane.eq(out_lane + 1), count.eq(count + 1)]
-            with m.If((out_lane == lanes - 1) | self.final):
-                m.d.comb += out.ready.eq(1)
-                m.d.sync += out_lane.eq(0)
-        with m.If(self.valid & self.first):  # a new row: its probabilities count from 0
-            m.d.sync += [count.eq(0), out_lane.eq(0)]
+        with m.If(self.take & out_valid):
+            m.d.sync += [out_lane.eq(out_lane + 1), count.eq(count + 1), final.eq(count + 1 == self.n_last)]
+            with m.If((out_lane == lanes - 1) | final):
+                m.d.comb += step.eq(1)
+                m.d.sync += [out_lane.eq(0), rd_beat.eq(rd_next), rd_next.eq(rd_next + 1)]
+        with m.If(self.valid & self.first):  # a new row: its beats and probabilities count from 0
+            m.d.sync += [count.eq(0), final.eq(self.n_last == 0), out_lane.eq(0), wr_beat.eq(0), written.eq(0),
+                         rd_beat.eq(0), rd_next.eq(1)]
         return m
