@@ -145,19 +145,23 @@ SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "ti
                                                         "tile_opts_budget_s": 1200.0}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
+# The counts and sizes among them are positive integers.
+_AIE_COUNTS = {
+    "int8_macs_per_cycle": "int8 MACs per AI Engine tile per cycle",
+    "data_memory_bytes": "data memory per AI Engine tile (bytes)",
+    "program_memory_bytes": "program memory per AI Engine tile (bytes)",
+    "stream_ports_in": "core stream input ports",
+    "stream_ports_out": "core stream output ports",
+    "stream_port_bits": "width of one core stream port (bits)",
+    "cascade_bits": "cascade interface width (bits)",
+    "tiles": "AI Engine tiles on the device",
+    "array_columns": "AI Engine array columns",
+    "array_rows": "AI Engine array rows",
+}
 AIE_SCHEMA: dict[str, Param] = {
     "part": Param(str, _part_name, "Versal part number for the Vivado project"),
     "generation": Param(str, _one_of("AIE", "AIE-ML"), "AI Engine generation"),
-    "int8_macs_per_cycle": Param(int, _positive, "int8 MACs per AI Engine tile per cycle"),
-    "data_memory_bytes": Param(int, _positive, "data memory per AI Engine tile (bytes)"),
-    "program_memory_bytes": Param(int, _positive, "program memory per AI Engine tile (bytes)"),
-    "stream_ports_in": Param(int, _positive, "core stream input ports"),
-    "stream_ports_out": Param(int, _positive, "core stream output ports"),
-    "stream_port_bits": Param(int, _positive, "width of one core stream port (bits)"),
-    "cascade_bits": Param(int, _positive, "cascade interface width (bits)"),
-    "tiles": Param(int, _positive, "AI Engine tiles on the device"),
-    "array_columns": Param(int, _positive, "AI Engine array columns"),
-    "array_rows": Param(int, _positive, "AI Engine array rows"),
+    **{name: Param(int, _positive, doc) for name, doc in _AIE_COUNTS.items()},
     "clock_mhz": Param(float, _positive, "AI Engine clock (MHz)"),
     "memory_tile_bytes": Param(int, _int_range(0, 1 << 30), "memory tile size (bytes; 0 where there are none)"),
 }

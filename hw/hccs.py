@@ -78,7 +78,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from somatile.hw.pipe import Replicated, lut_mul_pairs, reduce_levels, reduce_tree, reg
-from somatile.hw.row_unit import RowUnit
+from somatile.hw.row_unit import RowUnit, RowUnitConfig
 # The unit accepts the lane counts and output types a board may give the tile: one value set for both.
 from somatile.hw.tile_params import HCCS_LANES, HCCS_OUT_TYPES
 from somatile.model.hccs import (B_MAX, DMAX_MAX, INPUT_BITS, INT16_MAX, INT16_NUMERATOR, INV_SHIFT, MODE_CLB,
@@ -136,7 +136,7 @@ RECIPROCAL_BITS = bits_for(UINT8_NUMERATOR)
 """Width of a row's reciprocal ``inv`` (the largest, ``UINT8_NUMERATOR``, for a total of 1)."""
 
 @dataclasses.dataclass(frozen=True)
-class HCCSConfig:
+class HCCSConfig(RowUnitConfig):
     """Elaboration parameters of the unit (validated; a bad value names itself and what was expected)."""
     lanes: int = 8
     heads: int = 2
@@ -145,24 +145,9 @@ class HCCSConfig:
     div_bits: int = 2
 
     def __post_init__(self):
-        if self.lanes not in HCCS_LANES:
-            raise ValueError(f"lanes: expected one of {HCCS_LANES}, got {self.lanes!r}")
-        if not (isinstance(self.heads, int) and 1 <= self.heads <= 256):
-            raise ValueError(f"heads: expected an integer from 1 to 256, got {self.heads!r}")
-        if not (isinstance(self.n_max, int) and self.n_max >= self.lanes and self.n_max % self.lanes == 0):
-            raise ValueError(f"n_max: expected a positive multiple of lanes ({self.lanes}), got {self.n_max!r}")
+        self.check_fields(HCCS_LANES, None, (1, 2, 3, 4, 6, 8))
         if self.out_type not in HCCS_OUT_TYPES:
             raise ValueError(f"out_type: expected one of {HCCS_OUT_TYPES}, got {self.out_type!r}")
-        if self.div_bits not in (1, 2, 3, 4, 6, 8):
-            raise ValueError(f"div_bits: expected 1, 2, 3, 4, 6 or 8 quotient bits per cycle, got {self.div_bits!r}")
-
-    @property
-    def beats_max(self) -> int:
-        return self.n_max // self.lanes
-
-    @property
-    def head_bits(self) -> int:
-        return max(1, ceil_log2(self.heads))
 
     @property
     def out_bits(self) -> int:

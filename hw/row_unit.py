@@ -10,6 +10,34 @@ from __future__ import annotations
 
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+
+class RowUnitConfig:
+    """What the row units' configurations (frozen dataclasses with ``lanes``, ``heads``, ``n_max`` and
+    ``div_bits``) share: the checks of those four (each bad value named with what was expected) and the
+    beat and head-index sizes."""
+
+    def check_fields(self, lane_choices: tuple, n_max_limit: int | None, div_choices: tuple):
+        if self.lanes not in lane_choices:
+            raise ValueError(f"lanes: expected one of {lane_choices}, got {self.lanes!r}")
+        if not (isinstance(self.heads, int) and 1 <= self.heads <= 256):
+            raise ValueError(f"heads: expected an integer from 1 to 256, got {self.heads!r}")
+        limit = "" if n_max_limit is None else f" up to {n_max_limit}"
+        if not (isinstance(self.n_max, int) and self.lanes <= self.n_max <= (n_max_limit or self.n_max)
+                and self.n_max % self.lanes == 0):
+            raise ValueError(f"n_max: expected a positive multiple of lanes ({self.lanes}){limit}, got {self.n_max!r}")
+        if self.div_bits not in div_choices:
+            names = ", ".join(map(str, div_choices[:-1])) + f" or {div_choices[-1]}"
+            raise ValueError(f"div_bits: expected {names} quotient bits per cycle, got {self.div_bits!r}")
+
+    @property
+    def beats_max(self) -> int:
+        return self.n_max // self.lanes
+
+    @property
+    def head_bits(self) -> int:
+        return max(1, ceil_log2(self.heads))
 
 
 class RowUnit(wiring.Component):

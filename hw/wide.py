@@ -59,7 +59,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from somatile.hw.pipe import delay, delay_line, reduce_levels, reg
-from somatile.hw.row_unit import RowUnit
+from somatile.hw.row_unit import RowUnit, RowUnitConfig
 from somatile.model import wide
 from somatile.model.intexp import POLY_A, POLY_B, POLY_C
 
@@ -75,7 +75,7 @@ FRAC_SHIFT = wide.LOGIT_FRAC_BITS - wide.PWL2_SEG_BITS   # 6: the pwl2 interpola
 
 
 @dataclasses.dataclass(frozen=True)
-class WideConfig:
+class WideConfig(RowUnitConfig):
     """Elaboration parameters of the unit (validated; a bad value names itself and what was expected)."""
     lanes: int = 4
     heads: int = 2
@@ -83,28 +83,11 @@ class WideConfig:
     div_bits: int = 2
 
     def __post_init__(self):
-        if self.lanes not in LANES:
-            raise ValueError(f"lanes: expected one of {LANES}, got {self.lanes!r}")
-        if not (isinstance(self.heads, int) and 1 <= self.heads <= 256):
-            raise ValueError(f"heads: expected an integer from 1 to 256, got {self.heads!r}")
-        if not (isinstance(self.n_max, int) and self.lanes <= self.n_max <= wide.MAX_COLS
-                and self.n_max % self.lanes == 0):
-            raise ValueError(f"n_max: expected a multiple of lanes ({self.lanes}) up to {wide.MAX_COLS}, "
-                             f"got {self.n_max!r}")
-        if self.div_bits not in (1, 2, 3, 6, 9):
-            raise ValueError(f"div_bits: expected 1, 2, 3, 6 or 9 quotient bits per cycle, got {self.div_bits!r}")
-
-    @property
-    def beats_max(self) -> int:
-        return self.n_max // self.lanes
+        self.check_fields(LANES, wide.MAX_COLS, (1, 2, 3, 6, 9))
 
     @property
     def bank_depth(self) -> int:
         return 1 << ceil_log2(self.beats_max)
-
-    @property
-    def head_bits(self) -> int:
-        return max(1, ceil_log2(self.heads))
 
 
 def in_beat_layout(cfg: WideConfig) -> data.StructLayout:

@@ -216,7 +216,7 @@ def test_a_row_for_a_missing_head_outputs_zeros_and_is_flagged(rng):
 
 
 @pytest.mark.parametrize("kwargs, message", [(dict(lanes=3), "lanes: expected one of"),
-                                             (dict(n_max=30, lanes=4), "n_max: expected a multiple of lanes"),
+                                             (dict(n_max=30, lanes=4), r"n_max: expected a positive multiple of lanes \(4\) up"),
                                              (dict(div_bits=4), "div_bits: expected"),
                                              (dict(heads=0), "heads: expected")])
 def test_bad_configuration_is_named(kwargs, message):
