@@ -17,7 +17,7 @@ from pathlib import Path
 
 from somatile.eval import onnx_eval
 from somatile.eval import text as textmod
-from somatile.eval.minilm import MINILM_COLS, evaluate_minilm
+from somatile.eval.minilm import MINILM_CHUNK, MINILM_COLS, evaluate_minilm
 from somatile.eval.results import write_results
 from somatile.eval.smollm2 import evaluate_smollm2, lm_variants, merge_smollm2
 
@@ -30,7 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_argument("--quick", action="store_true", help="a small subset (for the test suite)")
     common.add_argument("--text", default=None, help="UTF-8 evaluation text (default: the committed Pride and "
                                                      "Prejudice excerpt)")
-    p = sub.add_parser("minilm", parents=[common], help="HCCS on all-MiniLM-L6-v2 (embedding cosine, NN agreement)")
+    distributed = argparse.ArgumentParser(add_help=False)
+    distributed.add_argument("--jobs", type=int, default=None,
+                             help="jobs run in this many processes (default: the cores available; 1 = in this "
+                                  "process); results do not depend on it")
+    distributed.add_argument("--cluster", default=None, metavar="ADDRESS",
+                             help="run the jobs on a Dask distributed scheduler, e.g. tcp://HOST:8786 (workers "
+                                  "need somatile and the model wheels installed: docs/cluster.md)")
+    p = sub.add_parser("minilm", parents=[common, distributed], help="HCCS on all-MiniLM-L6-v2 (embedding cosine, NN agreement)")
     p.add_argument("--sentences", type=int, default=256, help="evaluation sentences (default 256)")
     p.add_argument("--calibration-sentences", type=int, default=64, help="calibration sentences (default 64)")
     p.add_argument("--cols", type=int, default=MINILM_COLS, help="row length the logits are padded to (default 128)")
@@ -38,10 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="write one layer's real logits (logits (12, R, cols) float32, mask) for somatile compare")
     p.add_argument("--layer", type=int, default=0, help="layer for --dump-logits (default 0)")
     p.add_argument("--dump-rows", type=int, default=None, help="keep only the first N rows in --dump-logits")
+    p.add_argument("--chunk", type=int, default=MINILM_CHUNK,
+                   help=f"evaluation sentences per job (default {MINILM_CHUNK}); each layer's calibration is "
+                        "one job too")
     p = sub.add_parser("onnx", help="integer normalisers in place of the Softmax nodes of an ONNX model")
     p.add_argument("--out", default=None, help="folder for results.json and results.md (default build/eval/onnx)")
     onnx_eval.add_arguments(p)
-    p = sub.add_parser("smollm2", parents=[common], help="Soma, HCCS and SFA on SmolLM2-135M (perplexity)")
+    p = sub.add_parser("smollm2", parents=[common, distributed], help="Soma, HCCS and SFA on SmolLM2-135M (perplexity)")
     p.add_argument("--chars", type=int, default=textmod.REFERENCE_CHARS,
                    help="evaluate the first N characters of the text (default 40000)")
     p.add_argument("--window", type=int, default=512, help="window length in tokens (default 512)")
@@ -58,12 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="windows not started within this budget are skipped and the run ends at the last "
                         "round every variant completed (every variant then has the same windows; the report "
                         "states how many)")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="window x variant jobs run in this many processes (default: the cores available; 1 = "
-                        "in this process); results do not depend on it")
-    p.add_argument("--cluster", default=None, metavar="ADDRESS",
-                   help="run the jobs on a Dask distributed scheduler, e.g. tcp://HOST:8786 (workers need "
-                        "somatile and the model wheels installed)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the windows already in OUT/jobs/ computed with the same calibration and tokens")
 
@@ -73,7 +77,7 @@ def command_line(args) -> str:
     defaults = {"quick": False, "text": None, "sentences": 256, "calibration_sentences": 64, "cols": MINILM_COLS,
                 "dump_logits": None, "layer": 0, "dump_rows": None, "chars": textmod.REFERENCE_CHARS,
                 "window": 512, "long_window": 2048, "calibration_tokens": 512, "quick_tokens": 96, "only": None,
-                "max_minutes": None, "first_round": 0, "jobs": None, "cluster": None, "resume": False}
+                "max_minutes": None, "first_round": 0, "chunk": MINILM_CHUNK, "jobs": None, "cluster": None, "resume": False}
     parts = [f"somatile eval {args.model} --out {args.out}"]
     for name, default in defaults.items():
         value = getattr(args, name, default)
@@ -84,6 +88,8 @@ def command_line(args) -> str:
 
 
 def _check_args(args) -> None:
+    if getattr(args, "chunk", 1) < 1:
+        raise ValueError(f"--chunk: expected at least 1, got {args.chunk}")
     for name in ("sentences", "calibration_sentences", "cols", "chars", "window", "calibration_tokens",
                  "quick_tokens"):
         value = getattr(args, name, None)

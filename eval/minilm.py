@@ -8,7 +8,9 @@ quantisation). Evaluation sentences (disjoint from the calibration sentences) ar
 calibration error stays above 0.3 on integer exp, the others on int8 HCCS div), integer exp everywhere.
 Reported: mean / minimum embedding cosine against the reference and nearest-neighbour agreement (is each
 sentence's nearest other sentence the same as under the reference), plus the per-layer, per-head calibration
-table and plots, in ``--out``/results.json, results.md and PNG files.
+table and plots, in ``--out``/results.json, results.md and PNG files. The layers' calibrations and the
+variants x chunks of ``--chunk`` sentences run as jobs of :mod:`somatile.eval.jobs` (``--jobs``,
+``--cluster``); the numbers do not depend on how they ran.
 
 ``--dump-logits FILE.npz --layer L`` writes one layer's real logits (``logits`` float32 (12, R, cols),
 ``mask`` bool of the same shape) for ``somatile compare --logits``.
@@ -27,6 +29,8 @@ from somatile.eval import text as textmod
 from somatile.eval.report import machine, markdown_table, pyplot, write_outputs
 
 MINILM_COLS = 128
+MINILM_CHUNK = 32
+"""Evaluation sentences per job (a variant's 256 sentences are 8 jobs of about a second each)."""
 
 
 def pad_rows(logits: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -77,16 +81,26 @@ def collect_minilm_blocks(model, sentences: list[str]):
     return blocks
 
 
-def calibrate_minilm(layer_logits, progress: bool = False, blocks=None) -> MiniLMCalibration:
+def calibrate_layer(x: np.ndarray, mask: np.ndarray, blocks=None, progress: bool = False) -> tuple:
+    """One layer's calibration (independent of the other layers): float c (H,), its error (H,), the int8
+    HccsParams, and normaliser -> WideCalibration on the attention output of ``blocks`` (empty without)."""
     from somatile.model.calibrate import calibrate_float, calibrate_params, calibrate_wide
-    cs, errs, params = [], [], []
-    for layer, (x, mask) in enumerate(layer_logits):
-        fl = calibrate_float(x, mask)
-        cs.append(fl.c)
-        errs.append(fl.error)
-        params.append(calibrate_params(x, mask, search="int", mode="div", progress=progress))
-    wide = {norm: [calibrate_wide(b, norm) for b in blocks] for norm in ("pwl2", "hccs")} if blocks else {}
-    return MiniLMCalibration(cs, errs, params, wide)
+    fl = calibrate_float(x, mask)
+    params = calibrate_params(x, mask, search="int", mode="div", progress=progress)
+    wide = {norm: calibrate_wide(blocks, norm) for norm in ("pwl2", "hccs")} if blocks else {}
+    return fl.c, fl.error, params, wide
+
+
+def join_calibration(layers: list[tuple]) -> MiniLMCalibration:
+    """:class:`MiniLMCalibration` from the :func:`calibrate_layer` results of every layer, in layer order."""
+    wide = {norm: [w[norm] for *_, w in layers] for norm in layers[0][3]} if layers[0][3] else {}
+    return MiniLMCalibration([c for c, *_ in layers], [e for _, e, *_ in layers], [p for _, _, p, _ in layers],
+                             wide)
+
+
+def calibrate_minilm(layer_logits, progress: bool = False, blocks=None) -> MiniLMCalibration:
+    return join_calibration([calibrate_layer(x, mask, blocks[layer] if blocks else None, progress)
+                             for layer, (x, mask) in enumerate(layer_logits)])
 
 
 WORST_HEAD_FRACTION = 0.1
@@ -209,7 +223,27 @@ def evaluate_minilm(args, command: str) -> dict:
                "cols": args.cols, "command": command}
     if args.dump_logits:
         results["dump"] = dump_minilm_logits(Path(args.dump_logits), cal_logits, args.layer, args.dump_rows)
-    cal = calibrate_minilm(cal_logits, blocks=collect_minilm_blocks(model, cal_sents))
+    from somatile.eval import jobs as joblib
+    cluster = getattr(args, "cluster", None)
+    n_jobs = joblib.check(getattr(args, "jobs", 1), cluster)
+    chunk = getattr(args, "chunk", MINILM_CHUNK)
+    chunks = [eval_sents[i:i + chunk] for i in range(0, n_eval, chunk)]
+
+    def run_jobs(work: list[dict], labels: list[str], desc: str) -> list:
+        return joblib.run(minilm_job, work, n_jobs=n_jobs, cluster=cluster, labels=labels, desc=desc)
+
+    def chunk_label(i: int) -> str:
+        return f"sentences {i * chunk}..{min((i + 1) * chunk, n_eval) - 1}"
+
+    # First the layers' calibrations beside the reference embeddings, then every variant on every chunk.
+    blocks = collect_minilm_blocks(model, cal_sents)
+    n_layers = len(cal_logits)
+    first = run_jobs([{"layer": l, "logits": x, "mask": m, "blocks": blocks[l]} for l, (x, m) in enumerate(cal_logits)]
+                     + [{"normaliser": None, "sentences": c} for c in chunks],
+                     [f"layer {l} calibration" for l in range(n_layers)]
+                     + [f"reference {chunk_label(i)}" for i in range(len(chunks))], "MiniLM calibration")
+    cal = join_calibration(first[:n_layers])
+    reference = np.concatenate(first[n_layers:])
     objective = cal.params[0].objective
     results["calibration"] = {
         "objective": objective, "threshold": DEFAULT_THRESHOLD,
@@ -225,17 +259,32 @@ def evaluate_minilm(args, command: str) -> dict:
     for l, p in enumerate(cal.params):
         p.to_yaml(out / f"hccs_params_layer{l}.yaml")
     results["params_yaml"] = [str(out / f"hccs_params_layer{l}.yaml") for l in range(len(cal.params))]
-    reference = model.embed(eval_sents, progress="MiniLM reference")
-    variants = {}
-    for name, normaliser in minilm_normalisers(cal, args.cols).items():
-        variants[name] = {**MINILM_FIELDS[name], **embedding_agreement(
-            reference, model.embed(eval_sents, normaliser=normaliser, progress=name))}
-    results["variants"] = variants
+    names = list(minilm_normalisers(cal, args.cols))
+    embedded = run_jobs([{"normaliser": name, "cal": cal, "cols": args.cols, "sentences": c}
+                         for name in names for c in chunks],
+                        [f"{name} {chunk_label(i)}" for name in names for i in range(len(chunks))],
+                        "MiniLM variants x sentences")
+    results["variants"] = {name: {**MINILM_FIELDS[name], **embedding_agreement(
+        reference, np.concatenate(embedded[v * len(chunks):(v + 1) * len(chunks)]))} for v, name in enumerate(names)}
+    results["jobs"] = {"n_jobs": n_jobs, "cluster": cluster, "chunk": chunk,
+                       "count": n_layers + len(chunks) * (1 + len(names))}
     results["seconds"] = round(time.time() - t0, 1)
     _minilm_plots(out, results)
     markdown = minilm_markdown(results)
     write_outputs(out, results, markdown)
     return results
+
+
+def minilm_job(job: dict) -> tuple | np.ndarray:
+    """A job of :mod:`somatile.eval.jobs` (runs in any process): one layer's :func:`calibrate_layer` (a job
+    with ``layer``), or the embeddings of a chunk of sentences under one of :func:`minilm_normalisers`
+    (``normaliser`` None: exact softmax, the reference). The model is loaded once per process."""
+    from somatile.model.minilm import MiniLM
+    if "layer" in job:
+        return calibrate_layer(job["logits"], job["mask"], job["blocks"])
+    name = job["normaliser"]
+    normaliser = None if name is None else minilm_normalisers(job["cal"], job["cols"])[name]
+    return MiniLM.load().embed(job["sentences"], normaliser=normaliser)
 
 
 def minilm_markdown(r: dict) -> str:

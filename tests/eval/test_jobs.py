@@ -1,5 +1,6 @@
-"""The job layer: results in job order on every backend, failures named, bad options refused; and a small
-`somatile eval smollm2` giving the same numbers serially, with --jobs 2, on a Dask cluster and resumed."""
+"""The job layer: results in job order on every backend, failures named, bad options refused; a small
+`somatile eval smollm2` giving the same numbers serially, with --jobs 2, on a Dask cluster and resumed; and
+`somatile eval minilm --quick` the same serially, with --jobs 2 and on a Dask cluster."""
 
 import json
 import os
@@ -55,19 +56,40 @@ def _windows(out):
     return {v["key"]: [(w["start"], w["length"], w["nll"], w["scored"]) for w in v["windows"]] for v in r["variants"]}, r
 
 
-def test_eval_is_the_same_serial_parallel_on_a_cluster_and_resumed(tmp_path):
-    """Bit-identical window NLLs whatever ran them (float32 forward passes with one BLAS thread are
-    deterministic; each window starts from a fresh state)."""
+@pytest.fixture(scope="module")
+def cluster_address():
+    """A Dask scheduler with two worker processes on this machine."""
     from dask.distributed import LocalCluster
 
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+
+
+def test_eval_is_the_same_serial_parallel_on_a_cluster_and_resumed(tmp_path, cluster_address):
+    """Bit-identical window NLLs whatever ran them (float32 forward passes with one BLAS thread are
+    deterministic; each window starts from a fresh state)."""
     assert cli(EVAL + ["--out", str(tmp_path / "serial"), "--jobs", "1"]) == 0
     serial, _ = _windows(tmp_path / "serial")
     assert len(serial["default"]) >= 2
     assert cli(EVAL + ["--out", str(tmp_path / "pool"), "--jobs", "2"]) == 0
     assert _windows(tmp_path / "pool")[0] == serial
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        assert cli(EVAL + ["--out", str(tmp_path / "cluster"), "--cluster", cluster.scheduler_address]) == 0
+    assert cli(EVAL + ["--out", str(tmp_path / "cluster"), "--cluster", cluster_address]) == 0
     assert _windows(tmp_path / "cluster")[0] == serial
     assert cli(EVAL + ["--out", str(tmp_path / "pool"), "--jobs", "2", "--resume"]) == 0
     resumed, r = _windows(tmp_path / "pool")
     assert resumed == serial and r["jobs"]["resumed"] == r["jobs"]["count"] == 2 * len(serial["default"])
+
+
+def test_minilm_eval_is_the_same_serial_parallel_and_on_a_cluster(tmp_path, cluster_address):
+    """Layer calibrations and chunks of three sentences x variants as jobs: the same calibration and the same
+    embedding cosines bit for bit (the forward pass runs one sentence at a time)."""
+    def outcome(*options):
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        assert cli(["eval", "minilm", "--quick", "--chunk", "3", "--out", str(out), *options]) == 0
+        r = json.loads((out / "results.json").read_text())
+        assert r["jobs"]["count"] == 6 + 3 * (1 + len(r["variants"]))   # layers + chunks x (reference, variants)
+        return r["calibration"], r["variants"]
+
+    serial = outcome("--jobs", "1")
+    assert outcome("--jobs", "2") == serial
+    assert outcome("--cluster", cluster_address) == serial
