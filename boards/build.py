@@ -25,6 +25,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -128,6 +129,18 @@ def source_hash() -> str:
         digest.update(f"{path.parent.name}/{path.name}\0".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+_PROCESS_SOURCES: list[str] = []
+
+
+def process_sources() -> str:
+    """The :func:`source_hash` this process builds from: taken at its first call, before the process first
+    imports the RTL, and kept (Python keeps the modules it imported first, so a long-lived worker that built
+    once goes on building from those sources even after the files change)."""
+    if not _PROCESS_SOURCES:
+        _PROCESS_SOURCES.append(source_hash())
+    return _PROCESS_SOURCES[0]
 
 
 def make_unit(cfg: BoardConfig, top: str):
@@ -789,10 +802,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="build every combination of these values (repeatable; on top of --set), each "
                              "validated like the YAML")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="builds run in this many processes (default 1: place-and-route already uses the "
-                             "cores); the records do not depend on it")
+                        help="builds run in this many processes (default 1; `make boards` passes the cores); "
+                             "the records do not depend on it")
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
-                        help="run the builds on a Dask distributed scheduler, e.g. tcp://HOST:8786")
+                        help="run the builds on a Dask distributed scheduler, e.g. tcp://HOST:8786 (workers of "
+                             "the same sources and tools: docs/cluster.md)")
 
 
 def parse_sweeps(items: list[str] | None) -> list[dict[str, Any]]:
@@ -810,16 +824,34 @@ def parse_sweeps(items: list[str] | None) -> list[dict[str, Any]]:
 
 
 def build_job(job: dict) -> dict:
-    """One build (a job of :mod:`somatile.model.jobs`, in any process): the record, or the error row of a
-    unit that does not elaborate for this board. The job names the board file and its overrides (a
-    BoardConfig holds read-only mappings that do not pickle); loading them again validates them again."""
+    """One build (a job of :mod:`somatile.eval.jobs`, in any process): the record, or the error row of a
+    unit that does not elaborate for this board or of a worker whose sources or tool versions are not the
+    run's (``job["sources"]``, ``job["tools"]``; nothing is built then). The job names the board file and
+    its overrides (a BoardConfig holds read-only mappings that do not pickle); loading them again validates
+    them again. The record carries the worker's own source hash and tool versions."""
     cfg, top = board_config.load(job["board"], job["overrides"]), job["top"]
+    sources, tools = process_sources(), tool_versions()
+    row = {"board": cfg.name, "top": top, "kind": cfg.kind, "clock_mhz": cfg.clock_mhz,
+           "overrides": dict(cfg.overrides), "source_sha256": sources, "tools": tools}
+    if (sources, tools) != (job["sources"], job["tools"]):
+        differ = {k: v for k, v in tools.items() if job["tools"].get(k) != v}
+        return {**row, "error": f"worker {platform.node()} has sources sha256 {sources[:16]}"
+                + "".join(f", {k} {v}" for k, v in differ.items()) + f", the run's are {job['sources'][:16]}"
+                + "".join(f", {k} {job['tools'].get(k)}" for k in differ)
+                + ": install the same checkout and tools on every worker (and restart long-lived ones)"}
     try:
-        return build(cfg, top, job["out"], pnr=job["pnr"], timeout_s=job["timeout"], sources=job["sources"],
-                     params=job.get("params"), rows=job.get("rows", aie.DEFAULT_ROWS))
+        return {**build(cfg, top, job["out"], pnr=job["pnr"], timeout_s=job["timeout"], sources=sources,
+                        params=job.get("params"), rows=job.get("rows", aie.DEFAULT_ROWS)), "tools": tools}
     except (BuildError, BoardError, AieError) as exc:
-        return {"board": cfg.name, "top": top, "kind": cfg.kind, "clock_mhz": cfg.clock_mhz,
-                "overrides": dict(cfg.overrides), "error": str(exc)}
+        return {**row, "error": str(exc)}
+
+
+def foreign_builds(records: list[dict], sources: str, tools: dict) -> list[str]:
+    """One line per record not built from ``sources`` with ``tools`` (a run's builds are merged into one
+    report only when there are none)."""
+    return [f"{r['board']}/{r['top']}" + "".join(f" {k}={v}" for k, v in r.get("overrides", {}).items())
+            + f": sources {r['source_sha256'][:16]}, tools {r.get('tools')}"
+            for r in records if r.get("source_sha256") != sources or r.get("tools", tools) != tools]
 
 
 def _record_key(r: dict) -> tuple:
@@ -879,9 +911,9 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM as an exception, so that a stopped build also stops the toolchain it started (_run_plan).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     records, failed = [], False
-    sources = source_hash()  # before the first RTL import: the files may change while a long run goes on
+    sources, tools = process_sources(), tool_versions()  # before the first RTL import (process_sources)
     work = [{"board": str(cfg.source), "overrides": dict(cfg.overrides), "top": top, "out": args.out,
-             "pnr": not args.no_pnr, "timeout": args.timeout, "sources": sources,
+             "pnr": not args.no_pnr, "timeout": args.timeout, "sources": sources, "tools": tools,
              "params": getattr(args, "params", None), "rows": getattr(args, "rows", aie.DEFAULT_ROWS)}
             for cfg, top in jobs]
 
@@ -908,6 +940,11 @@ def run(args: argparse.Namespace) -> int:
     joblib.run(build_job, work, n_jobs=getattr(args, "jobs", 1), cluster=getattr(args, "cluster", None),
                on_result=report, desc="builds",
                labels=[f"{cfg.name}/{top}" for cfg, top in jobs])
+    foreign = foreign_builds(records, sources, tools)
+    if foreign:
+        print(f"somatile build: not merged into one report: {len(foreign)} of {len(records)} builds are not of "
+              f"this run's sources {sources[:16]} and tools {tools}:\n  " + "\n  ".join(foreign), file=sys.stderr)
+        return 1
     if args.report:
         for path in write_summary(records, Path(args.report)):
             print(path)

@@ -434,6 +434,16 @@ def test_fsm_state_registers_are_recoded_one_hot_through_the_real_yosys_only_wit
     assert "one-hot" not in without[0] and without[1] == 2
 
 
+def sweep_outputs(folder: Path) -> tuple[dict, str, list]:
+    """What a sweep run wrote under ``folder``: every Verilog file's bytes by path, the report and its JSON
+    records, without the run's own folder and the minute the report was written (two runs differ there)."""
+    verilog = {str(v.relative_to(folder)): v.read_bytes() for v in sorted(folder.glob("*/*/*.v"))}
+    report = re.sub(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC", "TIME",
+                    (folder / "report.md").read_text().replace(str(folder), ""))
+    records = json.loads((folder / "report.json").read_text().replace(str(folder), ""))["records"]
+    return verilog, report, records
+
+
 def test_sweep_builds_every_combination_the_same_in_one_or_two_processes(tmp_path, capsys):
     """--sweep lanes=4,8 --sweep ring=32,64: four builds, each in its own folder with its overrides in the
     manifest; the Verilog and the report are the same byte for byte with --jobs 2 (the job layer delivers
@@ -449,12 +459,57 @@ def test_sweep_builds_every_combination_the_same_in_one_or_two_processes(tmp_pat
         manifest = json.loads((one / "sim" / folder / "manifest.json").read_text())
         lanes, ring = (int(x) for x in re.findall(r"\d+", folder))
         assert manifest["overrides"] == {"lanes": lanes, "ring": ring}
-        for v in (one / "sim" / folder).glob("*.v"):
-            assert v.read_bytes() == (two / "sim" / folder / v.name).read_bytes()
-    def report(folder):  # the report's own path and the minute it was written differ between the two runs
-        return re.sub(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC", "TIME", (folder / "report.md").read_text()
-                      .replace(str(folder), ""))
-    assert report(one) == report(two)
+    assert sweep_outputs(one) == sweep_outputs(two)
+
+
+def test_a_four_point_sweep_on_a_local_cluster_gives_the_table_of_four_serial_builds(tmp_path):
+    """Issue 27's target: the HCCS unit at 4 and 8 lanes for 1 and 2 heads, built serially and on a Dask
+    cluster of two worker processes: the same Verilog, report and records (each with its worker's source
+    hash and tool versions, which are the run's)."""
+    from dask.distributed import LocalCluster
+
+    args = ["build", "--board", "sim", "--top", "hccs", "--no-pnr", "--sweep", "hccs_lanes=4,8", "--sweep",
+            "heads=1,2"]
+    serial, cluster_out = tmp_path / "serial", tmp_path / "cluster"
+    assert cli(args + ["--out", str(serial), "--jobs", "1", "--report", str(serial / "report.md")]) == 0
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        assert cli(args + ["--out", str(cluster_out), "--cluster", cluster.scheduler_address, "--report",
+                           str(cluster_out / "report.md")]) == 0
+    verilog, report, records = sweep_outputs(serial)
+    assert len(verilog) == len(set(verilog.values())) == 4 and report.count("| sim | hccs |") == 4
+    assert sweep_outputs(cluster_out) == (verilog, report, records)
+    assert {r["source_sha256"] for r in records} == {build.source_hash()}
+    assert all(r["tools"] == build.tool_versions() for r in records)
+
+
+def test_a_worker_of_other_sources_builds_nothing(tmp_path):
+    job = {"board": "sim", "overrides": {}, "top": "hccs", "out": str(tmp_path), "pnr": False, "timeout": 60,
+           "sources": "00" * 32, "tools": build.tool_versions()}
+    record = build.build_job(job)
+    assert record["source_sha256"] == build.process_sources() != "00" * 32
+    assert "the run's are 0000000000000000: install the same checkout and tools on every worker" in record["error"]
+    assert "amaranth" not in record["error"]     # only what differs is named
+    other_tools = {**job, "sources": build.process_sources(), "tools": {**job["tools"], "amaranth": "0.4.0"}}
+    assert build.build_job(other_tools)["error"].endswith(
+        f"amaranth {build.tool_versions()['amaranth']}, the run's are {build.process_sources()[:16]}, amaranth 0.4.0: "
+        "install the same checkout and tools on every worker (and restart long-lived ones)")
+    assert not any(tmp_path.iterdir())
+
+
+def test_builds_of_other_sources_are_not_merged_into_one_report(tmp_path, monkeypatch, capsys):
+    """A record that comes back with another source hash (a worker of another checkout) stops the merge."""
+    real = build.build_job
+
+    def lanes8_elsewhere(job):
+        record = real(job)
+        return {**record, "source_sha256": "ee" * 32} if job["overrides"] == {"hccs_lanes": 8} else record
+    monkeypatch.setattr(build, "build_job", lanes8_elsewhere)
+    report = tmp_path / "report.md"
+    assert cli(["build", "--board", "sim", "--top", "hccs", "--no-pnr", "--sweep", "hccs_lanes=4,8", "--out",
+                str(tmp_path), "--jobs", "1", "--report", str(report)]) == 1
+    err = capsys.readouterr().err
+    assert "not merged into one report: 1 of 2 builds are not of this run's sources" in err
+    assert "sim/hccs hccs_lanes=8: sources eeeeeeeeeeeeeeee" in err and not report.exists()
 
 
 @pytest.mark.parametrize("sweep,message", [
