@@ -59,12 +59,17 @@ eval: export OPENBLAS_NUM_THREADS ?= 1
 # The second text (the quality targets must hold beyond the committed excerpt) needs Debian's dict-devil.
 OTHER_TEXT_VARIANTS := default hccs int_hccs int_exp wide_exp_per_head wide_exp wide_pwl2_uncal wide_pwl2 \
                        wide_hccs wide_hccs_hybrid
+# The evaluations' and builds' independent jobs run in JOBS processes (default: the cores), or on a Dask
+# scheduler with CLUSTER=tcp://HOST:8786 (docs/cluster.md); the numbers do not depend on which.
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+JOB_OPTIONS = --jobs $(JOBS)$(if $(CLUSTER), --cluster $(CLUSTER))
 eval: $(STAMP)
-	$(BIN)/somatile eval minilm --out build/eval/minilm
-	$(BIN)/somatile eval smollm2 --out build/eval/smollm2
+	$(BIN)/somatile eval minilm --out build/eval/minilm $(JOB_OPTIONS)
+	$(BIN)/somatile eval smollm2 --out build/eval/smollm2 $(JOB_OPTIONS)
 	$(BIN)/python scripts/make_other_text.py build/eval/devil.txt
-	$(BIN)/somatile eval minilm --text build/eval/devil.txt --out build/eval/minilm_other
-	$(BIN)/somatile eval smollm2 --text build/eval/devil.txt --out build/eval/smollm2_other --only $(OTHER_TEXT_VARIANTS)
+	$(BIN)/somatile eval minilm --text build/eval/devil.txt --out build/eval/minilm_other $(JOB_OPTIONS)
+	$(BIN)/somatile eval smollm2 --text build/eval/devil.txt --out build/eval/smollm2_other --only $(OTHER_TEXT_VARIANTS) \
+		$(JOB_OPTIONS)
 	$(BIN)/python -m somatile.eval --write-results docs/results.md build/eval
 
 # The AI Engine rows (aie4ml's estimate beside the PL HCCS unit, docs/boards.md) need calibrated parameters:
@@ -72,7 +77,7 @@ eval: $(STAMP)
 # fallback heads, as a user would for their model.
 AIE_DIR := build/boards/aie-params
 boards: $(STAMP)
-	$(BIN)/somatile build --all --out build/boards --report docs/boards.md
+	$(BIN)/somatile build --all --out build/boards --report docs/boards.md $(JOB_OPTIONS)
 	$(BIN)/somatile eval minilm --quick --dump-logits $(AIE_DIR)/minilm_layer0.npz --layer 0 --out $(AIE_DIR)/eval
 	$(BIN)/somatile calibrate --logits $(AIE_DIR)/minilm_layer0.npz --profile paper --fallback-exp aie4ml \
 		-o $(AIE_DIR)/minilm_layer0.yaml
