@@ -1,0 +1,89 @@
+"""The job layer (somatile.eval.jobs, issue 27): wall time of a small but real `somatile eval` run serially
+(``--jobs 1``) and in two processes (``--jobs 2``), side by side in the same run, and the speed-up.
+
+Two evaluations, each a subset of what `make eval` runs: MiniLM (its six layer calibrations, then 64
+sentences x 11 variants in chunks of 16 sentences) and SmolLM2 (window x variant jobs on the first 6,000
+characters). Each command runs as `make eval` runs it (a fresh `somatile` process with one BLAS thread, so
+the process pool's start-up and the model loads are inside the timing), and the two runs must give the same
+numbers. The target is issue 27's: at least 1.6x on a 2-core machine. The load average before and after
+each pair is in the row's notes: other work on the machine takes cores from the parallel run, so the ratio
+is only meaningful read with it. The notes also give the CPU seconds of both runs (this process's children
+and the pool's workers): twice the serial CPU time over the parallel one bounds the speed-up two otherwise
+idle cores would give.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET = 1.6
+EVALS = {
+    "minilm": ["--sentences", "64", "--calibration-sentences", "16", "--chunk", "16"],
+    "smollm2": ["--chars", "6000", "--window", "128", "--long-window", "0", "--calibration-tokens", "96",
+                "--only", "default", "int_hccs"],
+}
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _numbers(value):
+    """``value`` without the wall-clock fields (``seconds``: each window's own timing)."""
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items() if k != "seconds"}
+    return [_numbers(v) for v in value] if isinstance(value, list) else value
+
+
+def _cpu_seconds() -> float:
+    """User + system seconds of this process's finished children (and theirs: the pool's workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(model: str, options: list[str], jobs: int, out: Path) -> tuple[float, float, dict]:
+    cpu = _cpu_seconds()
+    command = [str(Path(sys.executable).parent / "somatile"), "eval", model, *options, "--jobs", str(jobs),
+               "--out", str(out)]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    seconds = time.perf_counter() - started
+    results = json.loads((out / "results.json").read_text())
+    return seconds, _cpu_seconds() - cpu, _numbers(results["variants"])
+
+
+def _row(model: str, options: list[str], tmp: Path) -> dict:
+    before = _uptime()
+    serial, serial_cpu, numbers = _timed(model, options, 1, tmp / f"{model}-serial")
+    parallel, parallel_cpu, same = _timed(model, options, 2, tmp / f"{model}-jobs2")
+    after = _uptime()
+    assert same == numbers, f"somatile eval {model}: --jobs 2 gave other numbers than --jobs 1"
+    ratio = serial / parallel
+    return {"name": f"somatile eval {model} (subset): wall time with --jobs 2 (--jobs 1 as baseline)",
+            "value": parallel, "unit": "s", "baseline": serial, "ratio": ratio,
+            "ratio_note": "baseline / value (the speed-up)", "lower_is_better": True,
+            "target": f">= {TARGET}x on 2 cores", "met": ratio >= TARGET,
+            "notes": f"`somatile eval {model} {' '.join(options)}`, same numbers both ways; "
+                     f"CPU time {serial_cpu:.1f} s serial, {parallel_cpu:.1f} s with --jobs 2 (the pool's start-up "
+                     f"and model loads; with two idle cores the speed-up could reach "
+                     f"{2 * serial_cpu / parallel_cpu:.2f}x); {os.cpu_count()} cores; before: {before}; after: {after}"}
+
+
+def run() -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="bench_jobs") as tmp:
+        return [_row(model, options, Path(tmp)) for model, options in EVALS.items()]
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(json.dumps(row, indent=2))
