@@ -623,6 +623,9 @@ class NearFieldFeed(wiring.Component):
         par, unit_config, command = self.head, self.config, self.command
         bits = element_bits(self.params)
         active = command.active
+        # active a cycle late, beside the registers it gates (the step's probabilities and done): the unit's
+        # answers to a command come many cycles after active rises, a step's many cycles after it falls.
+        lent = reg(m, active, "lent", reset_less=False)
         if self.params.profile == "wide":
             m.submodules.near_wide = near_unit = wide_unit.WideNormaliser(config=unit_config)
             feeds = Const(1)
@@ -681,11 +684,11 @@ class NearFieldFeed(wiring.Component):
                      command.cfg.ready.eq(near_unit.cfg.ready),
                      near_unit.o.ready.eq(~active | command.o.ready),
                      command.o.valid.eq(near_unit.o.valid & active), command.o.payload.eq(near_unit.o.payload),
-                     self.done.eq(near_unit.o.valid & near_unit.o.payload.last & ~active)]
+                     self.done.eq(near_unit.o.valid & near_unit.o.payload.last & ~lent)]
         # The step's probabilities: the low element bits of each lane (a paper unit built for the command's
         # int16 output answers the step's uint8 heads zero-extended).
         step_probs = Cat(*[lane[:bits] for lane in near_unit.o.payload.data])
-        with m.If(near_unit.o.valid & ~active):
+        with m.If(near_unit.o.valid & ~lent):
             m.d.sync += drain_sel.eq(drain_sel << 1)
             for j in range(row_beats):
                 with m.If(drain_sel[j]):

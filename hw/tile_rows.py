@@ -13,7 +13,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import block_ram
+from somatile.hw.pipe import block_ram, reg
 from somatile.hw.regmap import TileParams
 from somatile.hw.soma import head_params_layout, near_field_port, near_field_unit, wide_code
 from somatile.model import hccs
@@ -90,19 +90,23 @@ class CommandRows(wiring.Component):
 
         # The unit's beats into a row buffer (a block RAM of one row's beats), out of it an element at a time:
         # the unit is never stalled (its ready is constant, as in a decode step, so its output stage has no
-        # enables). A beat is offered from the second cycle after its write (`written` counts the beats a
-        # cycle late: the read a cycle after the write returns it, the one in the write's cycle would not).
+        # enables). A beat is offered from the second cycle after its write (`matured` is the write a cycle
+        # late: the read a cycle after the write returns it, the one in the write's cycle would not);
+        # `pending` counts the beats offered or still to be, and `offering` (pending > 0) is a register, so
+        # that the take reaches the read address through one gate.
         out_bits = 8 * self.out_bytes
         beats = -(-self.n_elements // lanes)
         buffer, rd = block_ram(m, "row_buffer", unsigned(out_bits * lanes), beats)
         wr = buffer.write_port()
         wr_beat = Signal(range(beats + 1))
-        written = Signal(range(beats + 1))
-        m.d.sync += written.eq(wr_beat)
         m.d.comb += [unit.o.ready.eq(1), wr.addr.eq(wr_beat), wr.en.eq(unit.o.valid),
                      wr.data.eq(Cat(*[unit.o.payload.data[j][:out_bits] for j in range(lanes)]))]
         with m.If(unit.o.valid):
             m.d.sync += wr_beat.eq(wr_beat + 1)
+        matured = reg(m, unit.o.valid, "rows_matured", reset_less=False)
+        pending = Signal(range(beats + 1))
+        offering = Signal()
+        pending_next = Signal.like(pending)
         # rd_beat: the beat whose elements are offered (rd.data holds it: its address is the next beat in the
         # cycle the last of its elements is taken, else rd_beat); out_lane the element in it.
         rd_beat = Signal(range(beats + 1))
@@ -114,7 +118,9 @@ class CommandRows(wiring.Component):
         step = Signal()
         m.d.comb += rd.addr.eq(Mux(step, rd_next, rd_beat))
         lane_values = [rd.data.word_select(j, out_bits) for j in range(lanes)]
-        out_valid = written > rd_beat
+        out_valid = offering
+        m.d.comb += pending_next.eq(pending + matured - step)
+        m.d.sync += [pending.eq(pending_next), offering.eq(pending_next != 0)]
         m.d.comb += [self.out_valid.eq(out_valid), self.final.eq(final),
                      self.value.eq(Array(lane_values)[out_lane] if lanes > 1 else lane_values[0])]
         with m.If(self.take & out_valid):
@@ -123,6 +129,6 @@ class CommandRows(wiring.Component):
                 m.d.comb += step.eq(1)
                 m.d.sync += [out_lane.eq(0), rd_beat.eq(rd_next), rd_next.eq(rd_next + 1)]
         with m.If(self.valid & self.first):  # a new row: its beats and probabilities count from 0
-            m.d.sync += [count.eq(0), final.eq(self.n_last == 0), out_lane.eq(0), wr_beat.eq(0), written.eq(0),
-                         rd_beat.eq(0), rd_next.eq(1)]
+            m.d.sync += [count.eq(0), final.eq(self.n_last == 0), out_lane.eq(0), wr_beat.eq(0), pending.eq(0),
+                         offering.eq(0), rd_beat.eq(0), rd_next.eq(1)]
         return m
