@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import block_ram, reg
+from somatile.hw.pipe import reg, skid_buffer
 from somatile.hw.regmap import TileParams
 from somatile.hw.soma import head_params_layout, near_field_port, near_field_unit, wide_code
 from somatile.model import hccs
@@ -35,9 +36,9 @@ class CommandRows(wiring.Component):
       never refuses it: a row starts only after the previous row's last probability was taken (every bank
       free), and inside a row the unit takes a beat every cycle.
     - Probabilities: the unit's beats go into a row buffer as they come (the unit is never stalled);
-      ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``, from the second cycle
-      after its beat arrived; ``take`` consumes it (one a cycle, any stalls); ``final`` marks the row's
-      ``n_last``-th (last) element. The unit's spare lanes beyond it are dropped.
+      ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``, from the third cycle
+      after its beat arrived, from a register slice; ``take`` consumes it (one a cycle, any stalls);
+      ``final`` marks the row's ``n_last``-th (last) element. The unit's spare lanes beyond it are dropped.
     """
 
     def __init__(self, params: TileParams, out_bytes: int):
@@ -88,15 +89,15 @@ class CommandRows(wiring.Component):
                 m.d.sync += [unit.i.valid.eq(1), beat.data.eq(Cat(*x_lanes)), beat.mask.eq(Cat(*mask_lanes)),
                              beat.first.eq(first), beat.last.eq(self.last), beat.head.eq(0), lane.eq(0)]
 
-        # The unit's beats into a row buffer (a block RAM of one row's beats), out of it an element at a time:
-        # the unit is never stalled (its ready is constant, as in a decode step, so its output stage has no
-        # enables). A beat is offered from the second cycle after its write (`matured` is the write a cycle
-        # late: the read a cycle after the write returns it, the one in the write's cycle would not);
-        # `pending` counts the beats offered or still to be, and `offering` (pending > 0) is a register, so
-        # that the take reaches the read address through one gate.
+        # The unit's beats into a row buffer (LUT RAM: an asynchronous read port, so it sits beside the logic
+        # that addresses it; a block RAM was placed far from its read address), out of it an element at a
+        # time: the unit is never stalled (its ready is constant, as in a decode step, so its output stage has
+        # no enables). `matured` is a beat's write a cycle late; `pending` counts the beats written and not
+        # yet fully taken, `offering` (pending > 0) is a register. The elements leave through a register slice,
+        # so neither the lane multiplexer nor the counters reach the response's registers in one cycle.
         out_bits = 8 * self.out_bytes
         beats = -(-self.n_elements // lanes)
-        buffer, rd = block_ram(m, "row_buffer", unsigned(out_bits * lanes), beats)
+        m.submodules.row_buffer = buffer = Memory(shape=unsigned(out_bits * lanes), depth=beats, init=[])
         wr = buffer.write_port()
         wr_beat = Signal(range(beats + 1))
         m.d.comb += [unit.o.ready.eq(1), wr.addr.eq(wr_beat), wr.en.eq(unit.o.valid),
@@ -106,29 +107,30 @@ class CommandRows(wiring.Component):
         matured = reg(m, unit.o.valid, "rows_matured", reset_less=False)
         pending = Signal(range(beats + 1))
         offering = Signal()
-        pending_next = Signal.like(pending)
-        # rd_beat: the beat whose elements are offered (rd.data holds it: its address is the next beat in the
-        # cycle the last of its elements is taken, else rd_beat); out_lane the element in it.
+        # rd_beat: the beat whose elements are offered; out_lane the element in it; count the elements taken,
+        # final (count == n_last) in a register.
         rd_beat = Signal(range(beats + 1))
         out_lane = Signal(range(lanes))
-        # count: the elements taken; final (count == n_last) in a register, like rd_beat + 1, so that the read
-        # address is one multiplexer behind the take.
         count = Signal(range(self.n_elements))
-        final, rd_next = Signal(), Signal.like(rd_beat)
-        step = Signal()
-        m.d.comb += rd.addr.eq(Mux(step, rd_next, rd_beat))
+        final = Signal()
+        rd = buffer.read_port(domain="comb")
+        m.d.comb += rd.addr.eq(rd_beat)
         lane_values = [rd.data.word_select(j, out_bits) for j in range(lanes)]
-        out_valid = offering
+        value = Array(lane_values)[out_lane] if lanes > 1 else lane_values[0]
+        slice_ready, slice_valid, slice_data = skid_buffer(m, offering, Cat(value, final), self.take, "rows_elem")
+        advance = slice_ready & offering
+        step = Signal()
+        m.d.comb += [self.out_valid.eq(slice_valid), self.value.eq(slice_data[:out_bits]),
+                     self.final.eq(slice_data[out_bits])]
+        pending_next = Signal.like(pending)
         m.d.comb += pending_next.eq(pending + matured - step)
         m.d.sync += [pending.eq(pending_next), offering.eq(pending_next != 0)]
-        m.d.comb += [self.out_valid.eq(out_valid), self.final.eq(final),
-                     self.value.eq(Array(lane_values)[out_lane] if lanes > 1 else lane_values[0])]
-        with m.If(self.take & out_valid):
+        with m.If(advance):
             m.d.sync += [out_lane.eq(out_lane + 1), count.eq(count + 1), final.eq(count + 1 == self.n_last)]
             with m.If((out_lane == lanes - 1) | final):
                 m.d.comb += step.eq(1)
-                m.d.sync += [out_lane.eq(0), rd_beat.eq(rd_next), rd_next.eq(rd_next + 1)]
+                m.d.sync += [out_lane.eq(0), rd_beat.eq(rd_beat + 1)]
         with m.If(self.valid & self.first):  # a new row: its beats and probabilities count from 0
             m.d.sync += [count.eq(0), final.eq(self.n_last == 0), out_lane.eq(0), wr_beat.eq(0), pending.eq(0),
-                         offering.eq(0), rd_beat.eq(0), rd_next.eq(1)]
+                         offering.eq(0), rd_beat.eq(0)]
         return m
