@@ -39,6 +39,8 @@ class CommandRows(wiring.Component):
       ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``, from the third cycle
       after its beat arrived, from a register slice; ``take`` consumes it (one a cycle, any stalls);
       ``final`` marks the row's ``n_last``-th (last) element. The unit's spare lanes beyond it are dropped.
+    - ``refused`` (sticky until the next ``configure``): a beat was offered while the unit's ready was low,
+      which the above says cannot happen; tests check it stays low, the tile leaves it unconnected.
     """
 
     def __init__(self, params: TileParams, out_bytes: int):
@@ -52,6 +54,7 @@ class CommandRows(wiring.Component):
             "valid": In(1), "x": In(signed(bits)), "mask": In(1), "first": In(1), "last": In(1),
             "n_last": In(range(self.n_elements)),
             "take": In(1), "out_valid": Out(1), "value": Out(8 * out_bytes), "final": Out(1),
+            "refused": Out(1),
         })
 
     def elaborate(self, platform):
@@ -88,6 +91,10 @@ class CommandRows(wiring.Component):
             with m.If((lane == lanes - 1) | self.last):
                 m.d.sync += [unit.i.valid.eq(1), beat.data.eq(Cat(*x_lanes)), beat.mask.eq(Cat(*mask_lanes)),
                              beat.first.eq(first), beat.last.eq(self.last), beat.head.eq(0), lane.eq(0)]
+        with m.If(self.configure):
+            m.d.sync += self.refused.eq(0)
+        with m.Elif(unit.i.valid & ~unit.i.ready):
+            m.d.sync += self.refused.eq(1)
 
         # The unit's beats into a row buffer (LUT RAM: an asynchronous read port, so it sits beside the logic
         # that addresses it; a block RAM was placed far from its read address), out of it an element at a
@@ -107,11 +114,12 @@ class CommandRows(wiring.Component):
         matured = reg(m, unit.o.valid, "rows_matured", reset_less=False)
         pending = Signal(range(beats + 1))
         offering = Signal()
-        # rd_beat: the beat whose elements are offered; out_lane the element in it; count the elements taken,
+        # count: the elements of the row taken; the element offered is lane count % lanes of beat
+        # count // lanes (rows start at element 0 and lanes is a power of two, so both are count's bits);
         # final (count == n_last) in a register.
-        rd_beat = Signal(range(beats + 1))
-        out_lane = Signal(range(lanes))
-        count = Signal(range(self.n_elements))
+        count = Signal(range(beats * lanes))
+        lane_bits = (lanes - 1).bit_length()
+        rd_beat, out_lane = count[lane_bits:], count[:lane_bits]
         final = Signal()
         rd = buffer.read_port(domain="comb")
         m.d.comb += rd.addr.eq(rd_beat)
@@ -126,11 +134,8 @@ class CommandRows(wiring.Component):
         m.d.comb += pending_next.eq(pending + matured - step)
         m.d.sync += [pending.eq(pending_next), offering.eq(pending_next != 0)]
         with m.If(advance):
-            m.d.sync += [out_lane.eq(out_lane + 1), count.eq(count + 1), final.eq(count + 1 == self.n_last)]
-            with m.If((out_lane == lanes - 1) | final):
-                m.d.comb += step.eq(1)
-                m.d.sync += [out_lane.eq(0), rd_beat.eq(rd_beat + 1)]
+            m.d.sync += [count.eq(count + 1), final.eq(count + 1 == self.n_last)]
+            m.d.comb += step.eq((out_lane == lanes - 1) | final)
         with m.If(self.valid & self.first):  # a new row: its beats and probabilities count from 0
-            m.d.sync += [count.eq(0), final.eq(self.n_last == 0), out_lane.eq(0), wr_beat.eq(0), pending.eq(0),
-                         offering.eq(0), rd_beat.eq(0)]
+            m.d.sync += [count.eq(0), final.eq(self.n_last == 0), wr_beat.eq(0), pending.eq(0), offering.eq(0)]
         return m

@@ -482,7 +482,7 @@ def test_payload_writer_puts_beats_into_memory_a_cycle_late_and_the_sweep_clears
 def test_command_rows_normalise_through_the_decode_units_row_unit_like_the_model(p):
     """The HCCS command's rows, element by element with gaps, through CommandRows and the row unit of a
     NearFieldFeed lent to it (``command.active``), read back with stalls: each row equals the model's HCCS
-    command, padding 0, and ``final`` marks each row's last element."""
+    command, padding 0, and ``final`` marks each row's last element; the unit never refuses a beat."""
     from amaranth.hdl import Module
     from amaranth.lib import wiring
 
@@ -546,8 +546,11 @@ def test_command_rows_normalise_through_the_decode_units_row_unit_like_the_model
                 await ctx.tick()
             ctx.set(dut.take, 0)
             got.append(values_out)
+        refused.append(ctx.get(dut.refused))
 
+    refused = []
     run(m, bench)
+    assert refused == [0], "the unit refused a beat of the command"
     assert len(got) == len(rows)
     for (x, n, want), values_out in zip(rows, got):
         assert [v for v, _ in values_out] == want.tolist(), (n, x.tolist())
