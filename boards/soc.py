@@ -38,7 +38,11 @@ class Firmware:
     sizes: dict[str, int]
     uart_div: int
     clock_hz: int
-    baud_achieved: float
+
+    @property
+    def baud_achieved(self) -> float:
+        """The bit rate ``uart_div`` gives at ``clock_hz`` (see :data:`UART_EXTRA_CYCLES`)."""
+        return self.clock_hz / (self.uart_div + UART_EXTRA_CYCLES)
 
 
 def soc_section(cfg: BoardConfig) -> dict:
@@ -70,7 +74,7 @@ def build_firmware(cfg: BoardConfig, clock_hz: float, out: Path, board_arg: str 
                                 f"picolibc-riscv64-unknown-elf (the SoC firmware's cross toolchain)")
     if not (FIRMWARE_DIR / "Makefile").exists():
         raise FileNotFoundError(f"{FIRMWARE_DIR}: the firmware sources are not here (needs a source checkout)")
-    div, achieved = uart_divider(cfg, clock_hz)
+    div, _ = uart_divider(cfg, clock_hz)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     variables = {"BOARD": board_arg or str(cfg.source), "BOARD_NAME": cfg.name, "BUILD": str(out / "host"),
@@ -96,8 +100,7 @@ def build_firmware(cfg: BoardConfig, clock_hz: float, out: Path, board_arg: str 
                              f"(soc.max_payload = {soc['max_payload']} sizes its two frame buffers)")
         raise RuntimeError(f"SoC firmware build for board {cfg.name} failed:\n{log}")
     return Firmware(image=(out / "firmware.bin").read_bytes(), elf=out / "firmware.elf",
-                    sizes=_section_sizes(out / "size.txt"), uart_div=div, clock_hz=int(round(clock_hz)),
-                    baud_achieved=achieved)
+                    sizes=_section_sizes(out / "size.txt"), uart_div=div, clock_hz=int(round(clock_hz)))
 
 
 def _section_sizes(path: Path) -> dict[str, int]:

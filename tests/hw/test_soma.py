@@ -35,8 +35,11 @@ def configs_for(params, rng):
     return out
 
 
-@pytest.mark.parametrize("params, tokens", [(SMALL, 1000), pytest.param(WIDE, 400, marks=pytest.mark.slow)],
-                         ids=["small", "wide"])
+# The default suite runs SMALL's 1,000 tokens through the C++ stream harness
+# (tests/sim/test_regress.py::test_a_long_sequence_of_every_head_option_is_bit_exact_and_cycle_exact); through
+# cocotb they are a sweep.
+@pytest.mark.slow
+@pytest.mark.parametrize("params, tokens", [(SMALL, 1000), (WIDE, 400)], ids=["small", "wide"])
 def test_long_sequences_are_bit_exact(params, tokens, rng):
     configs = configs_for(params, rng)
     q, k, v = run_soma.sequence(rng, tokens, params.heads, params.head_dim)
@@ -62,7 +65,8 @@ def far_state(params, cfg, rng, position):
 
 
 def test_cycles_per_token_at_position_65536_equal_those_at_128(rng):
-    """Position 128 is measured in test_long_sequences_are_bit_exact; both equal the same formula."""
+    """Position 128 is measured in tests/sim/test_regress.py (and the slow test_long_sequences_are_bit_exact);
+    both equal the same formula."""
     params = SMALL
     configs = configs_for(params, rng)
     values = [tile_model.head_values(c) for c in configs]

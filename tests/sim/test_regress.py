@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from somatile.hw import regmap
 from somatile.hw.hccs import HCCSConfig, expected_cycles, in_beat_layout
 from somatile.hw.tile import expected_decode_cycles
 from somatile.sim import regress, run_hccs, run_soma, stream
@@ -99,6 +100,28 @@ def test_decode_tokens_are_bit_exact_under_idles_and_backpressure(tile_sim):
     result = run_soma.decode_job(decode_job(tile_sim, 30, regress.RANDOM_TRAFFIC))
     assert result["mismatches"] == 0, result["first"]
     assert result["cycles_ok"] and result["cycles"] > result["expected_cycles"]
+
+
+def test_a_long_sequence_of_every_head_option_is_bit_exact_and_cycle_exact(tile_sim):
+    """1,000 tokens of the four heads of tests/hw/test_soma.py (every normaliser, HCCS mode, write order, field
+    source and gating), the ring wrapped over 80 times: every response equals the spec's and every measured
+    CYCLES_LAST equals ``expected_decode_cycles`` (answered by the formula in the stimulus)."""
+    from tests.hw.test_soma import configs_for
+
+    params, tokens = SMALL_TILE, 1000
+    rng = np.random.default_rng(tokens)
+    configs = configs_for(params, rng)
+    assert [c.normaliser for c in configs] == ["hccs_int", "exp_int", "hccs_int", "exp_int"]
+    q, k, v = run_soma.sequence(rng, tokens, params.heads, params.head_dim)
+    stimulus = run_soma.decode_stimulus(params, configs, q, k, v, measure_every=128)
+    beats, _ = run_soma.frame_beats(tile_sim, stimulus.frames, params.stream_bytes)
+    expected_beats = sum(len(r) for r in stimulus.responses) // params.stream_bytes
+    got = tile_sim.fields(tile_sim.output, stream.run(tile_sim, beats, expected_beats).out)
+    assert tokens > 10 * params.slots
+    assert run_soma.compare_responses(stimulus, got["m_axis_tdata"], got["m_axis_tlast"][:, 0], exact_cycles=True,
+                                      beat_bytes=params.stream_bytes) == (0, [], True)
+    outputs = b"".join(stimulus.responses[f][regmap.HEADER_BYTES:] for f in stimulus.decode_frames)
+    assert len(np.unique(np.frombuffer(outputs, np.int8))) > 20     # not trivially constant
 
 
 def test_the_spec_answers_are_the_golden_tile_model_s(rng):
