@@ -32,12 +32,21 @@ so over ten bits an error of a few percent still lands inside the bit."""
 
 @dataclasses.dataclass(frozen=True)
 class Firmware:
-    """A cross-built image: its bytes, the sections' sizes, and the UART divider it programs."""
-    image: bytes
+    """A cross-built image: the ELF the firmware's Makefile wrote (``firmware.bin`` and ``size.txt`` beside it)
+    and the UART divider it programs for ``clock_hz``; the image, its section sizes and bit rate derive from them."""
     elf: Path
-    sizes: dict[str, int]
     uart_div: int
     clock_hz: int
+
+    @property
+    def image(self) -> bytes:
+        """The image (``objcopy -O binary`` of the ELF) the code memory holds."""
+        return self.elf.with_suffix(".bin").read_bytes()
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Bytes of each section (``size -A`` of the ELF)."""
+        return _section_sizes(self.elf.with_name("size.txt"))
 
     @property
     def baud_achieved(self) -> float:
@@ -99,8 +108,7 @@ def build_firmware(cfg: BoardConfig, clock_hz: float, out: Path, board_arg: str 
             raise BoardError(f"{cfg.source}: key '{key}': got {size} KiB, the firmware {what} "
                              f"(soc.max_payload = {soc['max_payload']} sizes its two frame buffers)")
         raise RuntimeError(f"SoC firmware build for board {cfg.name} failed:\n{log}")
-    return Firmware(image=(out / "firmware.bin").read_bytes(), elf=out / "firmware.elf",
-                    sizes=_section_sizes(out / "size.txt"), uart_div=div, clock_hz=int(round(clock_hz)))
+    return Firmware(elf=out / "firmware.elf", uart_div=div, clock_hz=int(round(clock_hz)))
 
 
 def _section_sizes(path: Path) -> dict[str, int]:
