@@ -778,8 +778,10 @@ class WeightedStage(wiring.Component):
     ``WEIGHTED_DEPTH - 1`` and ``WEIGHTED_DEPTH``); its probability comes from ``probs`` (the
     :class:`NearFieldFeed`'s elements), or in the paper profile for an integer-exp head from the
     :class:`RowNormaliser` (``prob_index -> prob``, one-cycle read; the wide profile has no such ports).
-    ``acc`` holds the sums from the cycle after ``chunk_done`` (high as the last slot's product is added,
-    :data:`WEIGHTED_DEPTH` cycles after its issue) until the next chunk's first slot.
+    ``acc`` holds the chunk's sums from the cycle after its ``chunk_done`` (high as the last slot's product is
+    added, :data:`WEIGHTED_DEPTH` cycles after its issue) until the cycle after the next chunk's ``chunk_done``:
+    the accumulators of the next chunk run beside it, so FINAL reads a chunk's sums while the next chunk's
+    weighted sum runs (:func:`final_overlaps`).
     """
 
     def __init__(self, params: TileParams):
@@ -845,11 +847,20 @@ class WeightedStage(wiring.Component):
         # The accumulators' enable and clear are registered one stage early, a copy per lane: decoded from the
         # tag line in the same cycle they reached 256 flip-flop enables across the die.
         w_en, w_first = Replicated(1, L, "w_en"), Replicated(1, L, "w_first")
-        m.d.sync += [*w_en.eq(self.accumulate_item.valid), *w_first.eq(self.accumulate_item.n == 0)]
+        w_last = Replicated(1, L, "w_last")
+        m.d.sync += [*w_en.eq(self.accumulate_item.valid), *w_first.eq(self.accumulate_item.n == 0),
+                     *w_last.eq(self.accumulate_item.last)]
+        # The chunk's sums, loaded from the accumulator's adder with its last product (the accumulator itself
+        # restarts with the next chunk's first slot while FINAL still reads these).
+        held = [Signal(signed(32), name=f"chunk_acc{l}", reset_less=True) for l in range(L)]
         for l in range(L):
+            total = Signal(signed(32), name=f"lane_total{l}")
+            m.d.comb += total.eq(Mux(w_first.copy(l), 0, lane_acc[l]) + products[l])
             with m.If(w_en.copy(l)):
-                m.d.sync += lane_acc[l].eq(Mux(w_first.copy(l), 0, lane_acc[l]) + products[l])
-        m.d.comb += [self.acc[l].eq(lane_acc[l]) for l in range(L)]
+                m.d.sync += lane_acc[l].eq(total)
+                with m.If(w_last.copy(l)):
+                    m.d.sync += held[l].eq(total)
+        m.d.comb += [self.acc[l].eq(held[l]) for l in range(L)]
         m.d.comb += self.chunk_done.eq(w_en.copy(0) & self.done_item.last)
         return m
 
@@ -1222,6 +1233,14 @@ class StateMover(wiring.Component):
                 m.d.comb += self.wr_data.eq(source)
 
 
+def final_overlaps(params: TileParams) -> bool:
+    """Whether a chunk's FINAL runs beside the next chunk's WEIGHTED SUM: its ``mac_lanes`` elements are issued
+    (one a cycle, reading the chunk's sums in ``WeightedStage.acc``) before the next chunk's sums replace them,
+    ``sinks + ring + WEIGHTED_DEPTH`` cycles after the chunk's end. Otherwise the next chunk waits for FINAL's
+    issue."""
+    return params.mac_lanes <= params.slots + WEIGHTED_DEPTH
+
+
 def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
     """Cycles of one head's decode step in :class:`SomaDecode`: from the cycle after the ``start`` pulse
     through the cycle of the ``done`` pulse, for a head with this normaliser (and HCCS mode).
@@ -1233,9 +1252,10 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
     N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
     paper's HCCS heads; :func:`normaliser_cycles` for the paper's integer exp) and G the gate's
-    (:meth:`GateStage.cycles`), per chunk of the values WEIGHTED SUM (:meth:`WeightedStage.cycles`) and FINAL's
-    issue (:meth:`OutputStage.chunk_cycles`), then the last chunk's FINAL pipeline (:data:`FINAL_DEPTH`; the
-    earlier chunks' drain during the next chunk's weighted sum), STORE ``4 w + 1 + o`` (o =
+    (:meth:`GateStage.cycles`), per chunk of the values WEIGHTED SUM (:meth:`WeightedStage.cycles`), then the last
+    chunk's FINAL issue (:meth:`OutputStage.chunk_cycles`) and pipeline (:data:`FINAL_DEPTH`; an earlier chunk's
+    FINAL runs beside the next chunk's weighted sum, or, where :func:`final_overlaps` is false, its issue
+    before it), STORE ``4 w + 1 + o`` (o =
     :func:`output_words`: w paper, 2 w wide; :meth:`StateMover.store_cycles`), DONE 1.
     """
     chunks = params.head_dim // params.mac_lanes
@@ -1244,7 +1264,9 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     else:
         row = normaliser_cycles(params.slots)
     normalise = max(row, GateStage.cycles(params)) + 1
-    weighted = chunks * (WeightedStage.cycles(params) + OutputStage.chunk_cycles(params)) + FINAL_DEPTH
+    serial_final = 0 if final_overlaps(params) else OutputStage.chunk_cycles(params)
+    weighted = (chunks * (WeightedStage.cycles(params) + serial_final) + OutputStage.chunk_cycles(params)
+                - serial_final + FINAL_DEPTH)
     moves = StateMover.load_cycles(params) + StateMover.write_cycles(params) + StateMover.store_cycles(params)
     return moves + ScoreStage.cycles(params) + normalise + weighted + 1
 
@@ -1329,19 +1351,21 @@ class SomaDecode(wiring.Component):
             ram.serve(port)
 
         issue = _Issue(m, p, self.mem_words, mover.rows)
-        stages = self._stages(m, par, rams, mover, issue, rd_word, use_exp, norm)
+        fin = _FinalIssue(m, p)
+        stages = self._stages(m, par, rams, mover, issue, fin, rd_word, use_exp, norm)
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
             m.d.sync += self.busy.eq(1)
         with m.If(self.done):
             m.d.sync += self.busy.eq(0)
-        self._sequence(m, par, mover, issue, stages, rd_addr_next, use_exp, norm)
+        self._sequence(m, par, mover, issue, fin, stages, rd_addr_next, use_exp, norm)
         return m
 
-    def _stages(self, m, par, rams, mover, issue, rd_word, use_exp, norm) -> SimpleNamespace:
-        """The datapath stages, each fed the tags of the item it holds (``issue.item``) and served by the
-        register files; their FINAL element writes and LOAD's word writes into the register files."""
+    def _stages(self, m, par, rams, mover, issue, fin, rd_word, use_exp, norm) -> SimpleNamespace:
+        """The datapath stages, each fed the tags of the item it holds (``issue.item``; FINAL's from its own
+        issue, ``fin.item``) and served by the register files; their FINAL element writes and LOAD's word writes
+        into the register files."""
         p, item = self.params, issue.item
         paper = p.profile == "paper"
         m.submodules.scores = scores = ScoreStage(p)
@@ -1379,8 +1403,8 @@ class SomaDecode(wiring.Component):
             m.d.comb += [norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(norm.prob)]
         m.submodules.output = output = OutputStage(p)
         m.d.comb += [output.head.eq(par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
-                     output.write_item.eq(item(FINAL_DEPTH - 1, PHASE_FINAL)),
-                     output.element_item.eq(item(FINAL_DEPTH, PHASE_FINAL))]
+                     output.write_item.eq(fin.item(FINAL_DEPTH - 1)), output.element_item.eq(fin.item(FINAL_DEPTH)),
+                     output.advance.eq(fin.issuing)]
         for ram, port in ((rams.fld, output.field), (rams.gate_fld, output.gate_field), (rams.k, output.k),
                           (rams.v, output.v)):
             ram.serve(port)
@@ -1388,8 +1412,8 @@ class SomaDecode(wiring.Component):
         m.d.comb += [field_update.head.eq(par), field_update.f_old.eq(output.f_old),
                      field_update.g_old.eq(output.g_old), field_update.k_d.eq(output.k_d),
                      field_update.src.eq(output.src),
-                     field_update.write_item.eq(item(FIELD_DEPTH - 1, PHASE_FINAL)),
-                     field_update.element_item.eq(item(FIELD_DEPTH, PHASE_FINAL))]
+                     field_update.write_item.eq(fin.item(FIELD_DEPTH - 1)),
+                     field_update.element_item.eq(fin.item(FIELD_DEPTH))]
         # FINAL's element writes follow LOAD's word writes, so they take a register file's write port when both
         # ask (the phases never overlap).
         for ram, write in ((rams.q, mover.q_load), (rams.k, mover.k_load), (rams.v, mover.v_load),
@@ -1403,9 +1427,11 @@ class SomaDecode(wiring.Component):
         return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=output,
                                norm_done=norm_done)
 
-    def _sequence(self, m, par, mover, issue, stages, rd_addr_next, use_exp, norm):
+    def _sequence(self, m, par, mover, issue, fin, stages, rd_addr_next, use_exp, norm):
         """The step's state machine: LOAD, WRITE (before SCORES when ``include_self``, else after FINAL),
-        SCORES, NORMALISE, WEIGHTED and FINAL per chunk, STORE, DONE; ``done`` a pulse from a register."""
+        SCORES, NORMALISE, WEIGHTED per chunk (each chunk's FINAL issued by ``fin`` from its end, beside the next
+        chunk's WEIGHTED where :func:`final_overlaps`), the last chunk's FINAL, STORE, DONE; ``done`` a pulse from
+        a register."""
         p = self.params
         D, L = p.head_dim, p.mac_lanes
         chunks, slots, sinks = D // L, p.slots, p.sinks
@@ -1484,14 +1510,18 @@ class SomaDecode(wiring.Component):
                     issue.next_row("v")
                 with m.If(weighted.chunk_done):
                     m.d.comb += output.lane_restart.eq(1)
-                    issue.begin(PHASE_FINAL)
+                    fin.begin(c_issue)
                     m.next = "FINAL"
+                    if final_overlaps(p):
+                        with m.If(c_issue != chunks - 1):
+                            m.d.sync += c_issue.eq(c_issue + 1)
+                            enter_weighted()
             with m.State("FINAL"):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
-                # (their writes are in _stages); after the last chunk the unit waits for them.
-                issue.step(n_issue == L - 1, output.advance)
+                # (their writes are in _stages); without final_overlaps the next chunk waits for FINAL's issue,
+                # and after the last chunk the unit waits for the elements.
                 with m.If(c_issue != chunks - 1):
-                    with m.If(n_issue == L - 1):
+                    with m.If(fin.issuing & fin.last):
                         m.d.sync += c_issue.eq(c_issue + 1)
                         enter_weighted()
                 with m.Elif(output.end):  # the last element leaves FINAL
@@ -1510,6 +1540,34 @@ class SomaDecode(wiring.Component):
                      mover.storing.eq(fsm.ongoing("STORE"))]
 
 
+class _FinalIssue:
+    """FINAL's issue counter over one chunk's ``mac_lanes`` elements (lane n of chunk c), one a cycle while
+    ``issuing``, with a tag line of its own (:meth:`item`): FINAL runs beside the next chunk's WEIGHTED SUM,
+    which holds the main issue counter."""
+
+    def __init__(self, m, params: TileParams):
+        self.m = m
+        lanes = params.mac_lanes
+        self.n = Signal(issue_shape(params), name="fin_n")
+        self.c = Signal(range(params.head_dim // lanes + 1), name="fin_c")
+        self.issuing, self.last = Signal(name="fin_issuing"), Signal(name="fin_last")
+        m.d.comb += self.last.eq(self.n == lanes - 1)
+        with m.If(self.issuing):
+            m.d.sync += self.n.eq(self.n + 1)
+            with m.If(self.last):
+                m.d.sync += self.issuing.eq(0)
+        self.tags = TagLine(m, self.issuing, self.last, Const(PHASE_FINAL, 2), [self.n, self.c],
+                            max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin_tag")
+
+    def item(self, stage: int):
+        """The tags (item_layout) of the element issued ``stage`` cycles ago."""
+        return Cat(*self.tags.at(stage, PHASE_FINAL))
+
+    def begin(self, chunk):
+        """Issuing starts at lane 0 of ``chunk``."""
+        self.m.d.sync += [self.n.eq(0), self.c.eq(chunk), self.issuing.eq(1)]
+
+
 class _Issue:
     """The decode step's issue counter over (slot n, chunk c) or (element n), one item per cycle while
     ``issuing``; the tags (valid, last, phase, n, c) travel down a delay line (:class:`TagLine`) so that every
@@ -1525,7 +1583,7 @@ class _Issue:
         self.sink_last = Signal(name="sink_last")  # n == sinks - 1, set with n (it steers the row address)
         self.c = Signal(range(params.head_dim // params.mac_lanes + 1), name="c_issue")
         self.issuing, self.last, self.phase = Signal(name="issuing"), Signal(name="last_issue"), Signal(2, name="phase")
-        max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH, FINAL_DEPTH, GATE_DEPTH) + 1
+        max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH, GATE_DEPTH) + 1  # FINAL's: _FinalIssue
         self.tags = TagLine(m, self.issuing, self.last, self.phase, [self.n, self.c], max_depth, "tag")
 
     def item(self, stage: int, code: int):

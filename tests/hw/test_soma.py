@@ -129,17 +129,24 @@ class DecodeMemory:
         return done_at
 
 
-def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(rng):
+# Two chunks of 32 lanes over two slots: a chunk's FINAL issue (32 cycles) outlasts the next chunk's weighted
+# sum, so the unit issues it before that chunk (soma.final_overlaps is false; SMALL's chunks overlap).
+SERIAL_FINAL = dataclasses.replace(SMALL, lanes=32, head_dim=64, ring=2, sinks=0)
+
+
+@pytest.mark.parametrize("geometry", [SMALL, SERIAL_FINAL], ids=["final-beside-weighted", "serial-final"])
+def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(geometry, rng):
     """SomaDecode of the wide profile on a Python model of the local memory: every head's int16 output and its
     whole state after every step equal soma.decode_step's, over ring wrap-around, for every normaliser (and a
     fallback head's integer exp), both write orders, gated and ungated; one head starts at position 65,536.
-    Every step takes expected_cycles."""
+    Every step takes expected_cycles. Both orders of a chunk's FINAL and the next chunk's weighted sum."""
     from amaranth.sim import Simulator
 
     from somatile.hw import regmap
-    from somatile.hw.soma import SomaDecode, expected_cycles, head_params_layout, output_words
+    from somatile.hw.soma import SomaDecode, expected_cycles, final_overlaps, head_params_layout, output_words
 
-    params = dataclasses.replace(SMALL, profile="wide")
+    params = dataclasses.replace(geometry, profile="wide")
+    assert final_overlaps(params) == (geometry is SMALL) and params.head_dim > params.mac_lanes
     configs = [wide_config(rng, params, "hccs_int", include_self=True, gating="query"),
                wide_config(rng, params, "exp_int", include_self=False, gating="none", field_source="keys"),
                wide_config(rng, params, "pwl2_int", include_self=False, gating="none"),
