@@ -1264,9 +1264,9 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     else:
         row = normaliser_cycles(params.slots)
     normalise = max(row, GateStage.cycles(params)) + 1
-    serial_final = 0 if final_overlaps(params) else OutputStage.chunk_cycles(params)
-    weighted = (chunks * (WeightedStage.cycles(params) + serial_final) + OutputStage.chunk_cycles(params)
-                - serial_final + FINAL_DEPTH)
+    final_issue = OutputStage.chunk_cycles(params)
+    between = 0 if final_overlaps(params) else final_issue  # FINAL's issue before the next chunk's weighted sum
+    weighted = chunks * WeightedStage.cycles(params) + (chunks - 1) * between + final_issue + FINAL_DEPTH
     moves = StateMover.load_cycles(params) + StateMover.write_cycles(params) + StateMover.store_cycles(params)
     return moves + ScoreStage.cycles(params) + normalise + weighted + 1
 
