@@ -85,9 +85,6 @@ DOT_CHUNK = 64
 """Head dimensions that are a multiple of this run the dot products and P.V rows in loops of this constant
 trip count: LLVM then emits them as straight-line vector code, with no remainder loop or runtime trip-count
 checks per slot (a third of the score time at head_dim 64)."""
-PV_SLOTS = 4
-"""P.V adds this many value rows per pass over the accumulator row, so that the int32 accumulator is loaded
-and stored once per four slots rather than once per slot."""
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -109,11 +106,17 @@ def _dot(q16, h, keys, c, j, D):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _scores(q16, h0, group, keys, c, slots, scores, s0, D):
-    """scores[g, s0 + j] = q16[h0 + g] . keys[c, j] for the group's heads g and slots j < ``slots``: each key
-    row is read once for the group while it is in L1."""
-    for j in range(slots):
+    """scores[g, s0 + j] = q16[h0 + g] . keys[c, j] for the group's heads g and slots j < ``slots``, a head at a
+    time over the KV head's key rows (16 KiB at 256 slots x 64: they stay in L1 for the group). A head
+    dimension of DOT_CHUNK runs a copy in which it is a constant (1.7 us of an 11 us step at 9 x 64 x 256)."""
+    if D == DOT_CHUNK:
         for g in range(group):
-            scores[g, s0 + j] = _dot(q16, h0 + g, keys, c, j, D)
+            for j in range(slots):
+                scores[g, s0 + j] = _dot(q16, h0 + g, keys, c, j, DOT_CHUNK)
+    else:
+        for g in range(group):
+            for j in range(slots):
+                scores[g, s0 + j] = _dot(q16, h0 + g, keys, c, j, D)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -130,30 +133,100 @@ def _logits(scores, r0, j0, j1, mult, shift, recency, dist0, valid_end, lo, hi, 
         x_rows[r0 + j] = logit if np.int64(j) < valid_end else 0
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _accumulate4(acc, g, p_0, p_1, p_2, p_3, values, c, j, d):
-    """acc[g, d] += the four products of prob and values[c, j..j+3, d] (int32: a product is below 2^22)."""
-    pair_0 = np.int32(p_0 * np.int32(values[c, j, d])) + np.int32(p_1 * np.int32(values[c, j + 1, d]))
-    pair_1 = np.int32(p_2 * np.int32(values[c, j + 2, d])) + np.int32(p_3 * np.int32(values[c, j + 3, d]))
-    acc[g, d] = np.int32(acc[g, d] + np.int32(np.int32(pair_0) + np.int32(pair_1)))
+PV_SLOTS = 4
+"""P.V adds this many value rows per pass over the accumulator rows, so that an int32 accumulator is loaded
+and stored once per four slots rather than once per slot."""
+PV_HEADS = 3
+"""P.V multiplies each value element by this many query heads' probabilities while it is in a register (the
+group of a KV head, SmolLM2's 9 / 3): the value rows are loaded and widened once for the three."""
+NARROW_PROB = (1 << 15) - 1
+"""Probabilities below 2^15 (every paper row, and a wide row without a probability of exactly 1.0) are
+masked with this before the multiply: LLVM then knows that the int32 product of a probability and a
+sign-extended int8 fits one ``vpmaddwd`` lane instead of a ``vpmulld`` (a mask of -1 keeps the general
+multiply for wide rows that reach 32768)."""
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _accumulate(acc, group, prob, p0, values, c, slots, D):
-    """acc[g] += sum_j prob[g, p0 + j] * values[c, j] over slots j < ``slots``, in int32 lanes (|acc| < 2^23),
-    PV_SLOTS value rows per pass."""
+def _probs(prob, g, j, keep):
+    """prob[g, j..j+PV_SLOTS-1] as int32, each masked with ``keep`` (NARROW_PROB or -1)."""
+    return (np.int32(prob[g, j]) & keep, np.int32(prob[g, j + 1]) & keep, np.int32(prob[g, j + 2]) & keep,
+            np.int32(prob[g, j + 3]) & keep)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _weighted(p, v_0, v_1, v_2, v_3):
+    """p[0]*v_0 + ... + p[3]*v_3 in int32 (each product below 2^22)."""
+    return np.int32(np.int32(np.int32(p[0] * v_0) + np.int32(p[1] * v_1))
+                    + np.int32(np.int32(p[2] * v_2) + np.int32(p[3] * v_3)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate_heads(acc, g, p_a, p_b, p_c, values, c, j, d):
+    """acc[g..g+2, d] += the products of the three heads' probabilities and values[c, j..j+3, d]."""
+    v_0, v_1 = np.int32(values[c, j, d]), np.int32(values[c, j + 1, d])
+    v_2, v_3 = np.int32(values[c, j + 2, d]), np.int32(values[c, j + 3, d])
+    acc[g, d] = np.int32(acc[g, d] + _weighted(p_a, v_0, v_1, v_2, v_3))
+    acc[g + 1, d] = np.int32(acc[g + 1, d] + _weighted(p_b, v_0, v_1, v_2, v_3))
+    acc[g + 2, d] = np.int32(acc[g + 2, d] + _weighted(p_c, v_0, v_1, v_2, v_3))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate_head(acc, g, p_a, values, c, j, d):
+    """acc[g, d] += the products of one head's probabilities and values[c, j..j+3, d]."""
+    acc[g, d] = np.int32(acc[g, d] + _weighted(p_a, np.int32(values[c, j, d]), np.int32(values[c, j + 1, d]),
+                                               np.int32(values[c, j + 2, d]), np.int32(values[c, j + 3, d])))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _below(values, bound):
+    """Whether every element of the 1-D int32 array ``values`` is below ``bound``."""
+    top = np.int32(0)
+    for i in range(values.shape[0]):
+        v = values[np.uint64(i)]
+        top = v if v > top else top
+    return top < bound
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate(acc, group, prob, p0, values, c, slots, D, keep):
+    """acc[g] += sum_j prob[g, p0 + j] * values[c, j] over slots j < ``slots``, in int32 lanes (|acc| < 2^23):
+    PV_SLOTS value rows per pass, PV_HEADS heads per value element; ``keep`` as :data:`NARROW_PROB`. A head
+    dimension of DOT_CHUNK runs a copy of the loops in which it is a constant (the pass measured 1.35x
+    slower with it a runtime value)."""
+    if D == DOT_CHUNK:
+        _accumulate_rows(acc, group, prob, p0, values, c, slots, DOT_CHUNK, keep)
+    else:
+        _accumulate_rows(acc, group, prob, p0, values, c, slots, D, keep)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate_rows(acc, group, prob, p0, values, c, slots, D, keep):
+    """The loops of :func:`_accumulate`; the loop over heads stays outside the loop over slots (inside it, with
+    a runtime group size, the pass measured 2.2x slower)."""
     full = slots - slots % PV_SLOTS
-    for j in range(0, full, PV_SLOTS):
-        for g in range(group):
-            p_0, p_1 = np.int32(prob[g, p0 + j]), np.int32(prob[g, p0 + j + 1])
-            p_2, p_3 = np.int32(prob[g, p0 + j + 2]), np.int32(prob[g, p0 + j + 3])
-            if D % DOT_CHUNK == 0:
+    triples = group - group % PV_HEADS
+    chunked = D % DOT_CHUNK == 0
+    for g in range(0, triples, PV_HEADS):
+        for j in range(0, full, PV_SLOTS):
+            p_a, p_b = _probs(prob, g, p0 + j, keep), _probs(prob, g + 1, p0 + j, keep)
+            p_c = _probs(prob, g + 2, p0 + j, keep)
+            if chunked:
                 for d0 in range(0, D, DOT_CHUNK):
                     for i in range(DOT_CHUNK):
-                        _accumulate4(acc, g, p_0, p_1, p_2, p_3, values, c, j, np.uint64(d0) + np.uint64(i))
+                        _accumulate_heads(acc, g, p_a, p_b, p_c, values, c, j, np.uint64(d0) + np.uint64(i))
             else:
                 for d in range(D):
-                    _accumulate4(acc, g, p_0, p_1, p_2, p_3, values, c, j, d)
+                    _accumulate_heads(acc, g, p_a, p_b, p_c, values, c, j, d)
+    for g in range(triples, group):
+        for j in range(0, full, PV_SLOTS):
+            p_a = _probs(prob, g, p0 + j, keep)
+            if chunked:
+                for d0 in range(0, D, DOT_CHUNK):
+                    for i in range(DOT_CHUNK):
+                        _accumulate_head(acc, g, p_a, values, c, j, np.uint64(d0) + np.uint64(i))
+            else:
+                for d in range(D):
+                    _accumulate_head(acc, g, p_a, values, c, j, d)
     for j in range(full, slots):
         for g in range(group):
             p_j = np.int32(prob[g, p0 + j])
@@ -184,6 +257,7 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
     valid = np.zeros(n, np.bool_)
     no_mask = np.zeros(0, np.bool_)
     prob = np.zeros((group, n), np.int32)
+    flat_prob = prob.reshape(-1)
     acc = np.zeros((group, D), np.int32)
     lag = 0 if include_self else 1
     for t in range(T):
@@ -217,8 +291,12 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
                         logit_lo, logit_hi, flat_x)
                 _normalise_row(x_rows[g], mask, p, h, profile, codes[h], hccs_mode, prob[g])
             acc[:] = 0
-            _accumulate(acc, group, prob, 0, sink_v, c, sinks, D)
-            _accumulate(acc, group, prob, sinks, ring_v, c, ring, D)
+            if profile != PROFILE_WIDE or _below(flat_prob, NARROW_PROB + 1):
+                _accumulate(acc, group, prob, 0, sink_v, c, sinks, D, np.int32(NARROW_PROB))
+                _accumulate(acc, group, prob, sinks, ring_v, c, ring, D, np.int32(NARROW_PROB))
+            else:
+                _accumulate(acc, group, prob, 0, sink_v, c, sinks, D, np.int32(-1))
+                _accumulate(acc, group, prob, sinks, ring_v, c, ring, D, np.int32(-1))
             for g in range(group):
                 h = h0 + g
                 gate = np.int64(GATE_ONE)

@@ -83,3 +83,27 @@ def test_decode_step_rejects_bad_tokens_by_name(rng):
     strided = np.repeat(q, 2, axis=1)[:, ::2]   # a view with a column stride of 2 passes the fast test
     out, _ = decode_step(cfg, state, strided, k, v)
     np.testing.assert_array_equal(out, prefill(cfg, q[None], k[None], v[None], impl="numpy")[0][0])
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 2), (10, 2), (9, 3)])
+@pytest.mark.parametrize("head_dim", [soma_nb.DOT_CHUNK, 40])
+@pytest.mark.parametrize("profile", ["paper", "wide"])
+def test_head_groups_around_pv_heads(rng, heads, head_dim, profile):
+    """KV-head groups of 1, 2, 4 and 5 query heads (P.V takes them soma_nb.PV_HEADS at a time, the rest one
+    at a time) and 3, at the head dimension the kernels specialise on and another."""
+    n_heads, n_kv_heads = heads
+    cfg = SomaConfig.preset("default", n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, ring=9,
+                            sinks=2, integer=True, profile=profile, alpha=0.3)
+    assert_same_run(cfg, *int_tokens(rng, cfg, 2 * cfg.slots + 3))
+
+
+def test_wide_probability_of_one(rng):
+    """Wide rows whose probability reaches 32768 (the first steps, with one valid slot) take the general
+    int32 multiply of P.V, later rows the narrow one: both equal the spec in one run."""
+    cfg = SomaConfig.preset("default", n_heads=6, n_kv_heads=2, head_dim=soma_nb.DOT_CHUNK, ring=8, sinks=1,
+                            integer=True, profile="wide", normaliser="exp_int")
+    q, k, v = int_tokens(rng, cfg, 40)
+    x = np.zeros((cfg.n_heads, 1, 3), np.int16)
+    valid = np.array([True, False, False])
+    assert soma_nb.normalise_int(cfg, x, np.broadcast_to(valid, x.shape)).max() == 1 << 15
+    assert np.abs(assert_same_run(cfg, q, k, v)).max() > 0
