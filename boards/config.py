@@ -142,7 +142,8 @@ FPGA_SCHEMA: dict[str, Param] = {
 # Keys of a section that a board file may leave out.
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
                                                         "dsp_registers": "fabric", "tile_nextpnr_opts": "",
-                                                        "tile_opts_budget_s": 1200.0}}
+                                                        "tile_opts_budget_s": 1200.0},
+                                               "soc": {"peripheral": "tile_array", "data_ram": "block"}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
 # The counts and sizes among them are positive integers.
@@ -167,15 +168,25 @@ AIE_SCHEMA: dict[str, Param] = {
 }
 
 # Section ``soc:`` of boards of kind "sim" or "fpga": the SoC of hw/soc.py (``somatile build --top soc``).
-def _soc_cpus() -> tuple[str, ...]:
-    from somatile.hw.soc_map import CPUS
-    return CPUS
+def _soc_choice(name: str, why: str) -> Callable[[Any], str | None]:
+    def check(v):
+        from somatile.hw import soc_map
+
+        choices = getattr(soc_map, name)
+        return None if v in choices else f"one of {', '.join(choices)} ({why})"
+    return check
 
 
 SOC_SCHEMA: dict[str, Param] = {
-    "cpu": Param(str, lambda v: None if v in _soc_cpus() else
-                 f"one of {', '.join(_soc_cpus())} (the soft CPUs shipped as Verilog in pip packages)",
-                 "soft CPU running the firmware"),
+    "cpu": Param(str, _soc_choice("CPUS", "the soft CPUs shipped as Verilog in pip packages"),
+                 "soft CPU running the firmware: picorv32 (RV32IM) or picorv32_rv32i (no multiplier, smaller)"),
+    "peripheral": Param(str, _soc_choice("PERIPHERALS", "hw/soc_map.py"),
+                        "what the CPU drives: tile_array (the tile array, its command layer in hardware) or "
+                        "hccs_unit (the 1-lane HCCS unit alone, the command layer in the firmware: HCCS only, no "
+                        "decode) (optional, default tile_array)"),
+    "data_ram": Param(str, _soc_choice("DATA_RAMS", "hw/soc_map.py"),
+                      "data memory: block (block RAM) or spram (iCE40 UltraPlus SB_SPRAM256KA pairs, 64 KiB each) "
+                      "(optional, default block)"),
     "baud": Param(int, _int_range(1200, 50_000_000), "UART bit rate on the board's USB-serial pins (bit/s)"),
     "code_kib": Param(int, _power_of_two(4, 512), "code memory: block RAM holding the firmware image (KiB)"),
     "data_kib": Param(int, _power_of_two(4, 512), "data memory: the firmware's buffers and stack (KiB)"),

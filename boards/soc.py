@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from somatile.boards.config import BoardConfig, BoardError
-from somatile.hw.soc_map import CPU_MARCH
+from somatile.hw.soc_map import CPU_MARCH, SOFT_TILE_PROFILE, SPRAM_PAIR_BYTES
 
 FIRMWARE_DIR = Path(__file__).resolve().parent.parent / "firmware"
 CROSS = "riscv64-unknown-elf-"
@@ -55,10 +55,28 @@ class Firmware:
 
 
 def soc_section(cfg: BoardConfig) -> dict:
+    """The board's ``soc:`` section, its values checked against each other and the board's tile parameters
+    (a BoardError names the key)."""
     if cfg.soc is None:
         raise BoardError(f"{cfg.source}: key 'soc': missing; --top soc needs the board's soc section "
                          f"(cpu, baud, code_kib, data_kib, max_payload; boards/config.py SOC_SCHEMA)")
-    return dict(cfg.soc)
+    soc = dict(cfg.soc)
+    if soc["peripheral"] == "hccs_unit":
+        # The command layer in firmware drives one 1-lane unit of the paper profile (hw/soc.py).
+        for key, want in (("profile", SOFT_TILE_PROFILE), ("hccs_lanes", 1), ("n_tiles", 1)):
+            if getattr(cfg, key) != want:
+                raise BoardError(f"{cfg.source}: key '{key}': got {getattr(cfg, key)!r}, expected {want!r} for "
+                                 f"soc.peripheral: hccs_unit (the SoC's one HCCS unit, an element per register "
+                                 f"write)")
+    if soc["data_ram"] == "spram":
+        if cfg.fpga is not None and not cfg.fpga["device"].startswith("iCE40UP"):
+            raise BoardError(f"{cfg.source}: key 'soc.data_ram': got 'spram', expected 'block' on "
+                             f"{cfg.fpga['device']} (SB_SPRAM256KA blocks are the iCE40 UltraPlus's)")
+        if soc["data_kib"] * 1024 % SPRAM_PAIR_BYTES:
+            raise BoardError(f"{cfg.source}: key 'soc.data_kib': got {soc['data_kib']}, expected a multiple of "
+                             f"{SPRAM_PAIR_BYTES // 1024} with data_ram: spram (a pair of 32 KiB blocks makes "
+                             f"the 32-bit words)")
+    return soc
 
 
 def uart_divider(cfg: BoardConfig, clock_hz: float) -> tuple[int, float]:
@@ -90,7 +108,8 @@ def build_firmware(cfg: BoardConfig, clock_hz: float, out: Path, board_arg: str 
                  "SOC_BUILD": str(out), "SOC_CROSS": CROSS, "SOC_MARCH": CPU_MARCH[soc["cpu"]],
                  "SOC_CLOCK_HZ": str(int(round(clock_hz))), "SOC_UART_DIV": str(div),
                  "SOC_CODE_BYTES": str(soc["code_kib"] * 1024), "SOC_DATA_BYTES": str(soc["data_kib"] * 1024),
-                 "SOC_MAX_PAYLOAD": str(soc["max_payload"]), "SOC_TILE_TIMEOUT_MS": str(soc["tile_timeout_ms"])}
+                 "SOC_MAX_PAYLOAD": str(soc["max_payload"]), "SOC_TILE_TIMEOUT_MS": str(soc["tile_timeout_ms"]),
+                 "SOC_PERIPHERAL": soc["peripheral"]}
     lock_path = FIRMWARE_DIR / "build" / ".lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
@@ -144,10 +163,15 @@ def make_soc(cfg: BoardConfig, firmware: Firmware):
     from somatile.hw.soc import Soc
 
     soc = soc_section(cfg)
-    if cfg.stream_width != 32:
-        raise BoardError(f"{cfg.source}: key 'stream_width': got {cfg.stream_width}, expected 32 for --top soc "
-                         f"(the CPU's tile-bus registers are 32 bits)")
+    if soc["peripheral"] == "tile_array":
+        if cfg.stream_width != 32:
+            raise BoardError(f"{cfg.source}: key 'stream_width': got {cfg.stream_width}, expected 32 for --top soc "
+                             f"(the CPU's tile-bus registers are 32 bits)")
+        unit_kwargs = cfg.array_kwargs()
+    else:
+        unit_kwargs = cfg.hccs_kwargs()
     unit = Soc(image=firmware.image, code_bytes=soc["code_kib"] * 1024, data_bytes=soc["data_kib"] * 1024,
-               uart_div=firmware.uart_div, cpu=soc["cpu"], **cfg.array_kwargs())
+               uart_div=firmware.uart_div, cpu=soc["cpu"], peripheral=soc["peripheral"], data_ram=soc["data_ram"],
+               **unit_kwargs)
     unit.firmware = firmware
     return unit

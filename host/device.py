@@ -59,6 +59,14 @@ class ProtocolError(RuntimeError):
     """The link broke the wire protocol (wrong API level, unexpected sequence number, malformed answer)."""
 
 
+class UnsupportedCommand(DeviceError):
+    """The device does not run this command at all (``DeviceInfo.commands`` lacks it: the iCEBreaker's HCCS
+    SoC has no decode unit and no state); raised before anything is sent. ``code_name`` is UNSUPPORTED."""
+
+    def __init__(self, command: str, device: str, runs: tuple[str, ...], why: str):
+        super().__init__(command, 0, "UNSUPPORTED", 0, f"{device} runs only {', '.join(runs)}; {why}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceInfo:
     """What a device reports about itself.
@@ -69,6 +77,9 @@ class DeviceInfo:
 
     ``capacity`` is the largest number of logits one HCCS command may carry (the host chunks larger
     tensors); ``max_payload`` the largest wire-frame payload in bytes (0 where there is no wire).
+    ``commands``: the names of the tile commands the device runs (``somatile.hw.regmap.Opcode``; every one on a
+    tile, the HCCS-only SoC has no DECODE and no state); ``decodes`` says whether decode and the state methods
+    work.
     """
 
     backend: str
@@ -84,11 +95,17 @@ class DeviceInfo:
     capacity: int
     profile: str = "paper"
     max_payload: int = 0
+    commands: tuple[str, ...] = ()
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def decodes(self) -> bool:
+        return {"DECODE", "READ_STATE", "LOAD_STATE", "RESET_STATE"} <= set(self.commands)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["extra"] = dict(self.extra)
+        d["decodes"] = self.decodes
         return d
 
 

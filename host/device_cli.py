@@ -91,26 +91,31 @@ def stream_through(url: str, tokens: int = 64, seed: int = 1) -> dict:
 
 def stream_device(dev, tokens: int = 64, seed: int = 1) -> dict:
     """Configure ``dev`` with `demo_config`, reset it, decode ``tokens`` seeded tokens and run one HCCS batch;
-    returns the outputs, the final state and the timings."""
+    returns the outputs, the final state and the timings. A device without decode (``info.decodes`` false: the
+    HCCS-only SoC) runs the HCCS batch only; its ``decode`` and ``state`` are None."""
     info = dev.info()
     dev.configure(demo_config(info))
     dev.reset()
     q, k, v, x = demo_tensors(info, tokens, seed)
-    start = time.perf_counter()
-    out = dev.decode(q, k, v)
-    decode_s = time.perf_counter() - start
+    out, state, decode_s = None, None, 0.0
+    if info.decodes:
+        start = time.perf_counter()
+        out = dev.decode(q, k, v)
+        decode_s = time.perf_counter() - start
+        state = dev.read_state()
     start = time.perf_counter()
     probs = dev.hccs(x, head=0)
     hccs_s = time.perf_counter() - start
-    return {"url": info.backend, "info": info, "decode": out, "state": dev.read_state(), "hccs": probs,
+    return {"url": info.backend, "info": info, "decode": out, "state": state, "hccs": probs,
             "decode_s": decode_s, "hccs_s": hccs_s, "inputs": (q, k, v, x)}
 
 
 def agree(urls: list[str], tokens: int = 64, seed: int = 1) -> dict:
     """Stream the same tensors through every device in ``urls`` (all with the same tile geometry) and compare
-    decode outputs, final states and HCCS probabilities exactly with the model (so with each other). The demo
-    step: ``agree(["emu://?" + DEMO_QUERY, "sim://?" + DEMO_QUERY])``. Returns {"agree": bool, "runs": [...],
-    "mismatches": [...]}."""
+    decode outputs, final states and HCCS probabilities exactly with the model (so with each other); a device
+    without decode is compared on HCCS only and named in ``skipped``. The demo step:
+    ``agree(["emu://?" + DEMO_QUERY, "sim://?" + DEMO_QUERY])``. Returns {"agree": bool, "runs": [...],
+    "mismatches": [...], "skipped": [...]}."""
     from somatile.model import soma
 
     runs = [stream_through(url, tokens, seed) for url in urls]
@@ -120,19 +125,24 @@ def agree(urls: list[str], tokens: int = 64, seed: int = 1) -> dict:
                          f"{sorted(geometry)}; give them the same board and overrides")
     q, k, v, x = runs[0]["inputs"]
     cfg = demo_config(runs[0]["info"])
-    ref_out, ref_state = soma.prefill(cfg, q, k, v)
+    if any(run["decode"] is not None for run in runs):
+        ref_out, ref_state = soma.prefill(cfg, q, k, v)
     ref_probs = reference_rows(cfg, x)
-    mismatches = []
+    mismatches, skipped = [], []
     for run in runs:
+        if not np.array_equal(run["hccs"], ref_probs):
+            mismatches.append(f"{run['url']}: HCCS differs from the model's {cfg.normaliser} ({cfg.profile} profile)")
+        if run["decode"] is None:
+            skipped.append(f"{run['url']}: decode and state skipped: the device runs only "
+                           f"{', '.join(run['info'].commands)} (no decode unit)")
+            continue
         if not np.array_equal(run["decode"], ref_out):
             mismatches.append(f"{run['url']}: decode differs from the model in "
                               f"{int(np.sum(run['decode'] != ref_out))} of {ref_out.size} values")
-        if not np.array_equal(run["hccs"], ref_probs):
-            mismatches.append(f"{run['url']}: HCCS differs from the model's {cfg.normaliser} ({cfg.profile} profile)")
         for name, value in ref_state.to_arrays().items():
             if not np.array_equal(run["state"][name], value):
                 mismatches.append(f"{run['url']}: state {name} differs from the model")
-    return {"agree": not mismatches, "runs": runs, "mismatches": mismatches}
+    return {"agree": not mismatches, "runs": runs, "mismatches": mismatches, "skipped": skipped}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,6 +203,11 @@ def _run(args: argparse.Namespace) -> int:
             return 1 if bad else 0
         return 0
     if args.action == "decode":
+        with somatile.host.open(args.url) as dev:
+            info = dev.info()
+        if not info.decodes:
+            raise ValueError(f"{args.url}: the device runs only {', '.join(info.commands)}: no decode "
+                             f"(an HCCS-only SoC, docs/firmware.md); try `somatile device hccs`")
         result = agree([args.url], args.tokens, args.seed)
         run_ = result["runs"][0]
         print(f"{args.url}: {args.tokens} tokens x {run_['info'].heads} heads in {run_['decode_s']:.3f} s "
@@ -203,8 +218,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0 if result["agree"] else 1
     result = agree(args.urls, args.tokens, args.seed)
     for run_ in result["runs"]:
-        print(f"{run_['url']}: decode {args.tokens} tokens in {run_['decode_s']:.3f} s, "
-              f"HCCS {run_['hccs'].shape[0]} rows in {run_['hccs_s']:.3f} s")
+        decoded = f"decode {args.tokens} tokens in {run_['decode_s']:.3f} s, " if run_["decode"] is not None else ""
+        print(f"{run_['url']}: {decoded}HCCS {run_['hccs'].shape[0]} rows in {run_['hccs_s']:.3f} s")
+    for line in result["skipped"]:
+        print(f"SKIPPED {line}")
     for line in result["mismatches"]:
         print(f"MISMATCH {line}")
     print("all devices agree bit for bit with each other and the model" if result["agree"] else "DISAGREE")

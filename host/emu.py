@@ -128,8 +128,11 @@ class ReferenceFirmware:
         if payload:
             raise CommandError(LinkError.BAD_LENGTH, 0)
         for tile in range(self.params.n_tiles):
+            # A tile without state (no RESET_STATE in its commands register) has only its error to clear.
+            commands = self._own_command(tile, rm.Opcode.REG_READ, arg0=self.address["INFO_COMMANDS"])
             self._own_command(tile, rm.Opcode.CLEAR_ERROR)
-            self._own_command(tile, rm.Opcode.RESET_STATE, 0, self.params.heads)
+            if commands >> rm.Opcode.RESET_STATE & 1:
+                self._own_command(tile, rm.Opcode.RESET_STATE, 0, self.params.heads)
         return b""
 
 

@@ -83,9 +83,11 @@ class LinkError(enum.IntEnum):
 RETRYABLE = frozenset({LinkError.BAD_CRC, LinkError.TRUNCATED, LinkError.OVERSIZE})
 
 # HELLO response: api_level and max_payload, then the INFO registers of tile 0 named in TILE_INFO_REGISTERS
-# (the tile parameters INFO reports, from their one declaration, then two derived sizes; the firmware reads
-# them through REG_READ), u32 each, then the board name (16 bytes, NUL padded).
-TILE_INFO_REGISTERS = (*(name for name, p in TILE_PARAMS.items() if p.info), "state_bytes", "staging_bytes")
+# (the tile parameters INFO reports, from their one declaration, then two derived sizes and the mask of the tile
+# commands the device runs; the firmware reads them through REG_READ), u32 each, then the board name (16 bytes,
+# NUL padded).
+TILE_INFO_REGISTERS = (*(name for name, p in TILE_PARAMS.items() if p.info), "state_bytes", "staging_bytes",
+                       "commands")
 INFO_FIELDS = ("api_level", "max_payload") + TILE_INFO_REGISTERS
 BOARD_NAME_BYTES = 16
 INFO_FORMAT = struct.Struct(f"<{len(INFO_FIELDS)}I{BOARD_NAME_BYTES}s")

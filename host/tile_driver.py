@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from somatile.host import protocol, url_options
-from somatile.host.device import Device, DeviceError, DeviceInfo, ProtocolError, Transport, as_int8, as_integers
+from somatile.host.device import (Device, DeviceError, DeviceInfo, ProtocolError, Transport, UnsupportedCommand, as_int8,
+                                  as_integers)
 from somatile.hw import regmap
 from somatile.hw.tile_params import TILE_PARAMS
 
@@ -86,6 +87,7 @@ class TileDevice(Device):
         self._configured: list[bool] = [False] * self.heads
         self._hccs_dtype = regmap.hccs_out_dtype(self._params)
         self._out_dtype = np.dtype("<i2" if self.profile == "wide" else np.int8)
+        self.commands = tuple(op.name for op in regmap.Opcode if info["commands"] >> op & 1)
 
     def info(self) -> DeviceInfo:
         i = self._info
@@ -94,7 +96,7 @@ class TileDevice(Device):
                           heads=self.heads, kv_heads=self.heads, head_dim=i["head_dim"], ring=i["ring"],
                           sinks=i["sinks"], n_max=i["n_max"], profile=self.profile,
                           capacity=min(i["staging_bytes"], room) // regmap.element_bytes(self.tile_params()),
-                          max_payload=i["max_payload"],
+                          max_payload=i["max_payload"], commands=self.commands,
                           extra={k: i[k] for k in ("stream_width", "n_tiles", "state_bytes", "staging_bytes")})
 
     def close(self) -> None:
@@ -102,6 +104,14 @@ class TileDevice(Device):
         self.link.close()
         while self.on_close:
             self.on_close.pop(0)()
+
+    def _require(self, method: str, *opcodes: regmap.Opcode) -> None:
+        """UnsupportedCommand naming the device and ``method`` unless the device runs every one of ``opcodes``."""
+        missing = [op.name for op in opcodes if op.name not in self.commands]
+        if missing:
+            raise UnsupportedCommand(f"{method}()", f"{self.backend} (board {self._info['board']})", self.commands,
+                                     f"it has no {', '.join(missing)} (no decode unit: an HCCS-only SoC, "
+                                     f"docs/firmware.md); use hccs() here, decode on a board with a tile")
 
     def tile_command(self, tile: int, opcode, head: int = 0, count: int = 0, payload: bytes = b"", arg0: int = 0,
                      arg1: int = 0) -> regmap.Response:
@@ -279,6 +289,7 @@ class TileDevice(Device):
     def decode(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """One decode step per token for every head: q, k, v int8 (heads, head_dim) or (T, heads, head_dim);
         the output int8 (profile paper) or int16 (profile wide) of the same shape."""
+        self._require("decode", regmap.Opcode.DECODE)
         shape = (self.heads, self.head_dim)
         q8, k8, v8 = (as_int8(name, t, (2, 3), shape) for name, t in (("q", q), ("k", k), ("v", v)))
         if not q8.shape == k8.shape == v8.shape:
@@ -299,6 +310,7 @@ class TileDevice(Device):
         """The Soma state of all heads as ``SomaState.to_arrays()`` of an n_heads config (heads in step)."""
         from somatile.hw import tile_model
 
+        self._require("read_state", regmap.Opcode.READ_STATE)
         params = self.tile_params()
         per_head = []
         for head in range(self.heads):
@@ -325,6 +337,7 @@ class TileDevice(Device):
         their previous state back before the DeviceError is raised."""
         from somatile.hw import tile_model
 
+        self._require("load_state", regmap.Opcode.READ_STATE, regmap.Opcode.LOAD_STATE)
         params = self.tile_params()
         blocks = [bytes(tile_model.arrays_to_state(params, arrays)) for arrays in self._state_arrays(params, state)]
         previous = []

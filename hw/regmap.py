@@ -78,7 +78,7 @@ import numpy as np
 # TILE_PROFILES is re-exported: the host's tile driver checks a configuration's profile beside the command layer.
 from somatile.hw.tile_params import FRAME_GRANULE, RTL_PROFILES, TILE_PARAMS, TILE_PROFILES, TileParams  # noqa: F401
 
-API_LEVEL = 2
+API_LEVEL = 3
 FRAME_MAGIC = 0xA5
 HEADER_BYTES = 16
 REGISTER_BYTES = 4
@@ -143,15 +143,23 @@ GLOBAL_REGISTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 # The capacity registers (read-only): the tile parameters that INFO reports, then the tile's index in the
-# array and the derived sizes.
+# array, the derived sizes and the commands the tile runs.
 INFO_FIELDS: tuple[str, ...] = (*(name for name, p in TILE_PARAMS.items() if p.info),
-                                "tile_index", "state_bytes", "staging_bytes")
+                                "tile_index", "state_bytes", "staging_bytes", "commands")
+
+
+def commands_mask(opcodes) -> int:
+    """The ``commands`` INFO register of a tile that runs ``opcodes``: bit n set for opcode n. The RTL tile and
+    its model run every :class:`Opcode`; the HCCS-only SoC's command layer in firmware (hw/soc.py, peripheral
+    ``hccs_unit``) runs fewer, and the host refuses the others before sending them."""
+    return sum(1 << int(op) for op in opcodes)
 
 
 def info_values(params: TileParams, tile_index: int = 0) -> list[int]:
     """The INFO registers' values, in INFO_FIELDS order (a named choice as its index: ``TileParam.code``; for
     hccs_out that is its somatile.model.hccs OUT_CODES code)."""
-    derived = {"tile_index": tile_index, "state_bytes": state_bytes(params), "staging_bytes": staging_bytes(params)}
+    derived = {"tile_index": tile_index, "state_bytes": state_bytes(params), "staging_bytes": staging_bytes(params),
+               "commands": commands_mask(Opcode)}
     return [int(derived[f]) if f in derived else TILE_PARAMS[f].code(getattr(params, f)) for f in INFO_FIELDS]
 
 

@@ -1,24 +1,30 @@
-"""The SoC a board runs: a packaged soft RISC-V core running the C firmware, a UART to the host and the tile
-array on the firmware's tile bus.
+"""The SoC a board runs: a packaged soft RISC-V core running the C firmware, a UART to the host and, as the
+CPU's peripheral, either the tile array on the firmware's tile bus or the HCCS unit alone on its own registers.
 
 Parts (none of the CPU or the UART is written here):
 
-- **CPU**: PicoRV32 (``pythondata-cpu-picorv32``, ``verilog/picorv32.v``), RV32IM with the cycle counters,
-  on its native memory interface. It starts at :data:`CODE_BASE`; a trap (illegal instruction, misaligned
-  access) stops it and raises the ``trap`` output.
+- **CPU**: PicoRV32 (``pythondata-cpu-picorv32``, ``verilog/picorv32.v``), RV32IM (``cpu="picorv32"``) or RV32I
+  (``"picorv32_rv32i"``) with the cycle counters, on its native memory interface. It starts at
+  :data:`CODE_BASE`; a trap (illegal instruction, misaligned access) stops it and raises the ``trap`` output.
 - **Code memory** at :data:`CODE_BASE`: ``code_bytes`` of block RAM whose initial contents are the firmware
   image (``.text``, ``.rodata``, ``.data``), words little-endian. Writable, so ``.data`` needs no copy.
-- **Data memory** at :data:`DATA_BASE`: ``data_bytes`` of block RAM without initial contents (``.bss`` and
-  the stack, which starts at its top).
+- **Data memory** at :data:`DATA_BASE`: ``data_bytes`` without initial contents (``.bss`` and the stack, which
+  starts at its top): block RAM (``data_ram="block"``), or the iCE40 UltraPlus's SB_SPRAM256KA blocks in
+  pairs (``"spram"``; ``data_bytes`` a multiple of 64 KiB). Both answer an access in the same cycles.
 - **UART** at :data:`UART_BASE`: picosoc's ``simpleuart`` (from the same package) as the 8N1 bit engine,
   its one-byte receive buffer drained into a :class:`~amaranth.lib.fifo.SyncFIFOBuffered` of
-  :data:`UART_RX_FIFO` bytes, so that bursts of a frame at the full bit rate wait while the firmware works.
-- **Tile bus** at :data:`TILE_BASE`: the tile array's AXI4-Stream pair as registers. A write pushes one
-  beat (with ``tlast`` at ``TILE_TX_LAST``) into a FIFO of :data:`TILE_TX_FIFO` beats; a read of
-  ``TILE_RX`` pops the array's output beat. The firmware checks ``TILE_STATUS`` before either, so a stalled
-  tile is a timeout in the firmware, never a stalled CPU bus.
+  ``UART_RX_FIFO[peripheral]`` bytes, so that bursts of a frame at the full bit rate wait while the firmware
+  works.
+- **Tile bus** at :data:`TILE_BASE` (``peripheral="tile_array"``): the tile array's AXI4-Stream pair as
+  registers. A write pushes one beat (with ``tlast`` at ``TILE_TX_LAST``) into a FIFO of :data:`TILE_TX_FIFO`
+  beats; a read of ``TILE_RX`` pops the array's output beat. The firmware checks ``TILE_STATUS`` before
+  either, so a stalled tile is a timeout in the firmware, never a stalled CPU bus.
+- **HCCS registers** at :data:`HCCS_BASE` (``peripheral="hccs_unit"``): the 1-lane HCCS unit of hw/hccs.py,
+  its row stream as registers (an element per write, its probability per read); the tile's command layer
+  is then the firmware's (``firmware/hal/soc_hccs/``).
 
-Register map (addresses in hw/soc_map.py, from which ``somatile_soc.h`` is generated):
+Register map (addresses in hw/soc_map.py, from which ``somatile_soc.h`` is generated; only the peripheral's
+own registers answer, the other peripheral's read 0 and ignore writes):
 
 =============== ====== ===========================================================================
 register        access meaning
@@ -32,14 +38,25 @@ TILE_TX_LAST    w      push a beat (tlast = 1); dropped likewise
 TILE_RX         r      the array's output beat, popped; 0 when bit 1 of TILE_STATUS is 0
 TILE_STATUS     r      bit 0: room for a beat; bit 1: an output beat waits; bit 2: its tlast; bit 3: the
                        array's error output
+HCCS_HEAD       w      the head whose parameters HCCS_CFG writes and whose parameters the next row uses
+HCCS_CFG        w      the head's parameters (bit fields ``CFG_*_SHIFT`` of soc_map.HCCS_FIELDS: B, out,
+                       S, mode, Dmax), for rows whose first element is pushed after the write
+HCCS_IN         w      push the int8 element in bits 7:0 into the current row; dropped when bit 0 of
+                       HCCS_STATUS is 0 (a row's first element is the one after the previous row's last)
+HCCS_IN_LAST    w      push the row's last element likewise
+HCCS_OUT        r      the oldest probability, popped: bits 15:0 its value, bit 16 the row's last, bit 31
+                       set (0 when none waits)
+HCCS_STATUS     r/w    read: bit 0 room for an element; bits 1-3 the unit's sticky overflow, framing and
+                       bad_head; bit 4 busy. Write: clears the sticky bits
 =============== ====== ===========================================================================
 
-Bus timing: every access takes three cycles (address decoded, the block RAM read and a register's side
-effect in the first; the read value selected into a register in the second; the CPU's ``mem_ready`` in the
-third), except UART_DATA writes, which wait for the transmitter in the first.
+Bus timing: every access takes three cycles (address decoded, the memory read and a register's side effect
+in the first; the read value selected into a register in the second; the CPU's ``mem_ready`` in the third),
+except UART_DATA writes, which wait for the transmitter in the first.
 
-``hold`` (input) keeps the array's output stream from being read while it is high: a stalled tile for the
-fault tests; boards tie it low.
+``hold`` (input) keeps the peripheral's output (the array's stream, the unit's probabilities) from being read
+while it is high: a stalled tile for the fault tests; boards tie it low. ``error``: the array's error output,
+or any of the HCCS unit's sticky status bits.
 """
 
 from __future__ import annotations
@@ -50,8 +67,8 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from somatile.hw.array import TileArray
-from somatile.hw.soc_map import CODE_BASE, DATA_BASE, REGISTERS, TILE_TX_FIFO, UART_RX_FIFO, cpu_sources
+from somatile.hw.soc_map import (CODE_BASE, CPU_MARCH, DATA_BASE, DATA_RAMS, HCCS_FIELDS, HCCS_IN_FIFO, PERIPHERALS,
+                                 REGISTERS, SPRAM_PAIR_BYTES, TILE_TX_FIFO, UART_RX_FIFO, cpu_sources)
 
 
 def image_words(image: bytes) -> list[int]:
@@ -61,23 +78,42 @@ def image_words(image: bytes) -> list[int]:
 
 
 class Soc(wiring.Component):
-    """CPU + code and data memory + UART + tile array (see the module docstring for the map and timing).
+    """CPU + code and data memory + UART + peripheral (see the module docstring for the map and timing).
 
     ``image``: the firmware (bytes, at most ``code_bytes``); ``uart_div``: the divider after reset (the
-    firmware sets it again); ``tile_kwargs``: the tile array's (``BoardConfig.array_kwargs``).
+    firmware sets it again); ``peripheral``: one of :data:`~somatile.hw.soc_map.PERIPHERALS`; ``unit_kwargs``:
+    the peripheral's (``BoardConfig.array_kwargs`` for the tile array, ``BoardConfig.hccs_kwargs`` with one lane
+    for the HCCS unit); ``data_ram``: one of :data:`~somatile.hw.soc_map.DATA_RAMS`.
     """
 
     def __init__(self, *, image: bytes, code_bytes: int, data_bytes: int, uart_div: int, cpu: str = "picorv32",
-                 **tile_kwargs):
+                 peripheral: str = "tile_array", data_ram: str = "block", **unit_kwargs):
         if len(image) > code_bytes:
             raise ValueError(f"firmware image of {len(image)} bytes does not fit code memory of {code_bytes}")
         for name, size in (("code_bytes", code_bytes), ("data_bytes", data_bytes)):
             if size % 4 or size <= 0:
                 raise ValueError(f"{name} = {size}: expected a positive multiple of 4")
+        if peripheral not in PERIPHERALS:
+            raise ValueError(f"peripheral {peripheral!r}: expected one of {', '.join(PERIPHERALS)}")
+        if data_ram not in DATA_RAMS:
+            raise ValueError(f"data_ram {data_ram!r}: expected one of {', '.join(DATA_RAMS)}")
+        if data_ram == "spram" and data_bytes % SPRAM_PAIR_BYTES:
+            raise ValueError(f"data_bytes = {data_bytes}: SPRAM data memory is made of pairs of 32 KiB blocks, "
+                             f"expected a multiple of {SPRAM_PAIR_BYTES}")
         self.image, self.code_bytes, self.data_bytes = image, code_bytes, data_bytes
-        self.uart_div, self.cpu = uart_div, cpu
+        self.uart_div, self.cpu, self.peripheral, self.data_ram = uart_div, cpu, peripheral, data_ram
         self.sources = cpu_sources(cpu)
-        self.array = TileArray(**tile_kwargs)
+        if peripheral == "tile_array":
+            from somatile.hw.array import TileArray
+
+            self.unit = TileArray(**unit_kwargs)
+        else:
+            from somatile.hw.hccs import HCCS
+
+            self.unit = HCCS(**unit_kwargs)
+            if self.unit.config.lanes != 1:
+                raise ValueError(f"lanes = {self.unit.config.lanes}: the HCCS registers carry one element per "
+                                 f"write, expected an HCCS unit of 1 lane")
         super().__init__({"uart_tx": Out(1), "uart_rx": In(1), "trap": Out(1), "error": Out(1), "hold": In(1)})
 
     def elaborate(self, platform):
@@ -85,16 +121,22 @@ class Soc(wiring.Component):
         if platform is not None:
             for path in self.sources:
                 platform.add_file(path.name, path.read_text())
-        m.submodules.array = array = self.array
+        # "array" as before the HCCS unit was a choice: the tile array SoC's netlist names stay as they were.
+        unit = self.unit
+        m.submodules["array" if self.peripheral == "tile_array" else "hccs"] = unit
         bus = _CpuBus(m, self)
         code = _ram(m, "code", self.code_bytes, image_words(self.image))
-        data = _ram(m, "data", self.data_bytes, [])
         _uart(m, self, bus)
-        _tile_bridge(m, self, bus, array)
+        if self.peripheral == "tile_array":
+            _tile_bridge(m, self, bus, unit)
+        else:
+            _hccs_bridge(m, self, bus, unit)
         bus.connect_memory(m, code, CODE_BASE >> 28)
-        bus.connect_memory(m, data, DATA_BASE >> 28)
+        if self.data_ram == "spram":
+            bus.connect_spram(m, self.data_bytes, DATA_BASE >> 28)
+        else:
+            bus.connect_memory(m, _ram(m, "data", self.data_bytes, []), DATA_BASE >> 28)
         bus.finish(m)
-        m.d.comb += self.error.eq(array.error)
         return m
 
 
@@ -115,9 +157,10 @@ class _CpuBus:
         m.d.comb += self.start.eq(self.valid & ~self.second & ~self.done)
         m.d.sync += [self.second.eq(self.start & ~self.stall), self.done.eq(self.second)]
         stack_top = DATA_BASE + soc.data_bytes
+        muldiv = int("m" in CPU_MARCH[soc.cpu][len("rv32"):])
         m.submodules.cpu = Instance(
             "picorv32",
-            p_ENABLE_COUNTERS=1, p_ENABLE_COUNTERS64=1, p_ENABLE_MUL=1, p_ENABLE_DIV=1, p_COMPRESSED_ISA=0,
+            p_ENABLE_COUNTERS=1, p_ENABLE_COUNTERS64=1, p_ENABLE_MUL=muldiv, p_ENABLE_DIV=muldiv, p_COMPRESSED_ISA=0,
             p_BARREL_SHIFTER=1, p_CATCH_MISALIGN=1, p_CATCH_ILLINSN=1, p_PROGADDR_RESET=Const(CODE_BASE, 32),
             p_STACKADDR=Const(stack_top, 32),
             i_clk=ClockSignal("sync"), i_resetn=~ResetSignal("sync"),
@@ -137,9 +180,33 @@ class _CpuBus:
         # The decoded word index must stay inside the memory; beyond it the access reads or writes nothing.
         inside = (self.offset >> 2) < depth
         m.d.comb += wr.en.eq(Mux(self.hit(region) & inside, self.wstrb, 0))
-        was = Signal(name=f"was_mem{region}")
-        m.d.sync += was.eq(self.hit(region) & inside)
-        self.mem_reads.append((was, rd.data))
+        self._read_back(m, self.hit(region) & inside, rd.data, f"mem{region}")
+
+    def connect_spram(self, m: Module, size: int, region: int) -> None:
+        """``size`` bytes of SB_SPRAM256KA pairs (each 16K words of 32 bits: two blocks of 16 bits side by
+        side) at ``region``. The blocks are single-ported: an access either reads (its word on DATAOUT a cycle
+        later, like a block RAM's read port) or writes (nibble enables: each byte's two)."""
+        word = self.offset[2:]
+        for pair in range(size // SPRAM_PAIR_BYTES):
+            selected = self.hit(region) & (word[14:] == pair)
+            halves = []
+            for half in range(2):
+                strobes = self.wstrb[2 * half:2 * half + 2]
+                data_out = Signal(16, name=f"spram{pair}_{half}_data")
+                m.submodules[f"spram{pair}_{half}"] = Instance(
+                    "SB_SPRAM256KA",
+                    i_ADDRESS=word[:14], i_DATAIN=self.wdata[16 * half:16 * half + 16],
+                    i_MASKWREN=Cat(strobes[0], strobes[0], strobes[1], strobes[1]), i_WREN=strobes.any(),
+                    i_CHIPSELECT=selected, i_CLOCK=ClockSignal("sync"), i_STANDBY=0, i_SLEEP=0, i_POWEROFF=1,
+                    o_DATAOUT=data_out)
+                halves.append(data_out)
+            self._read_back(m, selected, Cat(*halves), f"spram{pair}")
+
+    def _read_back(self, m: Module, access, data, name: str) -> None:
+        """A memory whose ``data`` answers ``access`` a cycle later joins the read multiplexer of :meth:`finish`."""
+        was = Signal(name=f"was_{name}")
+        m.d.sync += was.eq(access)
+        self.mem_reads.append((was, data))
 
     def finish(self, m: Module) -> None:
         # The selected value is registered before it reaches the CPU: a block RAM's clock-to-output, the
@@ -175,7 +242,7 @@ def _uart(m: Module, soc: Soc, bus: _CpuBus):
         i_reg_dat_we=dat_we, i_reg_dat_re=dat_re, i_reg_dat_di=bus.wdata, o_reg_dat_do=dat_do,
         o_reg_dat_wait=dat_wait)
     # The receive buffer (one byte) drains into the FIFO as soon as a byte is in it.
-    m.submodules.uart_rx_fifo = fifo = SyncFIFOBuffered(width=8, depth=UART_RX_FIFO)
+    m.submodules.uart_rx_fifo = fifo = SyncFIFOBuffered(width=8, depth=UART_RX_FIFO[soc.peripheral])
     received = dat_do != 0xFFFF_FFFF
     overflow = Signal()
     m.d.comb += [dat_re.eq(received), fifo.w_data.eq(dat_do[:8]), fifo.w_en.eq(received)]
@@ -193,7 +260,7 @@ def _uart(m: Module, soc: Soc, bus: _CpuBus):
         m.d.sync += bus.reg_rdata.eq(Cat(fifo.r_rdy, overflow))
 
 
-def _tile_bridge(m: Module, soc: Soc, bus: _CpuBus, array: TileArray):
+def _tile_bridge(m: Module, soc: Soc, bus: _CpuBus, array):
     width = array.params.stream_width
     if width != 32:
         raise ValueError(f"stream_width = {width}: the SoC's tile bus registers are 32 bits")
@@ -209,3 +276,41 @@ def _tile_bridge(m: Module, soc: Soc, bus: _CpuBus, array: TileArray):
         m.d.sync += bus.reg_rdata.eq(Mux(out_valid, array.m_axis_tdata, 0))
     with m.If(_register(bus, "TILE_STATUS")):
         m.d.sync += bus.reg_rdata.eq(Cat(tx.w_rdy, out_valid, array.m_axis_tlast, array.error))
+    m.d.comb += soc.error.eq(array.error)
+
+
+def _hccs_bridge(m: Module, soc: Soc, bus: _CpuBus, unit):
+    writing = bus.wstrb.any()
+    head = Signal(unit.config.head_bits)
+    with m.If(_register(bus, "HCCS_HEAD") & writing):
+        m.d.sync += head.eq(bus.wdata)
+    params = unit.cfg.payload.params
+    m.d.comb += [unit.cfg.valid.eq(_register(bus, "HCCS_CFG") & writing), unit.cfg.payload.head.eq(head)]
+    for field in ("B", "out", "S", "mode", "dmax"):
+        shift = HCCS_FIELDS[f"CFG_{field.upper()}_SHIFT"]
+        m.d.comb += params[field].eq(bus.wdata[shift:shift + len(params[field])])
+
+    m.submodules.hccs_in_fifo = fifo = SyncFIFOBuffered(width=9, depth=HCCS_IN_FIFO)
+    push_last = _register(bus, "HCCS_IN_LAST")
+    m.d.comb += [fifo.w_data.eq(Cat(bus.wdata[:8], push_last)),
+                 fifo.w_en.eq((_register(bus, "HCCS_IN") | push_last) & writing)]
+    # A row starts with the element after the previous row's last (the unit checks first against last).
+    in_row = Signal()
+    beat = unit.i.payload
+    m.d.comb += [unit.i.valid.eq(fifo.r_rdy), fifo.r_en.eq(unit.i.ready), beat.data[0].eq(fifo.r_data[:8]),
+                 beat.mask.eq(1), beat.first.eq(~in_row), beat.last.eq(fifo.r_data[8]), beat.head.eq(head)]
+    with m.If(unit.i.valid & unit.i.ready):
+        m.d.sync += in_row.eq(~fifo.r_data[8])
+
+    out_valid = unit.o.valid & ~soc.hold
+    pop = _register(bus, "HCCS_OUT") & ~writing
+    m.d.comb += unit.o.ready.eq(pop & out_valid)
+    out_word = (unit.o.payload.data[0] | Mux(unit.o.payload.last, HCCS_FIELDS["OUT_LAST"], 0)
+                | HCCS_FIELDS["OUT_VALID"])
+    with m.If(pop):
+        m.d.sync += bus.reg_rdata.eq(Mux(out_valid, out_word, 0))
+    status = unit.status
+    with m.If(_register(bus, "HCCS_STATUS")):
+        m.d.sync += bus.reg_rdata.eq(Cat(fifo.w_rdy, status.overflow, status.framing, status.bad_head, status.busy))
+    m.d.comb += [unit.clear_status.eq(_register(bus, "HCCS_STATUS") & writing),
+                 soc.error.eq(status.overflow | status.framing | status.bad_head)]

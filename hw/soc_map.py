@@ -1,6 +1,6 @@
-"""The SoC's memory map, registers and packaged CPUs (hw/soc.py builds the hardware): one source for the RTL, the
-firmware's generated ``somatile_soc.h`` (``python -m somatile.hw.soc_map --c-header FILE``) and the board
-schema. No Amaranth import, so the board loader can read it.
+"""The SoC's memory map, registers, peripherals and packaged CPUs (hw/soc.py builds the hardware): one source for
+the RTL, the firmware's generated ``somatile_soc.h`` (``python -m somatile.hw.soc_map --c-header FILE``) and the
+board schema. No Amaranth import, so the board loader can read it.
 
 The registers' semantics are in hw/soc.py's docstring.
 """
@@ -13,20 +13,48 @@ CODE_BASE = 0x0000_0000
 DATA_BASE = 0x1000_0000
 UART_BASE = 0x2000_0000
 TILE_BASE = 0x3000_0000
+HCCS_BASE = 0x4000_0000
 REGISTERS = {  # name -> address
     "UART_DIV": UART_BASE + 0x0, "UART_DATA": UART_BASE + 0x4, "UART_STATUS": UART_BASE + 0x8,
     "TILE_TX": TILE_BASE + 0x0, "TILE_TX_LAST": TILE_BASE + 0x4, "TILE_RX": TILE_BASE + 0x8,
     "TILE_STATUS": TILE_BASE + 0xC,
+    "HCCS_HEAD": HCCS_BASE + 0x0, "HCCS_CFG": HCCS_BASE + 0x4, "HCCS_IN": HCCS_BASE + 0x8,
+    "HCCS_IN_LAST": HCCS_BASE + 0xC, "HCCS_OUT": HCCS_BASE + 0x10, "HCCS_STATUS": HCCS_BASE + 0x14,
 }
 STACK_BYTES = 4096
 """Room the linker keeps free below the top of data memory for the stack."""
-UART_RX_FIFO = 2048
+PERIPHERALS = ("tile_array", "hccs_unit")
+"""What the CPU drives (board key ``soc.peripheral``): the tile array on the tile bus (its command layer in
+hardware), or the HCCS unit alone on the HCCS registers (the command layer in the firmware, HCCS only; for a
+part too small for a tile beside a CPU)."""
+UART_RX_FIFO = {"tile_array": 2048, "hccs_unit": 512}
+"""Bytes of the UART's receive FIFO per peripheral: frames wait in it while the firmware works. The HCCS
+unit's SoC gets one iCE40 block RAM's worth, which holds any request its host sends (an HCCS command is at
+most a header and ``staging_bytes``), since its block RAM also holds the code."""
 TILE_TX_FIFO = 8
-CPUS = ("picorv32",)
-"""Soft CPUs the SoC instantiates (each shipped as Verilog in a pip package)."""
-CPU_MARCH = {"picorv32": "rv32im"}
+HCCS_IN_FIFO = 4
+"""Elements the HCCS registers buffer before the unit takes them (the firmware checks for room first)."""
+DATA_RAMS = ("block", "spram")
+"""What data memory is made of (board key ``soc.data_ram``): block RAM, or the iCE40 UltraPlus's
+single-port SB_SPRAM256KA blocks (16K x 16 bits each, used in pairs for 32-bit words: 64 KiB a pair)."""
+SPRAM_PAIR_BYTES = 65536
+CPUS = ("picorv32", "picorv32_rv32i")
+"""Soft CPUs the SoC instantiates (each shipped as Verilog in a pip package): PicoRV32 with the multiplier and
+divider, or without them (about 360 iCE40 LUTs fewer; the compiler then calls libgcc for them)."""
+CPU_MARCH = {"picorv32": "rv32im", "picorv32_rv32i": "rv32i"}
 """The ``-march`` the firmware is built with for each CPU (and the ISA options the core is elaborated with)."""
 
+
+
+HCCS_FIELDS = {
+    # HCCS_CFG: one head's parameters (the head in HCCS_HEAD), bit positions
+    "CFG_B_SHIFT": 0, "CFG_OUT_SHIFT": 15, "CFG_S_SHIFT": 16, "CFG_MODE_SHIFT": 23, "CFG_DMAX_SHIFT": 24,
+    # HCCS_OUT: the probability in the low 16 bits, then these flags
+    "OUT_LAST": 1 << 16, "OUT_VALID": 1 << 31,
+    # HCCS_STATUS: room for an element, then the unit's status bits (sticky until a write to HCCS_STATUS)
+    "STATUS_ROOM": 1, "STATUS_OVERFLOW": 2, "STATUS_FRAMING": 4, "STATUS_BAD_HEAD": 8, "STATUS_BUSY": 16,
+}
+"""Bit fields of the HCCS registers (their semantics: hw/soc.py's docstring)."""
 
 
 def cpu_sources(cpu: str) -> list[Path]:
@@ -52,8 +80,51 @@ def c_header() -> str:
     lines += [f"#define SOC_{name} 0x{addr:08X}" for name, addr in REGISTERS.items()]
     lines += ["#define SOC_TILE_STATUS_ROOM 1u", "#define SOC_TILE_STATUS_OUT 2u", "#define SOC_TILE_STATUS_LAST 4u",
               "#define SOC_TILE_STATUS_ERROR 8u", "#define SOC_UART_STATUS_RX 1u", "#define SOC_UART_STATUS_OVERFLOW 2u",
-              "#define SOC_UART_EMPTY 0xFFFFFFFF", "#endif", ""]
+              "#define SOC_UART_EMPTY 0xFFFFFFFF"]
+    lines += [f"#define SOC_HCCS_{name} {value}u" for name, value in HCCS_FIELDS.items()]
+    lines += _soft_tile_lines()
+    lines += ["#endif", ""]
     return "\n".join(lines)
+
+
+SOFT_TILE_COMMANDS = ("INFO", "REG_READ", "REG_WRITE", "CONFIGURE_HEAD", "HCCS", "CLEAR_ERROR")
+"""The tile commands of the command layer in firmware (``firmware/src/soft_tile.c``, peripheral ``hccs_unit``):
+what the HCCS unit alone can serve. The others (DECODE and the state commands) it refuses as UNKNOWN_OPCODE,
+and its ``commands`` INFO register says so."""
+SOFT_TILE_PROFILE = "paper"
+"""The HCCS unit computes the paper profile's HCCS (int8 logits); the wide profile's row unit is hw/wide.py."""
+
+
+def _soft_tile_lines() -> list[str]:
+    """The facts the command layer in firmware checks against, from their sources: the commands it runs, the
+    head parameter registers' ranges and power-on values (``regmap.PROFILE_HEAD_PARAMS``), the choices its
+    configuration rules name and the HCCS rules' bounds (``somatile.model.hccs``). The board's own values
+    (heads, n_max, ring, sinks, staging bytes) are in ``somatile_regmap.h``."""
+    from somatile.hw import regmap
+    from somatile.model import hccs
+
+    table = regmap.PROFILE_HEAD_PARAMS[SOFT_TILE_PROFILE]
+    choice = {p.name: p.choices for p in table}
+    commands = regmap.commands_mask(regmap.Opcode[name] for name in SOFT_TILE_COMMANDS)
+    # The INFO registers in INFO_FIELDS order: the regmap header's value of each, but this tile's commands.
+    info = [f"SOMATILE_{name.upper()}" if name != "commands" else "SOC_SOFT_TILE_COMMANDS"
+            for name in regmap.INFO_FIELDS]
+    return ["/* The command layer in firmware (peripheral hccs_unit): somatile.hw.soc_map._soft_tile_lines */",
+            f"#define SOC_SOFT_TILE_COMMANDS 0x{commands:X}u",
+            f"#define SOC_SOFT_TILE_PROFILE {regmap.TILE_PROFILES.index(SOFT_TILE_PROFILE)}u",
+            f"#define SOC_SOFT_INFO_VALUES {', '.join(info)}",
+            f"#define SOC_SOFT_INFO_COUNT {len(info)}u",
+            f"#define SOC_SOFT_GLOBAL_COUNT {len(regmap.GLOBAL_REGISTERS)}u",
+            f"#define SOC_SOFT_INFO_BASE 0x{regmap.INFO_BASE:03X}u",
+            f"#define SOC_SOFT_REGISTER_BYTES {regmap.REGISTER_BYTES}u",
+            "#define SOC_SOFT_HEAD_LO " + ", ".join(f"{p.lo}u" for p in table),
+            "#define SOC_SOFT_HEAD_HI " + ", ".join(f"{p.hi}u" for p in table),
+            "#define SOC_SOFT_HEAD_DEFAULT " + ", ".join(f"{p.default}u" for p in table),
+            f"#define SOC_SOFT_NORMALISER_HCCS {choice['normaliser'].index('hccs_int')}u",
+            f"#define SOC_SOFT_GATING_QUERY {choice['gating'].index('query')}u",
+            f"#define SOC_SOFT_FIELD_SOURCE_VALUES {choice['field_source'].index('values')}u",
+            f"#define SOC_SOFT_HCCS_MIN_FLOOR_MASS {hccs.MIN_FLOOR_MASS}",
+            f"#define SOC_SOFT_HCCS_MAX_ROW_MASS {hccs.MAX_ROW_MASS}"]
 
 
 def main(argv: list[str] | None = None) -> int:

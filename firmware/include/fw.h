@@ -41,6 +41,20 @@ static inline void fw_put_u32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)(v >> 24);
 }
 
+/* A tile frame's 16-byte header (hw/regmap.py): magic, opcode, head, then a command's count or a response's
+ * error code, the payload length, and a command's arg0 and arg1 or a response's result word and 0. */
+static inline void fw_put_tile_header(uint8_t *p, uint8_t opcode, uint8_t head, uint8_t count_or_error,
+                                      uint32_t length, uint32_t word0, uint32_t word1)
+{
+    p[0] = SOMATILE_FRAME_MAGIC;
+    p[1] = opcode;
+    p[2] = head;
+    p[3] = count_or_error;
+    fw_put_u32(p + 4, length);
+    fw_put_u32(p + 8, word0);
+    fw_put_u32(p + 12, word1);
+}
+
 /* Frame parser: one byte at a time, the same semantics as somatile.host.protocol.FrameParser. */
 enum fw_event { FW_EVENT_NONE = 0, FW_EVENT_FRAME, FW_EVENT_BAD };
 

@@ -130,9 +130,14 @@ static struct fw_error reset(uint32_t length)
     if (length != 0)
         return refuse(WIRE_ERR_BAD_LENGTH, 0);
     for (tile = 0; tile < SOMATILE_N_TILES; tile++) {
+        /* A tile without state (the HCCS-only SoC's, whose commands register lacks RESET_STATE) has only its
+         * error to clear. */
+        uint32_t commands = 0;
+        struct fw_error e = tile_reg_read(tile, SOMATILE_REG_INFO_COMMANDS, &commands);
         /* Clear a latched error first, so that the state reset is not refused because of it. */
-        struct fw_error e = tile_simple_command(tile, SOMATILE_OP_CLEAR_ERROR, 0, 0);
         if (!e.code)
+            e = tile_simple_command(tile, SOMATILE_OP_CLEAR_ERROR, 0, 0);
+        if (!e.code && (commands >> SOMATILE_OP_RESET_STATE) & 1u)
             e = tile_simple_command(tile, SOMATILE_OP_RESET_STATE, 0, SOMATILE_HEADS);
         if (e.code)
             return e;

@@ -44,13 +44,7 @@ static struct fw_error own_command(unsigned tile, uint8_t opcode, uint8_t head, 
 
     if (padded_len > PADDED(PARAM_BLOCK_BYTES))
         return error(WIRE_ERR_BAD_LENGTH, PARAM_BLOCK_BYTES);
-    command[0] = SOMATILE_FRAME_MAGIC;
-    command[1] = opcode;
-    command[2] = head;
-    command[3] = count;
-    fw_put_u32(command + 4, padded_len);
-    fw_put_u32(command + 8, arg0);
-    fw_put_u32(command + 12, arg1);
+    fw_put_tile_header(command, opcode, head, count, padded_len, arg0, arg1);
     for (i = 0; i < padded_len; i++)
         command[SOMATILE_HEADER_BYTES + i] = i < payload_len ? payload[i] : 0;
     e = tile_transfer(tile, command, SOMATILE_HEADER_BYTES + padded_len, answer, sizeof answer, &answer_len);

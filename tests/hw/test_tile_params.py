@@ -85,7 +85,7 @@ def test_rules_between_parameters_name_the_parameter_on_both_paths():
 
 def test_info_registers_are_the_declared_parameters_then_the_derived_ones():
     reported = tuple(p.name for p in PARAMS if p.info)
-    assert regmap.INFO_FIELDS == (*reported, "tile_index", "state_bytes", "staging_bytes")
+    assert regmap.INFO_FIELDS == (*reported, "tile_index", "state_bytes", "staging_bytes", "commands")
     assert protocol.TILE_INFO_REGISTERS == tuple(f for f in regmap.INFO_FIELDS if f != "tile_index")
     tile = boards.load("ulx3s_85f").tile
     values = dict(zip(regmap.INFO_FIELDS, regmap.info_values(tile)))
@@ -95,6 +95,7 @@ def test_info_registers_are_the_declared_parameters_then_the_derived_ones():
         assert values[name] == (choices.index(expected) if choices else expected), name
         assert TILE_PARAMS[name].value_of(values[name]) == expected, name
     assert values["hccs_out"] == HCCS_OUT_TYPES.index(tile.hccs_out)  # its code in somatile.model.hccs too
+    assert values["commands"] == sum(1 << int(op) for op in regmap.Opcode)  # the RTL tile runs every command
 
 
 def test_device_info_reports_each_parameter_where_the_declaration_says():
