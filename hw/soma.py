@@ -313,6 +313,7 @@ registered word (``rd_word``)."""
 FEED_INDEX_COPIES = 4  # copies of the HCCS feed's beat index, each selecting a group of the beat's lanes
 FEED_LATENCY = 1
 """Cycles the decode row's beats spend in the register slice in front of the HCCS unit."""
+SAMPLE_COPIES = 4  # copies of the decode unit's idle flag, each enabling a share of the head parameter registers
 WEIGHTED_DEPTH = READ_LATENCY + 3
 """WEIGHTED SUM: read, then the probability and value operands registered, then their products (2: partial
 products in pairs, then their sum)."""
@@ -1320,8 +1321,19 @@ class SomaDecode(wiring.Component):
         paper = p.profile == "paper"
         par = Signal(self.head.shape())
         state_base, out_base = (Signal(range(self.mem_words), name=n) for n in ("state_base", "out_base"))
+        # They load in every cycle while the unit is idle, so that the last load is the start cycle's: their
+        # enables come from copies of an idle flag, each beside a group of them, instead of from start (one net
+        # from the tile's state machine to all 180 flip-flops, the ULX3S tile's critical path without rip-up).
+        idle = Replicated(1, SAMPLE_COPIES, "idle", init=1)
+        with m.If(self.done):
+            m.d.sync += idle.eq(1)
         with m.If(self.start):
-            m.d.sync += [par.eq(self.head), state_base.eq(self.state_base), out_base.eq(self.out_base)]
+            m.d.sync += idle.eq(0)
+        loads = [par[name].eq(self.head[name]) for name, _ in self.head.shape()]
+        loads += [state_base.eq(self.state_base), out_base.eq(self.out_base)]
+        for copy in range(SAMPLE_COPIES):
+            with m.If(idle.copy(copy)):
+                m.d.sync += loads[copy::SAMPLE_COPIES]
         # In the paper profile an integer-exp head's row goes to the exp-only RowNormaliser (the wide profile
         # has none: its row unit computes every normaliser).
         use_exp = head_choice(par, "normaliser", "exp_int")

@@ -119,13 +119,20 @@ class ResponseStreamer(wiring.Component):
         with m.If(step):
             m.d.sync += [resp_word_reg.eq(self.rd_data), resp_addr.eq(resp_addr_next),
                          resp_addr_next.eq(resp_addr_next + 1)]
+        # resp_addr_next is base + 1 from the cycle after start on, computed from resp_addr in that cycle: the
+        # adder behind start's opcode decode and base's multiplexer did not fit a cycle on the ULX3S tile. No
+        # step can use it before: a header leaves in its last beat, at the earliest in that cycle (HB > 1 or
+        # a held one-beat header), and a one-beat header without words reads no word.
+        addr_next_due = Signal()
+        with m.If(addr_next_due):
+            m.d.sync += [resp_addr_next.eq(resp_addr + 1), addr_next_due.eq(0)]
 
         with m.If(self.start):
             # A one-beat header of a word response is held a cycle: the first word is read in the first
             # cycle and loaded into resp_word_reg as the header's beat leaves.
             hold = self.words != 0 if HB == 1 else Const(0)
             m.d.sync += [resp_beat.eq(0), resp_word.eq(0), word_beat.eq(0),
-                         resp_last_word.eq(self.words - 1), resp_addr.eq(self.base), resp_addr_next.eq(self.base + 1),
+                         resp_last_word.eq(self.words - 1), resp_addr.eq(self.base), addr_next_due.eq(1),
                          word_last.eq(beats_per_word == 1), at_last_word.eq(self.words == 1),
                          header_hold.eq(hold), header_last.eq(~hold if HB == 1 else 0)]
 
