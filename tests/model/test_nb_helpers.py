@@ -16,6 +16,23 @@ def leading_bits(values):
 
 
 @numba.njit
+def high_halves(a, b, out):
+    for i in range(a.shape[0]):
+        out[i] = hccs.mulhi_u16(a[i], b[i])
+
+
+@numba.njit
+def high_half(a, b):
+    return hccs.mulhi_u16(a, b)
+
+
+@numba.njit
+def high_halves_by(a, b, out):
+    for i in range(a.shape[0]):
+        out[i] = np.uint8(hccs.mulhi_u16(a[i], b))
+
+
+@numba.njit
 def flat_sum_and_bump(a):
     flat = hccs.flat_view(a)
     flat[flat.shape[0] - 1] += 1
@@ -26,6 +43,27 @@ def test_leading_bit_is_floor_log2():
     values = np.concatenate([np.arange(1, 1 << 16), (1 << np.arange(63)), (1 << np.arange(1, 63)) - 1])
     np.testing.assert_array_equal(leading_bits(values.astype(np.int64)),
                                   [int(v).bit_length() - 1 for v in values.tolist()])
+
+
+def test_mulhi_u16_is_the_floor_of_the_high_half(rng):
+    """LLVM's umul.fix leaves the rounding direction open; the kernels need floor((a * b) / 2^16) exactly, in
+    the vector lanes of a loop (element-wise, and by one broadcast factor with the uint8 store of HCCS) and
+    in a scalar call: every a against edge factors, and random pairs."""
+    a = np.arange(1 << 16, dtype=np.uint16)
+    for b in (0, 1, 2, 255, 256, 32767, 32768, 65534, 65535, *rng.integers(0, 1 << 16, 8).tolist()):
+        want = (a.astype(np.uint32) * b) >> 16
+        got = np.empty(a.shape, np.uint16)
+        high_halves(a, np.full(a.shape, b, np.uint16), got)
+        np.testing.assert_array_equal(got, want)
+        small = np.empty(a.shape, np.uint8)
+        high_halves_by(a, np.uint16(b), small)
+        np.testing.assert_array_equal(small, want.astype(np.uint8))
+    x, y = rng.integers(0, 1 << 16, (2, 1 << 20)).astype(np.uint16)
+    got = np.empty(x.shape, np.uint16)
+    high_halves(x, y, got)
+    np.testing.assert_array_equal(got, (x.astype(np.uint32) * y) >> 16)
+    assert high_half(np.uint16(65535), np.uint16(65535)) == 65534
+    assert high_half(np.uint16(3), np.uint16(32768)) == 1
 
 
 def test_flat_view_is_a_view_in_c_order(rng):
