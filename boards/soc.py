@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from somatile.boards.config import BoardConfig, BoardError
-from somatile.hw.soc_map import CPU_MARCH, SOFT_TILE_PROFILE, SPRAM_PAIR_BYTES
+from somatile.hw.soc_map import CPU_MARCH, HCCS_DIV_BITS, SOFT_TILE_PROFILE, SPRAM_PAIR_BYTES
 
 FIRMWARE_DIR = Path(__file__).resolve().parent.parent / "firmware"
 CROSS = "riscv64-unknown-elf-"
@@ -169,7 +169,7 @@ def make_soc(cfg: BoardConfig, firmware: Firmware):
                              f"(the CPU's tile-bus registers are 32 bits)")
         unit_kwargs = cfg.array_kwargs()
     else:
-        unit_kwargs = cfg.hccs_kwargs()
+        unit_kwargs = {**cfg.hccs_kwargs(), "div_bits": HCCS_DIV_BITS}
     unit = Soc(image=firmware.image, code_bytes=soc["code_kib"] * 1024, data_bytes=soc["data_kib"] * 1024,
                uart_div=firmware.uart_div, cpu=soc["cpu"], peripheral=soc["peripheral"], data_ram=soc["data_ram"],
                **unit_kwargs)

@@ -4,7 +4,7 @@ CPU's peripheral, either the tile array on the firmware's tile bus or the HCCS u
 Parts (none of the CPU or the UART is written here):
 
 - **CPU**: PicoRV32 (``pythondata-cpu-picorv32``, ``verilog/picorv32.v``), RV32IM (``cpu="picorv32"``) or RV32I
-  (``"picorv32_rv32i"``) with the cycle counters, on its native memory interface. It starts at
+  without the barrel shifter (``"picorv32_rv32i"``; ``soc_map.CPU_OPTIONS``) with the cycle counters, on its native memory interface. It starts at
   :data:`CODE_BASE`; a trap (illegal instruction, misaligned access) stops it and raises the ``trap`` output.
 - **Code memory** at :data:`CODE_BASE`: ``code_bytes`` of block RAM whose initial contents are the firmware
   image (``.text``, ``.rodata``, ``.data``), words little-endian. Writable, so ``.data`` needs no copy.
@@ -67,7 +67,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from somatile.hw.soc_map import (CODE_BASE, CPU_MARCH, DATA_BASE, DATA_RAMS, HCCS_FIELDS, HCCS_IN_FIFO, PERIPHERALS,
+from somatile.hw.soc_map import (CODE_BASE, CPU_OPTIONS, DATA_BASE, DATA_RAMS, HCCS_FIELDS, HCCS_IN_FIFO, PERIPHERALS,
                                  REGISTERS, SPRAM_PAIR_BYTES, TILE_TX_FIFO, UART_RX_FIFO, cpu_sources)
 
 
@@ -157,11 +157,11 @@ class _CpuBus:
         m.d.comb += self.start.eq(self.valid & ~self.second & ~self.done)
         m.d.sync += [self.second.eq(self.start & ~self.stall), self.done.eq(self.second)]
         stack_top = DATA_BASE + soc.data_bytes
-        muldiv = int("m" in CPU_MARCH[soc.cpu][len("rv32"):])
+        options = {f"p_{name}": value for name, value in CPU_OPTIONS[soc.cpu].items()}
         m.submodules.cpu = Instance(
             "picorv32",
-            p_ENABLE_COUNTERS=1, p_ENABLE_COUNTERS64=1, p_ENABLE_MUL=muldiv, p_ENABLE_DIV=muldiv, p_COMPRESSED_ISA=0,
-            p_BARREL_SHIFTER=1, p_CATCH_MISALIGN=1, p_CATCH_ILLINSN=1, p_PROGADDR_RESET=Const(CODE_BASE, 32),
+            p_ENABLE_COUNTERS=1, p_ENABLE_COUNTERS64=1, p_COMPRESSED_ISA=0, **options,
+            p_CATCH_MISALIGN=1, p_CATCH_ILLINSN=1, p_PROGADDR_RESET=Const(CODE_BASE, 32),
             p_STACKADDR=Const(stack_top, 32),
             i_clk=ClockSignal("sync"), i_resetn=~ResetSignal("sync"),
             o_trap=soc.trap, o_mem_valid=self.valid, i_mem_ready=self.ready, o_mem_addr=self.addr,

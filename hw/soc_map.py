@@ -39,10 +39,18 @@ DATA_RAMS = ("block", "spram")
 single-port SB_SPRAM256KA blocks (16K x 16 bits each, used in pairs for 32-bit words: 64 KiB a pair)."""
 SPRAM_PAIR_BYTES = 65536
 CPUS = ("picorv32", "picorv32_rv32i")
-"""Soft CPUs the SoC instantiates (each shipped as Verilog in a pip package): PicoRV32 with the multiplier and
-divider, or without them (about 360 iCE40 LUTs fewer; the compiler then calls libgcc for them)."""
+"""Soft CPUs the SoC instantiates (each shipped as Verilog in a pip package): PicoRV32 with the multiplier,
+the divider and the barrel shifter, or a small one without them (the compiler then calls libgcc for
+multiplies and divides; a shift takes up to eight cycles), for a part with few LUTs."""
 CPU_MARCH = {"picorv32": "rv32im", "picorv32_rv32i": "rv32i"}
-"""The ``-march`` the firmware is built with for each CPU (and the ISA options the core is elaborated with)."""
+"""The ``-march`` the firmware is built with for each CPU."""
+CPU_OPTIONS = {"picorv32": {"ENABLE_MUL": 1, "ENABLE_DIV": 1, "BARREL_SHIFTER": 1},
+               "picorv32_rv32i": {"ENABLE_MUL": 0, "ENABLE_DIV": 0, "BARREL_SHIFTER": 0}}
+"""The PicoRV32 parameters that make each CPU (the others are the SoC's, hw/soc.py)."""
+HCCS_DIV_BITS = 1
+"""Quotient bits per cycle of the SoC's HCCS unit's reciprocal: one. The CPU hands it an element every couple
+of hundred cycles, so the divider's speed does not matter; its path does: at the unit's default of two the
+chained subtractors were the iCEBreaker SoC's one late path (23.2 MHz against 24, the UP5K 99 % full)."""
 
 
 
