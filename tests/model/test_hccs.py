@@ -45,8 +45,8 @@ def test_random_rows_match_spec(rng, mode, out, cols):
 
 
 @pytest.mark.parametrize("mode,out", MODES)
-def test_adversarial_rows_match_spec(mode, out):
-    cols = 33
+@pytest.mark.parametrize("cols", [33, hccs.VECTOR_LANES, 2 * hccs.VECTOR_LANES + 5])
+def test_adversarial_rows_match_spec(mode, out, cols):
     rows = np.array([
         [0] * cols, [127] * cols, [-128] * cols,
         [127] + [-128] * (cols - 1), [-128] * (cols - 1) + [127],
@@ -56,6 +56,8 @@ def test_adversarial_rows_match_spec(mode, out):
     edges = [(hccs.MAX_ROW_MASS // cols, 0, 0), (hccs.MAX_ROW_MASS // cols, 7, 127),
              (8, 0, 127), (hccs.MAX_ROW_MASS // cols, 127, 7), (127 * 7 + 8, 127, 7)]
     for B, S, D in edges:
+        if cols * B > hccs.MAX_ROW_MASS or cols * (B - S * D) < hccs.MIN_FLOOR_MASS:
+            continue                        # (127 * 7 + 8, 127, 7) fits rows of 36 at most
         both(rows, B, S, D, mode=mode, out=out)
         mask = np.ones(rows.shape, bool)
         mask[1] = False

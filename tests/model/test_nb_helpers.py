@@ -33,6 +33,13 @@ def high_halves_by(a, b, out):
 
 
 @numba.njit
+def chunk_reductions(x, start, chunks, dmax):
+    m = hccs.chunk_max(x, np.uint64(start), chunks)
+    lo = np.int8(max(np.int64(m) - dmax, -128))
+    return m, hccs.chunk_distance_sum(x, np.uint64(start), chunks, m, lo)
+
+
+@numba.njit
 def flat_sum_and_bump(a):
     flat = hccs.flat_view(a)
     flat[flat.shape[0] - 1] += 1
@@ -64,6 +71,31 @@ def test_mulhi_u16_is_the_floor_of_the_high_half(rng):
     np.testing.assert_array_equal(got, (x.astype(np.uint32) * y) >> 16)
     assert high_half(np.uint16(65535), np.uint16(65535)) == 65534
     assert high_half(np.uint16(3), np.uint16(32768)) == 1
+
+
+def test_chunk_max_and_distance_sum(rng):
+    """hccs.chunk_max / chunk_distance_sum against numpy over whole vectors from unaligned starts, on int8
+    arrays and on int32 arrays holding int8 values (the Soma step's logit rows), at the int8 edges."""
+    lanes = hccs.VECTOR_LANES
+    pool = np.array([-128, -127, -1, 0, 1, 126, 127])
+    for dtype in (np.int8, np.int32):
+        for case in range(40):
+            x = rng.integers(-128, 128, 5 * lanes + 3)
+            if case % 4 == 1:
+                x = rng.choice(pool, x.size)
+            elif case % 4 == 2:
+                x[:] = rng.choice(pool)                  # all equal
+            x = x.astype(dtype)
+            start, chunks, dmax = int(rng.integers(0, 4)), int(rng.integers(0, 6)), int(rng.integers(0, 128))
+            part = x[start:start + chunks * lanes].astype(np.int64)
+            m, dsum = chunk_reductions(x, start, chunks, dmax)
+            want_m = part.max() if part.size else -128
+            assert m == want_m
+            assert dsum == (want_m - np.maximum(part, max(want_m - dmax, -128))).sum()
+    x = np.full(4 * lanes, -128, np.int8)
+    x[-1] = 127
+    assert chunk_reductions(x, 0, 4, 127) == (127, 127 * (4 * lanes - 1) + 0)
+    assert chunk_reductions(x, 0, 4, 0) == (127, 0)
 
 
 def test_flat_view_is_a_view_in_c_order(rng):
