@@ -557,18 +557,28 @@ def row_chunks(rows: int, threads: int) -> list[slice]:
     return [slice(rows * i // parts, rows * (i + 1) // parts) for i in range(parts)]
 
 
+_pools: dict = {}
+"""Worker pools of :func:`run_threaded` by thread count, kept for the process's life."""
+
+
 def run_threaded(kernel, jobs: list[tuple], threads: int) -> None:
     """Call ``kernel(*args)`` for every args tuple of ``jobs``, on ``threads`` threads: the row kernels are
-    ``nogil`` numba functions writing disjoint output rows, so threads run them side by side."""
-    if threads == 1:
+    ``nogil`` numba functions writing disjoint output rows, so threads run them side by side. The calling
+    thread runs the last job and a pool of ``threads - 1`` workers the others; the pool is started once per
+    thread count (starting threads on every call cost more than the 4096 x 128 rows it split)."""
+    if threads == 1 or len(jobs) == 1:
         for args in jobs:
             kernel(*args)
         return
-    from concurrent.futures import ThreadPoolExecutor
+    pool = _pools.get(threads)
+    if pool is None:
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(threads) as pool:
-        for future in [pool.submit(kernel, *args) for args in jobs]:
-            future.result()
+        pool = _pools.setdefault(threads, ThreadPoolExecutor(threads - 1, thread_name_prefix="somatile-rows"))
+    futures = [pool.submit(kernel, *args) for args in jobs[:-1]]
+    kernel(*jobs[-1])
+    for future in futures:
+        future.result()
 
 
 def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8", mask=None,
