@@ -643,7 +643,9 @@ def markdown_table(records: list[dict]) -> str:
             if pnr.get("nextpnr_opts"):
                 status += f" ({pnr['nextpnr_opts']})"
             final = pnr["status"] in ("ok", "timing-missed")  # else the log holds pre-route estimates only
-            cells = [_fmt(res.get("LUT")), _fmt(res.get("FF")), _fmt(res.get("DSP")), _fmt(res.get("BRAM")),
+            # The iCE40 UltraPlus's SPRAM blocks (the iCEBreaker SoC's data memory) beside its block RAM.
+            bram = _fmt(res.get("BRAM")) + (f" + {res['SPRAM']} SPRAM" if res.get("SPRAM") else "")
+            cells = [_fmt(res.get("LUT")), _fmt(res.get("FF")), _fmt(res.get("DSP")), bram,
                      _fmt(pnr["fmax_mhz"] if final else None), _fmt(r["clock_mhz"]),
                      "yes" if pnr["met"] else "**no**", _fmt(pnr["seconds"])]
             if final and not pnr["met"] and pnr.get("critical_path"):
