@@ -97,8 +97,8 @@ class ShiftHarness(Elaboratable):
 
 class SocBoard(Elaboratable):
     """The SoC (hw/soc.py) on a board: clock and reset as :func:`board_clock`, the UART on the board's
-    USB-serial pins (resource ``uart`` 0), the CPU's trap and the array's error on LEDs 0 and 1 where the
-    board has them. Unlike :class:`ShiftHarness` this is the design a user flashes: it talks to the host."""
+    USB-serial pins (resource ``uart`` 0), the CPU's trap and the peripheral's error (the tile array's, or the
+    HCCS unit's sticky status) on LEDs 0 and 1 where the board has them. Unlike :class:`ShiftHarness` this is the design a user flashes: it talks to the host."""
 
     def __init__(self, soc, pll: PllSetting):
         self.soc = soc

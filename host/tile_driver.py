@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from somatile.host import protocol, url_options
-from somatile.host.device import (Device, DeviceError, DeviceInfo, ProtocolError, Transport, UnsupportedCommand, as_int8,
-                                  as_integers)
+from somatile.host.device import (Device, DeviceError, DeviceInfo, ProtocolError, Transport, UnsupportedCommand,
+                                  as_int8, as_integers)
 from somatile.hw import regmap
 from somatile.hw.tile_params import TILE_PARAMS
 

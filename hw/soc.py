@@ -3,9 +3,10 @@ CPU's peripheral, either the tile array on the firmware's tile bus or the HCCS u
 
 Parts (none of the CPU or the UART is written here):
 
-- **CPU**: PicoRV32 (``pythondata-cpu-picorv32``, ``verilog/picorv32.v``), RV32IM (``cpu="picorv32"``) or RV32I
-  without the barrel shifter (``"picorv32_rv32i"``; ``soc_map.CPU_OPTIONS``) with the cycle counters, on its native memory interface. It starts at
-  :data:`CODE_BASE`; a trap (illegal instruction, misaligned access) stops it and raises the ``trap`` output.
+- **CPU**: PicoRV32 (``pythondata-cpu-picorv32``, ``verilog/picorv32.v``): RV32IM (``cpu="picorv32"``), or RV32I
+  without the barrel shifter (``"picorv32_rv32i"``; ``soc_map.CPU_OPTIONS``), with the cycle counters, on its
+  native memory interface. It starts at :data:`CODE_BASE`; a trap (illegal instruction, misaligned access)
+  stops it and raises the ``trap`` output.
 - **Code memory** at :data:`CODE_BASE`: ``code_bytes`` of block RAM whose initial contents are the firmware
   image (``.text``, ``.rodata``, ``.data``), words little-endian. Writable, so ``.data`` needs no copy.
 - **Data memory** at :data:`DATA_BASE`: ``data_bytes`` without initial contents (``.bss`` and the stack, which
