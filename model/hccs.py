@@ -494,12 +494,17 @@ def _hccs_flat(x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out):
             inv16 = np.uint16(inv)
             # A div row sums to at most 255 << 15 before the shift, so only clb can exceed 255.
             saturates = mode_code == MODE_CLB
-            if every:
+            if every and saturates:
                 for i in range(n):
                     v = np.int8(x[x0 + np.uint64(i)])
                     d = np.uint16(np.uint8(m - (v if v > lo else lo)))
                     p = mulhi_u16(np.uint16(twice_b - np.uint16(twice_s * d)), inv16)
-                    out[x0 + np.uint64(i)] = cap16 if saturates and p > cap16 else p
+                    out[x0 + np.uint64(i)] = p if p < cap16 else cap16
+            elif every:
+                for i in range(n):
+                    v = np.int8(x[x0 + np.uint64(i)])
+                    d = np.uint16(np.uint8(m - (v if v > lo else lo)))
+                    out[x0 + np.uint64(i)] = mulhi_u16(np.uint16(twice_b - np.uint16(twice_s * d)), inv16)
             else:
                 for i in range(n):
                     v = np.int8(x[x0 + np.uint64(i)])
