@@ -235,13 +235,14 @@ def _accumulate_rows(acc, group, prob, p0, values, c, slots, D, keep):
 
 
 @numba.njit(cache=True, nogil=True)
-def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p, codes, layer, out):
+def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, write_pos, fill, step, p, codes, layer, out):
     """The token loop. Work is blocked by KV head: its ``group`` query heads score and accumulate against
     the same key and value rows while they are in L1, sinks and ring in separate loops (no per-slot branch
     between the two arrays). The ring distance is linear in the slot on either side of ``write_pos``, so
     the logits need no distance table; once every slot is valid the normaliser takes its unmasked path.
     ``layer`` holds the per-layer integers in LAYER_FIELDS order (one array: a numba call costs per
-    argument)."""
+    argument). The state's counters come in as integers and go back as the returned (write_pos, fill, step):
+    an array for them cost a numpy construction and a ``tolist`` per call."""
     (include_self, gated, field_keys, profile, hccs_mode, gamma_q15, logit_lo, logit_hi, out_lo,
      out_hi) = (layer[0] != 0, layer[1] != 0, layer[2] != 0, layer[3], layer[4], layer[5], layer[6], layer[7],
                 layer[8], layer[9])
@@ -260,6 +261,8 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
     flat_prob = prob.reshape(-1)
     acc = np.zeros((group, D), np.int32)
     lag = 0 if include_self else 1
+    counters = np.empty(3, np.int64)
+    counters[0], counters[1], counters[2] = write_pos, fill, step
     for t in range(T):
         if include_self:
             _write(ring_k, ring_v, sink_k, sink_v, counters, k[t], v[t])
@@ -316,6 +319,7 @@ def _run(q, k, v, ring_k, ring_v, sink_k, sink_v, field, gate_field, counters, p
         _field_update(field, k[t] if field_keys else v[t], gamma_q15)
         if gated:
             _field_update(gate_field, k[t], gamma_q15)
+    return counters[0], counters[1], counters[2]
 
 
 def normalise_int(cfg, x3: np.ndarray, valid3: np.ndarray) -> np.ndarray:
@@ -372,8 +376,7 @@ def run(cfg, st, q, k, v) -> np.ndarray:
     """T integer decode steps (same contract as soma_int.run_spec); ``st`` is updated in place."""
     plan = _plan(cfg)
     out = np.empty(q.shape, plan.out_dtype)
-    counters = np.array([st.write_pos, st.fill, st.step], np.int64)
-    _run(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), st.ring_k, st.ring_v,
-         st.sink_k, st.sink_v, st.field, st.gate_field, counters, plan.params, plan.codes, plan.layer, out)
-    st.write_pos, st.fill, st.step = counters.tolist()
+    st.write_pos, st.fill, st.step = _run(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
+                                          st.ring_k, st.ring_v, st.sink_k, st.sink_v, st.field, st.gate_field,
+                                          st.write_pos, st.fill, st.step, plan.params, plan.codes, plan.layer, out)
     return out
