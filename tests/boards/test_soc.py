@@ -74,6 +74,7 @@ def test_a_stalled_tile_is_a_timeout_error_and_its_late_answer_is_not_taken_for_
         host.configure(cfg)
         host.reset()
         dev.simulation.hold(True)
+        dev.simulation.cycles()  # the bench reads its commands in order: the hold is on once this answers
         with pytest.raises(DeviceError, match="TILE_TIMEOUT"):
             host.decode(q[:1], k[:1], v[:1])
         dev.simulation.hold(False)
