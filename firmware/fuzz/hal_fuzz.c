@@ -77,9 +77,12 @@ int hal_stream_pop(unsigned tile, uint8_t *buf, size_t cap, uint32_t timeout_ms,
     memcpy(buf, last_command, n < last_command_len ? n : last_command_len);
     buf[0] = SOMATILE_FRAME_MAGIC;
     buf[3] = 0;
-    /* REG_READ of API_LEVEL must agree, or HELLO is (correctly) refused every time. */
+    /* REG_READ of API_LEVEL must agree, or HELLO is (correctly) refused every time; the commands register
+     * names every command, so that RESET sends RESET_STATE too. */
     if (last_command[1] == SOMATILE_OP_REG_READ)
-        fw_put_u32(buf + 8, SOMATILE_API_LEVEL + (current_fault == FAULT_WRONG_LEVEL));
+        fw_put_u32(buf + 8, fw_get_u32(last_command + 8) == SOMATILE_REG_INFO_COMMANDS
+                                ? SOMATILE_COMMANDS
+                                : SOMATILE_API_LEVEL + (current_fault == FAULT_WRONG_LEVEL));
     if (current_fault == FAULT_REFUSED)
         buf[3] = 1;
     if (current_fault == FAULT_FOREIGN)
