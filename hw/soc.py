@@ -68,6 +68,8 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from somatile.hw.array import TileArray
+from somatile.hw.hccs import HCCS
 from somatile.hw.soc_map import (CODE_BASE, CPU_OPTIONS, DATA_BASE, DATA_RAMS, HCCS_FIELDS, HCCS_IN_FIFO, PERIPHERALS,
                                  REGISTERS, SPRAM_PAIR_BYTES, TILE_TX_FIFO, UART_RX_FIFO, cpu_sources)
 
@@ -83,8 +85,8 @@ class Soc(wiring.Component):
 
     ``image``: the firmware (bytes, at most ``code_bytes``); ``uart_div``: the divider after reset (the
     firmware sets it again); ``peripheral``: one of :data:`~somatile.hw.soc_map.PERIPHERALS`; ``unit_kwargs``:
-    the peripheral's (``BoardConfig.array_kwargs`` for the tile array, ``BoardConfig.hccs_kwargs`` with one lane
-    for the HCCS unit); ``data_ram``: one of :data:`~somatile.hw.soc_map.DATA_RAMS`.
+    the peripheral's (``BoardConfig.array_kwargs`` for the tile array; ``BoardConfig.hccs_kwargs`` of one lane
+    and ``soc_map.HCCS_DIV_BITS`` for the HCCS unit); ``data_ram``: one of :data:`~somatile.hw.soc_map.DATA_RAMS`.
     """
 
     def __init__(self, *, image: bytes, code_bytes: int, data_bytes: int, uart_div: int, cpu: str = "picorv32",
@@ -105,12 +107,8 @@ class Soc(wiring.Component):
         self.uart_div, self.cpu, self.peripheral, self.data_ram = uart_div, cpu, peripheral, data_ram
         self.sources = cpu_sources(cpu)
         if peripheral == "tile_array":
-            from somatile.hw.array import TileArray
-
             self.unit = TileArray(**unit_kwargs)
         else:
-            from somatile.hw.hccs import HCCS
-
             self.unit = HCCS(**unit_kwargs)
             if self.unit.config.lanes != 1:
                 raise ValueError(f"lanes = {self.unit.config.lanes}: the HCCS registers carry one element per "
