@@ -314,6 +314,7 @@ FEED_INDEX_COPIES = 4  # copies of the HCCS feed's beat index, each selecting a 
 FEED_LATENCY = 1
 """Cycles the decode row's beats spend in the register slice in front of the HCCS unit."""
 SAMPLE_COPIES = 4  # copies of the decode unit's idle flag, each enabling a share of the head parameter registers
+PROB_GROUP_COPIES = 4  # copies of the weighted sum's probability group index, each selecting a share of its bits
 WEIGHTED_DEPTH = READ_LATENCY + 3
 """WEIGHTED SUM: read, then the probability and value operands registered, then their products (2: partial
 products in pairs, then their sum)."""
@@ -813,11 +814,21 @@ class WeightedStage(wiring.Component):
         # The near-field probability of slot n in two registered steps (a group of 8 slots addressed a stage
         # early, then the slot): in one step, a 72:1 byte select behind the tag line's index does not fit a cycle.
         group_bits = 3
-        # n_group: the n of at(READ_LATENCY - 2) in a register of its own (the tag line's reaches many loads).
+        # n_group: the n of at(READ_LATENCY - 2) in registers of its own (the tag line's reaches many loads), a
+        # copy for each share of the group's bits (one index steering all of their multiplexers was the ULX3S
+        # tile's third-longest path).
         assert READ_LATENCY - 2 == 1
-        n_group = reg(m, self.n_issue >> group_bits, "prob_group_index")
-        padded = Cat(self.probs, Const(0, -len(self.probs) % (bits << group_bits)))
-        prob_group = reg(m, padded.word_select(n_group, bits << group_bits), "prob_group")
+        group_width = bits << group_bits
+        padded = Cat(self.probs, Const(0, -len(self.probs) % group_width))
+        shares = PROB_GROUP_COPIES
+        share_bits = group_width // shares
+        n_group = Replicated(range(len(padded) // group_width), shares, "prob_group_index")
+        m.d.sync += n_group.eq(self.n_issue >> group_bits)
+        prob_group = Signal(group_width, name="prob_group", reset_less=True)
+        for s in range(shares):
+            choices = Array(padded[g * group_width + s * share_bits:][:share_bits]
+                            for g in range(len(padded) // group_width))
+            m.d.sync += prob_group[s * share_bits:(s + 1) * share_bits].eq(choices[n_group.copy(s)])
         prob_reg = reg(m, prob_group.word_select(n_prob_read[:group_bits], bits), "prob_bits_sel")
         # The probability in one copy per value lane (each copy feeds one multiplier).
         prob = Replicated(unsigned(bits), L, "prob")
