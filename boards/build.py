@@ -423,12 +423,13 @@ def uses_tile_opts(cfg: BoardConfig, top: str) -> bool:
 
 def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True) -> dict[str, str]:
     """The amaranth build options of an FPGA board for one ``top``: nextpnr's router from the board file
-    (``fpga.router`` for the HCCS unit, ``fpga.tile_router`` and ``fpga.tile_nextpnr_opts`` for the tile and
-    the array) and
+    (``fpga.router`` for the HCCS unit, ``fpga.tile_router``, ``fpga.tile_placer`` and ``fpga.tile_nextpnr_opts``
+    for the tile, the array and the SoC) and
     ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
+    placer = "" if top == "hccs" else f" --placer {cfg.fpga['tile_placer']}"
     more = " " + cfg.fpga["tile_nextpnr_opts"] if extra and uses_tile_opts(cfg, top) else ""
-    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{more}",
+    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{placer}{more}",
                "script_after_read": f"{REPLICA_SCRIPT}\n{FSM_SCRIPT}"}
     if cfg.fpga["device"].startswith("iCE40UP"):
         options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for

@@ -127,6 +127,9 @@ FPGA_SCHEMA: dict[str, Param] = {
     "tile_router": Param(str, _one_of("router1", "router2"),
                          "nextpnr router for the tile and the tile array (optional, default router1; router2 "
                          "finishes designs on which router1 stalls, router1 gives the faster small units)"),
+    "tile_placer": Param(str, _one_of("heap", "static"),
+                         "nextpnr placer for the tile, the tile array and the SoC (optional, default heap; "
+                         "static, the electrostatic placer, spreads a large design with fewer long routes)"),
     "tile_nextpnr_opts": Param(str, _nextpnr_options,
                                "further nextpnr options for the tile and the tile array, e.g. '--tmg-ripup' "
                                "(router2 rips up timing-critical nets again; it may not stop: on the reduced "
@@ -141,7 +144,7 @@ FPGA_SCHEMA: dict[str, Param] = {
 }
 # Keys of a section that a board file may leave out.
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
-                                                        "dsp_registers": "fabric", "tile_nextpnr_opts": "",
+                                                        "tile_placer": "heap", "dsp_registers": "fabric", "tile_nextpnr_opts": "",
                                                         "tile_opts_budget_s": 1200.0},
                                                "soc": {"peripheral": "tile_array", "data_ram": "block"}}
 

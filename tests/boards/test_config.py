@@ -112,6 +112,8 @@ def _write(tmp_path, name, text):
      "key 'fpga.router': got 'router3', expected one of router1, router2"),
     ("extends: ulx3s_85f\nfpga: {tile_router: 2}\n",
      "key 'fpga.tile_router': got 2 (int), expected a string"),
+    ("extends: ulx3s_85f\nfpga: {tile_placer: sa}\n",
+     "key 'fpga.tile_placer': got 'sa', expected one of heap, static"),
     ("extends: icebreaker\nfpga: {dsp_registers: packed}\n",
      "key 'fpga.dsp_registers': got 'packed', expected 'fabric' for family 'ice40'"),
     ("extends: ulx3s_85f\nfpga: {dsp_registers: inside}\n",
@@ -182,6 +184,10 @@ def test_the_nextpnr_routers_default_to_router1_and_reach_the_build_script_of_th
         options = build.toolchain_options(cfg, top)
         assert f"--router {router}" in options["nextpnr_opts"], top
         assert "--tmg-ripup" not in options["nextpnr_opts"]  # icebreaker sets no further options
+    assert ice.fpga["tile_placer"] == "heap"  # the placer: nextpnr's default unless the board names another
+    placed = boards.load(_write(tmp_path, "st", "extends: icebreaker\nfpga: {tile_placer: static}\n"))
+    assert [("--placer static" in build.toolchain_options(placed, top)["nextpnr_opts"]) for top in
+            ("hccs", "tile", "array", "soc")] == [False, True, True, True]
     ulx3s = boards.load("ulx3s_85f")
     assert ulx3s.fpga["tile_nextpnr_opts"] == "--tmg-ripup" and ulx3s.fpga["tile_opts_budget_s"] == 1200.0
     assert [("--tmg-ripup" in build.toolchain_options(ulx3s, top)["nextpnr_opts"]) for top in
