@@ -475,7 +475,7 @@ class ScoreStage(wiring.Component):
     and of q (through ``q``), one (slot, chunk) item per cycle as ``read_item`` (the tag line at READ_LATENCY)
     names it; ``counters`` and ``head`` are constant while it runs. Writes ``row`` (:func:`row_layout`), slot by
     slot in issue order, :meth:`depth` cycles after the address of the slot's last chunk. Throughput one chunk
-    per cycle; no backpressure. ``accumulate_item`` is the tag line at :meth:`accumulate_stage`.
+    per cycle; no backpressure. ``accumulate_item`` is the tag line a cycle before :meth:`accumulate_stage`.
     """
 
     def __init__(self, params: TileParams):
@@ -528,14 +528,20 @@ class ScoreStage(wiring.Component):
         partial = terms[0]
         acc = Signal(signed(32))
         dot = Signal(signed(32))
-        v_acc, last_acc, n_acc, c_acc = (self.accumulate_item[f] for f in ("valid", "last", "n", "c"))
+        # The item's tags and its chunk comparisons in registers of the accumulator's own, from the tag line a
+        # stage early: compared in the accumulator's cycle, the tag line's chunk reached the 32-bit adder and the
+        # enables of acc and dot through two levels of logic (the ULX3S array's critical path, static placer).
+        item = self.accumulate_item
+        v_acc = reg(m, item.valid, "acc_valid", reset_less=False)
+        last_acc, n_acc = reg(m, item.last, "acc_last"), reg(m, item.n, "acc_slot")
+        first_chunk, last_chunk = reg(m, item.c == 0, "acc_first_chunk"), reg(m, item.c == chunks - 1, "acc_last_chunk")
         dot_tags = Signal(2 + n_bits)  # valid, last, slot of `dot`
         m.d.sync += dot_tags.eq(0)
         with m.If(v_acc):
-            with m.If(c_acc == chunks - 1):
-                m.d.sync += [dot.eq(Mux(c_acc == 0, 0, acc) + partial), dot_tags.eq(Cat(1, last_acc, n_acc))]
+            with m.If(last_chunk):
+                m.d.sync += [dot.eq(Mux(first_chunk, 0, acc) + partial), dot_tags.eq(Cat(1, last_acc, n_acc))]
             with m.Else():
-                m.d.sync += acc.eq(Mux(c_acc == 0, 0, acc) + partial)
+                m.d.sync += acc.eq(Mux(first_chunk, 0, acc) + partial)
         s += 1
 
         # Logit of the completed dot product: x = sat(rshift_round(dot * score_mult, score_shift) -
@@ -1394,7 +1400,7 @@ class SomaDecode(wiring.Component):
         m.submodules.scores = scores = ScoreStage(p)
         m.d.comb += [scores.head.eq(par), scores.counters.eq(mover.counters), scores.k_word.eq(rd_word),
                      scores.read_item.eq(item(READ_LATENCY, PHASE_SCORES)),
-                     scores.accumulate_item.eq(item(ScoreStage.accumulate_stage(p), PHASE_SCORES))]
+                     scores.accumulate_item.eq(item(ScoreStage.accumulate_stage(p) - 1, PHASE_SCORES))]
         rams.q.serve(scores.q)
         row = scores.row
         if paper:

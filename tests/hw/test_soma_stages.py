@@ -72,7 +72,7 @@ def run_score_stage(p, q, K, counters, head):
     issuer = Issuer(m, p, ScoreStage.depth(p) + 1)
     q_words = ram_words(q, np.int8, p)
     m.d.comb += [stage.read_item.eq(issuer.item(READ_LATENCY, PHASE_SCORES)),
-                 stage.accumulate_item.eq(issuer.item(ScoreStage.accumulate_stage(p), PHASE_SCORES)),
+                 stage.accumulate_item.eq(issuer.item(ScoreStage.accumulate_stage(p) - 1, PHASE_SCORES)),
                  stage.q.data.eq(Array(q_words)[stage.q.addr])]
     issued, rows = [(n, c) for n in range(slots) for c in range(chunks)], {}
 
