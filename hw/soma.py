@@ -831,10 +831,10 @@ class WeightedStage(wiring.Component):
         n_group = Replicated(range(len(padded) // group_width), shares, "prob_group_index")
         m.d.sync += n_group.eq(self.n_issue >> group_bits)
         prob_group = Signal(group_width, name="prob_group", reset_less=True)
-        for s in range(shares):
-            choices = Array(padded[g * group_width + s * share_bits:][:share_bits]
+        for share in range(shares):
+            choices = Array(padded[g * group_width + share * share_bits:][:share_bits]
                             for g in range(len(padded) // group_width))
-            m.d.sync += prob_group[s * share_bits:(s + 1) * share_bits].eq(choices[n_group.copy(s)])
+            m.d.sync += prob_group[share * share_bits:(share + 1) * share_bits].eq(choices[n_group.copy(share)])
         prob_reg = reg(m, prob_group.word_select(n_prob_read[:group_bits], bits), "prob_bits_sel")
         # The probability in one copy per value lane (each copy feeds one multiplier).
         prob = Replicated(unsigned(bits), L, "prob")
