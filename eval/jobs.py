@@ -6,8 +6,16 @@ a callback in the order the jobs were given, whatever order they finish in, so a
 gets the same output serially, with ``jobs=2`` and on a cluster.
 
 - ``jobs=1`` runs in this process (no pickling; what a debugger wants).
-- ``jobs=N`` (default: the cores this process may use) runs a ``concurrent.futures`` process pool with the
-  ``spawn`` start method: numba and OpenBLAS hold threads and locks that a forked child would inherit.
+- ``jobs=N`` (default: the cores this process may use) runs a ``concurrent.futures`` process pool. On Linux
+  its workers are forked (:func:`start_method`): they inherit what the caller already loaded (the model's
+  weights, numba's compiled kernels), so a worker costs nothing to start; a spawned worker re-imported
+  somatile and re-read the weights (about 5 s for SmolLM2), which on two cores cost a third of the parallel
+  run of a small evaluation. A fork is safe only when no other thread holds a lock the child could need, so
+  the pool forks only when this process runs no other Python thread (tqdm's monitor thread is stopped first;
+  the row kernels' thread pools or an in-process Dask cluster make it spawn); eval runs with
+  ``OPENBLAS_NUM_THREADS=1`` and switches the tokenizer's native thread pool off in the children
+  (``TOKENIZERS_PARALLELISM``). Elsewhere (macOS, whose system frameworks are not fork-safe, and Windows) the
+  workers are spawned.
 - ``cluster="tcp://HOST:PORT"`` submits to a running ``dask.distributed`` scheduler (Dask rather than Ray:
   it installs from pip as pure Python, runs the same ``Client`` against a laptop's ``LocalCluster`` or a
   cluster's scheduler, and needs no object store or runtime environment beyond the workers' own install of
@@ -21,6 +29,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Sequence
 
@@ -28,6 +38,27 @@ from typing import Any, Callable, Sequence
 def default_jobs() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def start_method() -> str:
+    """The process pool's start method: ``fork`` on Linux when this process runs no other Python thread
+    (after :func:`_quiet_threads_before_fork`), else ``spawn`` (macOS and Windows, or a caller with threads
+    of its own, for example an in-process Dask cluster, whose locks a forked child could inherit taken)."""
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    _quiet_threads_before_fork()
+    return "fork" if threading.active_count() == 1 else "spawn"
+
+
+def _quiet_threads_before_fork() -> None:
+    """Stop the helper threads a forked child would inherit in an unknown state (see the module docstring)."""
+    from tqdm import tqdm
+    tqdm.monitor_interval = 0   # no new monitor thread from the bars created while jobs run
+    monitor = getattr(tqdm, "monitor", None)
+    if monitor is not None:
+        monitor.exit()
+        tqdm.monitor = None
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def check(jobs: int | None, cluster: str | None) -> int:
@@ -87,7 +118,7 @@ def run(fn: Callable[[Any], Any], jobs: Sequence[Any], *, n_jobs: int | None = N
                 except Exception as exc:  # noqa: BLE001 - reported with the job's label below
                     finish(i, error=exc)
         elif cluster is None:
-            ctx = multiprocessing.get_context("spawn")
+            ctx = multiprocessing.get_context(start_method())
             with ProcessPoolExecutor(max_workers=min(n, max(len(jobs), 1)), mp_context=ctx) as pool:
                 pending = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
                 while pending:

@@ -22,6 +22,8 @@ below; RTL, firmware and host code import them instead of re-declaring them.
 
 from __future__ import annotations
 
+import os
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -574,6 +576,8 @@ def row_chunks(rows: int, threads: int) -> list[slice]:
 
 _pools: dict = {}
 """Worker pools of :func:`run_threaded` by thread count, kept for the process's life."""
+# A forked child (somatile.eval.jobs' workers) has none of its parent's pool threads: it starts its own.
+os.register_at_fork(after_in_child=_pools.clear)
 
 
 def run_threaded(kernel, jobs: list[tuple], threads: int) -> None:

@@ -93,3 +93,4 @@ def test_minilm_eval_is_the_same_serial_parallel_and_on_a_cluster(tmp_path, clus
     serial = outcome("--jobs", "1")
     assert outcome("--jobs", "2") == serial
     assert outcome("--cluster", cluster_address) == serial
+
