@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.core.imputils import impl_ret_borrowed
 from numba.cpython.unsafe.numbers import leading_zeros
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 from numba.np.arrayobj import make_array, populate_array
 
 INPUT_BITS = 8
@@ -121,24 +121,36 @@ def check_params(B, S, dmax, cols: int, heads: int = 1, *, allow_zero_floor: boo
     """
     if cols < 1:
         raise ValueError(f"rows are empty (cols = {cols}); HCCS needs at least one element per row")
+    if type(B) is int and type(S) is int and type(dmax) is int:
+        # The common call (one int each, shared by the heads), checked once and made into one array: the
+        # general path's three arrays and their round trip cost 2 us a call, a tenth of a 4096 x 128 kernel.
+        _check_head(B, S, dmax, cols, allow_zero_floor, "")
+        arr = np.array((B, S, dmax), np.int64)
+        if heads > 1:
+            arr = arr.repeat(heads)
+        return arr[:heads], arr[heads:2 * heads], arr[2 * heads:]
     B, S, dmax = (per_head(n, v, heads) for n, v in (("B", B), ("S", S), ("dmax", dmax)))
     for h, (b, s, dm) in enumerate(zip(B.tolist(), S.tolist(), dmax.tolist())):
-        where = f"head {h}: " if heads > 1 else ""
-        for name, val, lo, hi in (("B", b, B_MIN, B_MAX), ("S", s, S_MIN, S_MAX), ("dmax", dm, DMAX_MIN, DMAX_MAX)):
-            if not lo <= val <= hi:
-                raise ValueError(f"{where}{name} = {val} is outside {lo}..{hi}")
-        floor = b - s * dm
-        if floor < 0:
-            raise ValueError(f"{where}B - S*dmax = {b} - {s}*{dm} = {floor} < 0; rule B >= S*dmax "
-                             f"(scores must stay non-negative)")
-        if not allow_zero_floor and cols * floor < MIN_FLOOR_MASS:
-            raise ValueError(f"{where}cols*(B - S*dmax) = {cols}*{floor} = {cols * floor} < {MIN_FLOOR_MASS}; "
-                             f"rule: floor mass >= {MIN_FLOOR_MASS} keeps the reciprocal within int16 "
-                             f"(pass allow_zero_floor=True for the seed's single-c form S=1, B=dmax=c)")
-        if cols * b > MAX_ROW_MASS:
-            raise ValueError(f"{where}cols*B = {cols}*{b} = {cols * b} > {MAX_ROW_MASS}; rule: the row sum "
-                             f"must fit int16 (lower B or S)")
+        _check_head(b, s, dm, cols, allow_zero_floor, f"head {h}: " if heads > 1 else "")
     return B, S, dmax
+
+
+def _check_head(b: int, s: int, dm: int, cols: int, allow_zero_floor: bool, where: str) -> None:
+    """The rules of :func:`check_params` for one head's integers; errors start with ``where``."""
+    for name, val, lo, hi in (("B", b, B_MIN, B_MAX), ("S", s, S_MIN, S_MAX), ("dmax", dm, DMAX_MIN, DMAX_MAX)):
+        if not lo <= val <= hi:
+            raise ValueError(f"{where}{name} = {val} is outside {lo}..{hi}")
+    floor = b - s * dm
+    if floor < 0:
+        raise ValueError(f"{where}B - S*dmax = {b} - {s}*{dm} = {floor} < 0; rule B >= S*dmax "
+                         f"(scores must stay non-negative)")
+    if not allow_zero_floor and cols * floor < MIN_FLOOR_MASS:
+        raise ValueError(f"{where}cols*(B - S*dmax) = {cols}*{floor} = {cols * floor} < {MIN_FLOOR_MASS}; "
+                         f"rule: floor mass >= {MIN_FLOOR_MASS} keeps the reciprocal within int16 "
+                         f"(pass allow_zero_floor=True for the seed's single-c form S=1, B=dmax=c)")
+    if cols * b > MAX_ROW_MASS:
+        raise ValueError(f"{where}cols*B = {cols}*{b} = {cols * b} > {MAX_ROW_MASS}; rule: the row sum "
+                         f"must fit int16 (lower B or S)")
 
 
 def as_heads(x: np.ndarray, mask, name: str = "x", *, floating: bool = False, dtype=np.int8):
@@ -368,6 +380,269 @@ def chunk_distance_sum(typingctx, x, start, chunks, m, lo):
     return types.int64(x, types.uint64, types.int64, types.int8, types.int8), codegen
 
 
+def _has_vbmi(context) -> bool:
+    """True when numba compiles for a target with AVX-512 VBMI (vpermi2b, a 128-byte table lookup). numba
+    keys its on-disk cache by the same feature string, so code chosen here never runs on another CPU."""
+    return "+avx512vbmi" in context.codegen()._tm_features.split(",")
+
+
+def _table_entries(first: int) -> list[int]:
+    """Distances of the 32 uint16 lanes of each operand of x86 ``packuswb`` (which interleaves its two
+    operands in 8-lane groups per 128-bit lane) so that the packed bytes hold distances first..first+63 in
+    order: one pack instruction per 64 table entries, no lane permutation after it."""
+    return [first + 16 * lane + 8 * half + i for half in (0, 1) for lane in range(4) for i in range(8)]
+
+
+WIDE_INV_TOTAL = 128
+"""Row totals below this give a uint8 reciprocal of 2^16 or more (div: 255 << 15 // 127 = 65793; clb: k <= 6),
+which the uint16 lanes of :func:`rows_uint8` cannot hold; only masks or ``allow_zero_floor`` reach them."""
+
+ROW_GROUP = 4
+"""Rows that :func:`rows_uint8` computes side by side (its shared reductions pair rows twice: 4)."""
+
+
+def _emit_rows(context, builder, x_type, out_type, x_arr, out_arr, starts, n, B, S, dmax, mode):
+    """The IR of :func:`rows_uint8` for the rows at the flat offsets ``starts`` (1 or ROW_GROUP of them);
+    returns their totals as a <rows x i64> vector."""
+    count = len(starts)
+    i1, i8, i16, i32, i64 = (ir.IntType(w) for w in (1, 8, 16, 32, 64))
+    bytes_ = ir.VectorType(i8, VECTOR_LANES)
+    half_words = ir.VectorType(i16, VECTOR_LANES // 2)
+    words = ir.VectorType(i16, VECTOR_LANES)
+    in_width, out_width = x_type.dtype.bitwidth, out_type.dtype.bitwidth
+    x_data = make_array(x_type)(context, builder, x_arr).data
+    out_data = make_array(out_type)(context, builder, out_arr).data
+    vbmi = _has_vbmi(context)
+    lanes = ir.Constant(i64, VECTOR_LANES)
+    last = builder.sub(n, lanes)
+    every_row = range(count)
+
+    def function(name, result, *params):
+        return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, list(params)), name)
+
+    def const(vector_type, values):
+        return ir.Constant(vector_type, list(values))
+
+    def load(row, offset):
+        ptr = builder.gep(x_data, [builder.add(starts[row], offset)])
+        chunk = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(in_width), VECTOR_LANES).as_pointer()),
+                             align=1)
+        return chunk if in_width == 8 else builder.trunc(chunk, bytes_)
+
+    def smax(a, b):
+        return builder.select(builder.icmp_signed(">", a, b), a, b)
+
+    def shuffle(a, b, mask):
+        return builder.shuffle_vector(a, b, const(ir.VectorType(i32, len(mask)), mask))
+
+    def chunk_offsets(body):
+        # ceil(n / 64) chunks, the last one moved back to end at n (overlapping its predecessor).
+        steps = builder.udiv(builder.add(n, ir.Constant(i64, VECTOR_LANES - 1)), lanes)
+        with cgutils.for_range(builder, steps) as loop:
+            offset = builder.mul(loop.index, lanes)
+            body(builder.select(builder.icmp_signed("<", offset, last), offset, last))
+
+    # The max of each row, as a vector of ROW_GROUP 16-byte groups (or one whole vector) holding it in every
+    # byte; the halving steps of the rows share their instructions when the rows share a vector.
+    tops = [cgutils.alloca_once_value(builder, const(bytes_, [-128] * VECTOR_LANES)) for _ in every_row]
+
+    def fold_max(offset):
+        for r in every_row:
+            builder.store(smax(load(r, offset), builder.load(tops[r])), tops[r])
+
+    chunk_offsets(fold_max)
+    tops = [builder.load(t) for t in tops]
+    if count == ROW_GROUP:
+        half, quarter = VECTOR_LANES // 2, VECTOR_LANES // 4
+        pairs = [smax(shuffle(a, b, [*range(half), *range(VECTOR_LANES, VECTOR_LANES + half)]),
+                      shuffle(a, b, [*range(half, VECTOR_LANES), *range(VECTOR_LANES + half, 2 * VECTOR_LANES)]))
+                 for a, b in (tops[:2], tops[2:])]
+        group = smax(*(shuffle(pairs[0], pairs[1], [g * half + i + part for g in range(4) for i in range(quarter)])
+                       for part in (0, quarter)))
+        width = quarter
+    else:
+        group, width = tops[0], VECTOR_LANES
+    step = width // 2
+    while step:
+        # Rotate each group by ``step`` bytes: every byte ends up with its group's max.
+        group = smax(group, shuffle(group, group, [i - i % width + (i % width + step) % width
+                                                  for i in range(VECTOR_LANES)]))
+        step //= 2
+    floors = builder.call(function(f"llvm.ssub.sat.v{VECTOR_LANES}i8", bytes_, bytes_, bytes_),
+                          [group, _splat(builder, builder.trunc(dmax, i8), bytes_)])
+    row_lanes = [[i % width + r * width for i in range(VECTOR_LANES)] for r in every_row]
+    tops = [shuffle(group, group, row_lanes[r]) for r in every_row]
+    floors = [shuffle(floors, floors, row_lanes[r]) for r in every_row]
+
+    def distances(r, offset):
+        # d = m - max(x, lo) with lo = max(m - dmax, -128): 0..dmax <= 127.
+        return builder.sub(tops[r], smax(load(r, offset), floors[r]))
+
+    # The distance sums. Two chunks' distances add in a byte; with AVX-512 each row's pairs are summed into
+    # eight 64-bit lanes (psadbw) and the rows reduced together at the end, elsewhere per pair.
+    if vbmi:
+        lanes8 = ir.VectorType(i64, 8)
+        psad = function("llvm.x86.avx512.psad.bw.512", lanes8, bytes_, bytes_)
+        zero_bytes = const(bytes_, [0] * VECTOR_LANES)
+        sums = [cgutils.alloca_once_value(builder, const(lanes8, [0] * 8)) for _ in every_row]
+
+        def accumulate(r, d):
+            builder.store(builder.add(builder.load(sums[r]), builder.call(psad, [d, zero_bytes])), sums[r])
+    else:
+        wide = ir.VectorType(i64, VECTOR_LANES)
+        reduce_add = function(f"llvm.vector.reduce.add.v{VECTOR_LANES}i64", i64, wide)
+        sums = [cgutils.alloca_once_value(builder, ir.Constant(i64, 0)) for _ in every_row]
+
+        def accumulate(r, d):
+            builder.store(builder.add(builder.load(sums[r]), builder.call(reduce_add, [builder.zext(d, wide)])), sums[r])
+
+    full = builder.udiv(n, lanes)
+    pair = ir.Constant(i64, 2 * VECTOR_LANES)
+    with cgutils.for_range(builder, builder.lshr(full, ir.Constant(i64, 1))) as loop:
+        offset = builder.mul(loop.index, pair)
+        for r in every_row:
+            accumulate(r, builder.add(distances(r, offset), distances(r, builder.add(offset, lanes))))
+    with builder.if_then(builder.trunc(full, i1)):
+        for r in every_row:
+            accumulate(r, distances(r, builder.mul(builder.sub(full, ir.Constant(i64, 1)), lanes)))
+    rem = builder.urem(n, lanes)
+    with builder.if_then(builder.icmp_unsigned("!=", rem, ir.Constant(i64, 0))):
+        # The last chunk ends at n; its first 64 - rem lanes belong to the chunk before.
+        fresh = builder.icmp_unsigned(">=", const(bytes_, range(VECTOR_LANES)),
+                                      _splat(builder, builder.trunc(builder.sub(lanes, rem), i8), bytes_))
+        for r in every_row:
+            accumulate(r, builder.select(fresh, distances(r, last), const(bytes_, [0] * VECTOR_LANES)))
+    rows_i64 = ir.VectorType(i64, count)
+    sums = [builder.load(s) for s in sums]
+    if vbmi:
+        if count > 1:
+            # Two rows' eight lanes halved at once: [a_lo + a_hi | b_lo + b_hi]; then the two pairs side by side.
+            sums = [builder.add(shuffle(a, b, [*range(4), *range(8, 12)]), shuffle(a, b, [*range(4, 8), *range(12, 16)]))
+                    for a, b in zip(sums[0::2], sums[1::2])]
+            sums = [shuffle(sums[0], sums[1], range(16))]
+        while sums[0].type.count > count:
+            # Halve every row's lanes: the first half of each row's lanes plus the second.
+            s = sums[0]
+            per_row = s.type.count // count
+            sums = [builder.add(*(shuffle(s, s, [r * per_row + part + i for r in every_row for i in range(per_row // 2)])
+                                  for part in (0, per_row // 2)))]
+        dsum = sums[0]
+    else:
+        dsum = ir.Constant(rows_i64, ir.Undefined)
+        for r in every_row:
+            dsum = builder.insert_element(dsum, sums[r], ir.Constant(i32, r))
+
+    def splat_rows(value):
+        return _splat(builder, value, rows_i64)
+
+    totals = builder.sub(splat_rows(builder.mul(B, n)), builder.mul(splat_rows(S), dsum))
+    # div: floor(NUM / total) through a float64 division, exact here: NUM < 2^23 and total <= 32767, so a
+    # quotient that is not an integer lies at least 2^-15 from one, far beyond the rounding error of 2^-30.
+    # A row total is >= 1 (the max element scores B >= 1). clb: NUM >> floor(log2 total).
+    rows_f64 = ir.VectorType(ir.DoubleType(), count)
+    quotient = builder.fptoui(builder.fdiv(ir.Constant(rows_f64, [float(UINT8_NUMERATOR)] * count),
+                                           builder.uitofp(totals, rows_f64)), rows_i64)
+    zeros = builder.call(function(f"llvm.ctlz.v{count}i64", rows_i64, rows_i64, i1), [totals, ir.Constant(i1, 1)])
+    shifted = builder.lshr(splat_rows(ir.Constant(i64, UINT8_NUMERATOR)),
+                           builder.sub(splat_rows(ir.Constant(i64, 63)), zeros))
+    inverse = builder.select(builder.icmp_signed("==", mode, ir.Constant(i64, MODE_DIV)), quotient, shifted)
+    # Rows with a total below WIDE_INV_TOTAL get outputs from a truncated reciprocal here; the caller
+    # recomputes them.
+    inverse = builder.trunc(inverse, ir.VectorType(i16, count))
+    twice_b, twice_s = (builder.trunc(builder.shl(v, ir.Constant(i64, 1)), i16) for v in (B, S))
+    dmax16 = builder.trunc(dmax, i16)
+
+    def mulhi(a, b):
+        fn = function(f"llvm.umul.fix.v{a.type.count}i16", a.type, a.type, a.type, i32)
+        return builder.call(fn, [a, b, ir.Constant(i32, 16)])
+
+    def scores(d):
+        # 2B - 2S*min(d, dmax): the clamp keeps the table's unused entries (d > dmax) in range too.
+        cap = _splat(builder, dmax16, d.type)
+        d = builder.select(builder.icmp_unsigned("<", d, cap), d, cap)
+        return builder.sub(_splat(builder, twice_b, d.type), builder.mul(_splat(builder, twice_s, d.type), d))
+
+    def row_inverse(r, vector_type):
+        return shuffle(inverse, inverse, [r] * vector_type.count)
+
+    if vbmi:
+        pack = function("llvm.x86.avx512.packuswb.512", bytes_, half_words, half_words)
+        permute = function("llvm.x86.avx512.vpermi2var.qi.512", bytes_, bytes_, bytes_, bytes_)
+        entries = [const(half_words, part) for first in (0, VECTOR_LANES) for e in [_table_entries(first)]
+                   for part in (e[:32], e[32:])]
+        table_scores = [scores(e) for e in entries]
+        tables = []
+        for r in every_row:
+            inv = row_inverse(r, half_words)
+            # packuswb saturates at 255 (its int16 input stays below 511): the clb cap for free.
+            tables.append([builder.call(pack, [mulhi(table_scores[2 * t], inv), mulhi(table_scores[2 * t + 1], inv)])
+                           for t in (0, 1)])
+
+        def outputs(r, d):
+            return builder.call(permute, [tables[r][0], d, tables[r][1]])
+    else:
+        inverses = [row_inverse(r, words) for r in every_row]
+        cap = const(words, [UINT8_MAX] * VECTOR_LANES)
+
+        def outputs(r, d):
+            p = mulhi(scores(builder.zext(d, words)), inverses[r])
+            return builder.trunc(builder.select(builder.icmp_unsigned("<", p, cap), p, cap), bytes_)
+
+    def store(offset):
+        for r in every_row:
+            result = outputs(r, distances(r, offset))
+            if out_width != 8:
+                result = builder.zext(result, ir.VectorType(ir.IntType(out_width), VECTOR_LANES))
+            ptr = builder.gep(out_data, [builder.add(starts[r], offset)])
+            builder.store(result, builder.bitcast(ptr, result.type.as_pointer()), align=1)
+
+    chunk_offsets(store)
+    return totals
+
+
+@intrinsic
+def rows_uint8(typingctx, x, out, start, n, B, S, dmax, mode_code, count):
+    """Integer HCCS of ``count`` (1 or ROW_GROUP, a literal) consecutive unmasked rows with uint8 output,
+    whole in vector code: the rows of ``n >= VECTOR_LANES`` int8 values of the flat integer array ``x`` from
+    element ``start`` (uint64) into ``out`` at the same offsets. Returns (the sum of the row totals, a bit
+    per row whose total is below :data:`WIDE_INV_TOTAL`): the caller recomputes those rows' outputs.
+
+    The passes of :func:`hccs_rows2` in the same lanes (max in int8, distances ``m - max(x_i, lo)`` summed
+    in pairs of chunks, output ``min(mulhi(2B - 2S*d_i, inv), 255)``) as straight vector code: the loop
+    vectoriser's version ran 128-element rows in its remainder loops and kept the row's state in stack
+    slots. ROW_GROUP rows side by side share the horizontal steps of the max and of the distance sums and
+    one vector division for the reciprocals, and give the processor independent work while one row waits
+    for its reductions. Chunks of 64 elements start at 0, 64, ... and the last at ``n - 64``: the max
+    and the output tolerate the overlap (the same values again), the distance sum masks the lanes already
+    counted.
+
+    Output: a row has at most 128 distinct distances (0..dmax), so on targets with AVX-512 VBMI the 128
+    outputs are computed once per row (four 32-lane multiplies and two saturating packs, whose cap at 255
+    is the clb saturation) and each chunk of 64 elements is then one ``vpermi2b`` table lookup; elsewhere
+    each chunk is computed in uint16 lanes."""
+    if not (_int_array(x) and _int_array(out) and isinstance(count, types.IntegerLiteral)
+            and count.literal_value in (1, ROW_GROUP)):
+        return None
+    rows = count.literal_value
+
+    def codegen(context, builder, signature, args):
+        x_arr, out_arr, start, n, B, S, dmax, mode, _ = args
+        i64 = ir.IntType(64)
+        starts = [builder.add(start, builder.mul(n, ir.Constant(i64, r))) for r in range(rows)]
+        totals = _emit_rows(context, builder, signature.args[0], signature.args[1], x_arr, out_arr, starts, n,
+                            B, S, dmax, mode)
+        total, wide = ir.Constant(i64, 0), ir.Constant(i64, 0)
+        for r in range(rows):
+            t = builder.extract_element(totals, ir.Constant(ir.IntType(32), r))
+            total = builder.add(total, t)
+            small = builder.icmp_signed("<", t, ir.Constant(i64, WIDE_INV_TOTAL))
+            wide = builder.or_(wide, builder.shl(builder.zext(small, i64), ir.Constant(i64, r)))
+        return context.make_tuple(builder, signature.return_type, [total, wide])
+
+    return types.UniTuple(types.int64, 2)(x, out, types.uint64, types.int64, types.int64, types.int64, types.int64,
+                                          types.int64, count), codegen
+
+
 @intrinsic
 def flat_view(typingctx, a):
     """The C-contiguous array ``a`` as a 1-D view of its elements: ``a.reshape(-1)`` without numba's general
@@ -414,8 +689,22 @@ def hccs_row(x_row, valid_row, B, S, dmax, mode_code, out_code, out_row):
     out_row: integer array of length N (int32, or the dtype of out_code), receives 0 at masked positions and
     the whole row 0 when no element takes part. Many rows of a head go faster through :func:`hccs_rows2`.
     """
-    return _hccs_flat(np.ascontiguousarray(x_row), np.ascontiguousarray(valid_row), valid_row.shape[0] == 0, 1,
-                      x_row.shape[0], B, S, dmax, mode_code, out_code, out_row)
+    return _hccs_any_out(np.ascontiguousarray(x_row), np.ascontiguousarray(valid_row), valid_row.shape[0] == 0, 1,
+                         x_row.shape[0], B, S, dmax, mode_code, out_code, out_row)
+
+
+def _hccs_any_out(x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out):
+    """:func:`_hccs_flat` for an ``out`` of any layout (a strided row of a larger array, in numba code)."""
+
+
+@overload(_hccs_any_out, jit_options={"nogil": True})
+def _hccs_any_out_impl(x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out):
+    if out.layout == "C":
+        return lambda x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out: _hccs_flat(
+            x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out)
+    # rows_uint8 stores whole vectors at consecutive addresses: strided rows take the general path.
+    return lambda x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out: _hccs_flat_rows(
+        x, valid, every, 0, rows, n, B, S, dmax, mode_code, out_code, out)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -452,7 +741,35 @@ def hccs_rows2(x2, valid2, B, S, dmax, mode_code, out_code, out2):
 @numba.njit(cache=True, nogil=True, inline="always")
 def _hccs_flat(x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out):
     """The rows of :func:`hccs_rows2` over the flat arrays x and out (rows * n elements) and valid (the same,
-    or ignored when ``every``)."""
+    or ignored when ``every``): unmasked uint8 rows of at least VECTOR_LANES elements through
+    :func:`rows_uint8` (ROW_GROUP at a time), the others (and its rows with a wide reciprocal) through
+    :func:`_hccs_flat_rows`."""
+    if every and out_code == OUT_UINT8 and n >= VECTOR_LANES:
+        grand_total = np.int64(0)
+        grouped = rows - rows % ROW_GROUP
+        for r in range(0, rows, ROW_GROUP):
+            if r < grouped:
+                total, wide = rows_uint8(x, out, np.uint64(r * n), n, B, S, dmax, mode_code, ROW_GROUP)
+            else:
+                total, wide = np.int64(0), np.int64(0)
+                for k in range(rows - r):
+                    one, small = rows_uint8(x, out, np.uint64((r + k) * n), n, B, S, dmax, mode_code, 1)
+                    total += one
+                    wide |= small << k
+            grand_total += total
+            while wide:
+                # The rare rows whose reciprocal needs more than 16 bits (masks or allow_zero_floor): their
+                # totals are right, their outputs are recomputed.
+                k = leading_bit(wide)
+                _hccs_flat_rows(x, valid, every, r + k, r + k + 1, n, B, S, dmax, mode_code, out_code, out)
+                wide -= np.int64(1) << k
+        return grand_total
+    return _hccs_flat_rows(x, valid, every, 0, rows, n, B, S, dmax, mode_code, out_code, out)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _hccs_flat_rows(x, valid, every, first, last, n, B, S, dmax, mode_code, out_code, out):
+    """Rows first..last-1 of :func:`_hccs_flat`, with loops the compiler vectorises; returns their total."""
     narrow_out = out_code == OUT_UINT8
     shift = np.int32(INV_SHIFT if narrow_out else 0)
     cap = np.int32(UINT8_MAX if narrow_out else INT16_MAX)
@@ -463,7 +780,7 @@ def _hccs_flat(x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out):
     chunks = n // VECTOR_LANES
     full = chunks * VECTOR_LANES
     grand_total = np.int64(0)
-    for r in range(rows):
+    for r in range(first, last):
         x0 = np.uint64(r * n)
         m = np.int8(-(1 << (INPUT_BITS - 1)))
         count = np.int64(n)
