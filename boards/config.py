@@ -79,7 +79,15 @@ def _nextpnr_options(v) -> str | None:
     words = v.split()
     if (words and not words[0].startswith("--")) or not all(_NEXTPNR_WORD.fullmatch(w) for w in words):
         return f"nextpnr options ('--name [value] ...', words matching {_NEXTPNR_WORD.pattern})"
+    # The build passes these from keys of their own; nextpnr refuses an option given twice.
+    own = [w for w in words if w.split("=")[0] in _NEXTPNR_OWN]
+    if own:
+        return (f"nextpnr options other than {', '.join(own)} (set "
+                f"{' and '.join(_NEXTPNR_OWN[w.split('=')[0]] for w in own)} instead)")
     return None
+
+
+_NEXTPNR_OWN = {"--placer": "fpga.tile_placer", "--router": "fpga.tile_router"}
 
 
 def _positive(v) -> str | None:

@@ -1470,9 +1470,11 @@ class SomaDecode(wiring.Component):
         norm_busy = Signal()
 
         def enter_scores():
+            # sink_last was set for slot 0 at the step's start (IDLE): here, behind the choice between WRITE
+            # and SCORES, it was the end of a path from the head's include_self longer than the ULX3S clock.
             m.d.sync += c_issue.eq(0)
             issue.begin_rows("k")
-            issue.begin(PHASE_SCORES)
+            issue.begin(PHASE_SCORES, rows=False)
             m.next = "SCORES"
 
         def enter_weighted():
@@ -1490,6 +1492,7 @@ class SomaDecode(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += wrote.eq(0)
+                    issue.first_rows()
                     enter_move(mover.begin_load, "LOAD")
             with m.State("LOAD"):
                 with m.If(mover.load_done):
@@ -1619,10 +1622,16 @@ class _Issue:
         """The tags (item_layout) of the item of phase ``code`` issued ``stage`` cycles ago."""
         return Cat(*self.tags.at(stage, code))
 
-    def begin(self, code):
-        """Issuing starts at item 0 of phase ``code``."""
-        self.m.d.sync += [self.n.eq(0), self.issuing.eq(1), self.phase.eq(code),
-                          self.sink_last.eq(self.params.sinks == 1)]
+    def begin(self, code, *, rows: bool = True):
+        """Issuing starts at item 0 of phase ``code``; ``rows``: ``sink_last`` back to slot 0's value too
+        (SCORES passes False: :meth:`first_rows` did it at the step's start)."""
+        self.m.d.sync += [self.n.eq(0), self.issuing.eq(1), self.phase.eq(code)]
+        if rows:
+            self.first_rows()
+
+    def first_rows(self):
+        """``sink_last`` at slot 0's value (n = 0 is the last sink when there is one sink)."""
+        self.m.d.sync += self.sink_last.eq(self.params.sinks == 1)
 
     def begin_rows(self, region: str):
         """The row address at the first slot's K (``region`` "k") or V ("v") row."""

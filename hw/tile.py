@@ -204,7 +204,14 @@ class _Sequencer:
         # Elements of a staging word (HCCS rows: int8, or int16 in the wide profile).
         self.word_elems = W // regmap.element_bytes(p)
         self.is_op = {op: front.is_op[op.name.lower()] for op in Opcode}
-        self.s_beat = tile.s_axis_tvalid & tile.s_axis_tready
+        # The states that take input beats (HEADER, PAYLOAD, DRAIN), as flags in registers kept beside the state
+        # by goto: decoded from the state register, s_axis_tready and the header's and payload's beat enables
+        # began paths to the write port's and the header's registers longer than the ULX3S clock period.
+        self.at_header, self.at_payload, self.accepting = (Signal(name=n) for n in ("at_header", "at_payload",
+                                                                                   "accepting"))
+        m.d.comb += tile.s_axis_tready.eq(self.accepting)
+        self.s_beat = tile.s_axis_tvalid & self.accepting
+        m.d.comb += [front.beat.eq(self.s_beat & self.at_header), payload.beat.eq(self.s_beat & self.at_payload)]
         self.settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
 
         # Registers.
@@ -270,6 +277,12 @@ class _Sequencer:
         # The row's last element, padding included (the row unit takes the padding, masked).
         self.n_pad_last = reg(m, front.n_pad - 1, "n_pad_last", range(regmap.padded(p.n_max)))
 
+    def goto(self, state: str):
+        """The state machine's next state, and the intake flags that go with it (see ``accepting``)."""
+        self.m.d.sync += [self.at_header.eq(state == "HEADER"), self.at_payload.eq(state == "PAYLOAD"),
+                          self.accepting.eq(state in ("HEADER", "PAYLOAD", "DRAIN"))]
+        self.m.next = state
+
     def drive_rows(self, rd):
         """The HCCS command's rows: its head's parameters written at EXECUTE, the row's n_pad elements (those
         beyond n masked) two cycles after their fetch: the memory word is registered as it leaves the block
@@ -308,16 +321,16 @@ class _Sequencer:
         """The sweep clears [head_words, end), then the response reports ``error`` (0: none)."""
         self.m.d.comb += [self.payload.clear_start.eq(1), self.payload.clear_to.eq(end)]
         self.m.d.sync += self.pending_error.eq(error)
-        self.m.next = "CLEAR"
+        self.goto("CLEAR")
 
     def start_response(self, words=0, base=0):
         self.m.d.comb += [self.resp.start.eq(1), self.resp.words.eq(words), self.resp.base.eq(base)]
-        self.m.next = "RESPOND_HEADER"
+        self.goto("RESPOND_HEADER")
 
     def finish(self):
         self.m.d.sync += [self.cycles_last.eq(self.cycles_run + 1), self.commands.eq(self.commands + 1)]
         self.m.d.comb += self.front.restart.eq(1)
-        self.m.next = "HEADER"
+        self.goto("HEADER")
 
     def intake_states(self):
         """CLEAR, then a frame's header, its check, its payload (or the drain of a refused frame)."""
@@ -334,14 +347,13 @@ class _Sequencer:
             with m.If(payload.clear_last):
                 with m.If(payload.after_reset):
                     m.d.comb += front.restart.eq(1)
-                    m.next = "HEADER"
+                    self.goto("HEADER")
                 with m.Else():
                     with m.If(self.pending_error != 0):
                         self.fail_pending()
                     start_response()
 
         with m.State("HEADER"):
-            m.d.comb += [tile.s_axis_tready.eq(1), front.beat.eq(self.s_beat)]
             with m.If(self.s_beat):
                 with m.If(front.first_beat):
                     m.d.sync += self.cycles_run.eq(1)
@@ -349,7 +361,7 @@ class _Sequencer:
                 with m.If(front.last_beat):
                     m.d.comb += self.resp.capture_last.eq(1)
                     m.d.sync += settle.eq(0)
-                    m.next = "SETTLE"
+                    self.goto("SETTLE")
                 with m.Elif(tile.s_axis_tlast):
                     m.d.sync += [self.resp_opcode.eq(0), self.resp_head.eq(0)]
                     fail(ErrorCode.BAD_LENGTH, 0, echo=False)
@@ -358,7 +370,7 @@ class _Sequencer:
         with m.State("SETTLE"):
             m.d.sync += settle.eq(settle + 1)
             with m.If(settle == CHECK_SETTLE - 1):
-                m.next = "CHECK"
+                self.goto("CHECK")
 
         with m.State("CHECK"):
             m.d.sync += [self.resp_opcode.eq(front.header.opcode), self.resp_head.eq(front.header.head),
@@ -371,7 +383,7 @@ class _Sequencer:
                     start_response()
                 with m.Else():
                     m.d.sync += self.pending_error.eq(front.check_error)
-                    m.next = "DRAIN"
+                    self.goto("DRAIN")
             with m.Elif(header_last != front.no_payload):
                 # The frame ends where the payload should start, or carries one the opcode forbids.
                 with m.If(header_last):
@@ -382,27 +394,26 @@ class _Sequencer:
                         start_response()
                 with m.Else():
                     m.d.sync += self.pending_error.eq(ErrorCode.BAD_LENGTH)
-                    m.next = "DRAIN"
+                    self.goto("DRAIN")
             with m.Else():
                 m.d.comb += payload.base_we.eq(1)
                 with m.If(header_last):
-                    m.next = "EXECUTE"
+                    self.goto("EXECUTE")
                 with m.Else():
-                    m.next = "PAYLOAD"
+                    self.goto("PAYLOAD")
 
         with m.State("PAYLOAD"):
-            m.d.comb += [tile.s_axis_tready.eq(1), payload.beat.eq(self.s_beat)]
             with m.If(self.s_beat & tile.s_axis_tlast):
                 length_ok = payload.at_last_beat
                 with m.If(is_op[Opcode.LOAD_STATE]):
                     # Decided in LOAD_CHECK from registers (the last beat's counter check included).
                     m.d.sync += self.load_length_ok.eq(length_ok)
-                    m.next = "LOAD_CHECK"
+                    self.goto("LOAD_CHECK")
                 with m.Elif(length_ok):
-                    m.next = "EXECUTE"
+                    self.goto("EXECUTE")
                     with m.If(is_op[Opcode.CONFIGURE_HEAD]):
                         m.d.sync += settle.eq(0)
-                        m.next = "CONFIG_SETTLE"
+                        self.goto("CONFIG_SETTLE")
                 with m.Else():
                     fail(ErrorCode.BAD_LENGTH, expected)
                     start_response()
@@ -412,16 +423,15 @@ class _Sequencer:
                 enter_clear(front.next_head_words,
                             Mux(self.load_length_ok, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_LENGTH))
             with m.Else():
-                m.next = "EXECUTE"
+                self.goto("EXECUTE")
 
         with m.State("CONFIG_SETTLE"):
             m.d.sync += settle.eq(settle + 1)
             with m.If(settle == CONFIG_SETTLE - 1):
                 m.d.comb += self.heads.commit.eq(1)
-                m.next = "EXECUTE"
+                self.goto("EXECUTE")
 
         with m.State("DRAIN"):
-            m.d.comb += tile.s_axis_tready.eq(1)
             with m.If(self.s_beat & tile.s_axis_tlast):
                 self.fail_pending()
                 start_response()
@@ -462,7 +472,7 @@ class _Sequencer:
                 m.d.sync += [self.cur.eq(front.header.head), self.last.eq(front.head_end - 1),
                              self.dec_state_base.eq(front.head_words), self.dec_stage_base.eq(self.stage_word),
                              self.dec_out_base.eq(self.out_word)]
-                m.next = "DECODE_NEXT"
+                self.goto("DECODE_NEXT")
             with m.Elif(is_op[Opcode.HCCS]):
                 m.d.sync += [self.row.eq(0), self.hccs_active.eq(1)]
                 m.d.comb += self.hccs_configure.eq(1)
@@ -481,10 +491,10 @@ class _Sequencer:
                                  self.dec_state_base.eq(self.dec_state_base + self.state_words),
                                  self.dec_stage_base.eq(self.dec_stage_base + 3 * dw),
                                  self.dec_out_base.eq(self.dec_out_base + output_words(p))]
-                    m.next = "DECODE_NEXT"
+                    self.goto("DECODE_NEXT")
         with m.State("DECODE_NEXT"):
             m.d.comb += self.dec_start.eq(1)
-            m.next = "DECODE"
+            self.goto("DECODE")
 
     def response_states(self):
         """The response's header, then its INFO or memory words (an HCCS response goes on in hccs_states)."""
@@ -497,11 +507,11 @@ class _Sequencer:
                 with m.Elif(self.hccs_active):
                     m.d.sync += [self.row_index.eq(0), self.row_start.eq(0), self.fetch_valid.eq(0),
                                  self.fetch_elem.eq(0), self.fetch_addr.eq(self.stage_word), self.fetching.eq(1)]
-                    m.next = "HCCS_LOAD"
+                    self.goto("HCCS_LOAD")
                 with m.Elif(self.is_op[Opcode.INFO]):
-                    m.next = "RESPOND_INFO"
+                    self.goto("RESPOND_INFO")
                 with m.Else():
-                    m.next = "RESPOND_WORDS"
+                    self.goto("RESPOND_WORDS")
         with m.State("RESPOND_INFO"):
             m.d.comb += resp.send_info.eq(1)
             with m.If(resp.info_done):
@@ -530,14 +540,14 @@ class _Sequencer:
                     m.d.sync += self.fetching.eq(0)
                     # The unit answers the row as it comes: its elements are packed as they arrive.
                     m.d.comb += resp.pack_clear.eq(1)
-                    m.next = "HCCS_PACK"
+                    self.goto("HCCS_PACK")
         with m.State("HCCS_PACK"):
             # One element a cycle from the row unit; row_done: it was the row's last.
             m.d.comb += [rows.take.eq(1), resp.pack.eq(rows.out_valid), resp.value.eq(rows.value)]
             with m.If(rows.out_valid):
                 m.d.sync += self.row_done.eq(rows.final)
                 with m.If(resp.beat_full):
-                    m.next = "HCCS_SEND"
+                    self.goto("HCCS_SEND")
         with m.State("HCCS_SEND"):
             final = self.row_done & self.last_row
             m.d.comb += [resp.send_row.eq(1), resp.row_last.eq(final)]
@@ -549,6 +559,6 @@ class _Sequencer:
                     m.d.sync += [self.row.eq(self.row + 1), row_index.eq(0), self.row_start.eq(self.next_row_start),
                                  self.fetch_valid.eq(0), fetch_elem.eq(self.next_row_start),
                                  fetch_addr.eq(self.next_row_addr), self.fetching.eq(1)]
-                    m.next = "HCCS_LOAD"
+                    self.goto("HCCS_LOAD")
                 with m.Else():
-                    m.next = "HCCS_PACK"
+                    self.goto("HCCS_PACK")

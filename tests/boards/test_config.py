@@ -120,6 +120,10 @@ def _write(tmp_path, name, text):
      "key 'fpga.dsp_registers': got 'inside', expected one of fabric, packed"),
     ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: '--seed 2; rm -r x'}\n",
      "key 'fpga.tile_nextpnr_opts': got '--seed 2; rm -r x', expected nextpnr options"),
+    # options the build passes from keys of their own (nextpnr refuses an option given twice)
+    ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: '--tmg-ripup --placer static'}\n",
+     "key 'fpga.tile_nextpnr_opts': got '--tmg-ripup --placer static', expected nextpnr options other than "
+     "--placer (set fpga.tile_placer instead)"),
     ("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 0}\n",
      "key 'fpga.tile_opts_budget_s': got 0, expected a positive finite number"),
     # Issue 24: strings that reach Tcl or a shell script are allow-listed, not scanned for bad characters.
