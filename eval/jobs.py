@@ -21,6 +21,10 @@ gets the same output serially, with ``jobs=2`` and on a cluster.
   cluster's scheduler, and needs no object store or runtime environment beyond the workers' own install of
   somatile). Workers must have the package and its model wheels installed.
 
+``cost`` (optional, one number per job, for example a window's length) orders submission to the pool or
+cluster longest first: with few workers, a long job started last runs alone at the end while the other
+workers idle (the longest-processing-time rule). Results are still delivered in job order.
+
 A failed job raises after every other job has finished (its exception names the job); the tqdm bar shows
 jobs done, running and failed.
 """
@@ -83,10 +87,14 @@ class JobError(RuntimeError):
 
 def run(fn: Callable[[Any], Any], jobs: Sequence[Any], *, n_jobs: int | None = None, cluster: str | None = None,
         on_result: Callable[[int, Any], None] | None = None, labels: Sequence[str] | None = None,
-        desc: str = "jobs") -> list:
+        desc: str = "jobs", cost: Sequence[float] | None = None) -> list:
     """``[fn(job) for job in jobs]`` on the chosen backend; ``on_result(index, result)`` is called in job order
     as soon as every earlier job is done (so a caller can write partial results that never have holes)."""
     n = check(n_jobs, cluster)
+    if cost is not None and len(cost) != len(jobs):
+        raise ValueError(f"cost: expected one number per job ({len(jobs)}), got {len(cost)}")
+    # Submission order: longest first (stable, so equal costs keep job order).
+    order = sorted(range(len(jobs)), key=lambda i: -cost[i]) if cost is not None else list(range(len(jobs)))
     labels = list(labels) if labels is not None else [f"job {i}" for i in range(len(jobs))]
     results: dict[int, Any] = {}
     failures: dict[int, BaseException] = {}
@@ -120,7 +128,7 @@ def run(fn: Callable[[Any], Any], jobs: Sequence[Any], *, n_jobs: int | None = N
         elif cluster is None:
             ctx = multiprocessing.get_context(start_method())
             with ProcessPoolExecutor(max_workers=min(n, max(len(jobs), 1)), mp_context=ctx) as pool:
-                pending = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
+                pending = {pool.submit(fn, jobs[i]): i for i in order}
                 while pending:
                     status(min(n, len(pending)))
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -131,9 +139,10 @@ def run(fn: Callable[[Any], Any], jobs: Sequence[Any], *, n_jobs: int | None = N
         else:
             from dask.distributed import Client, as_completed
             with Client(cluster, timeout=30) as client:
-                futures = client.map(fn, list(jobs), key=[f"somatile-{desc}-{i}-{os.getpid()}" for i in range(len(jobs))],
-                                     pure=False)
-                index = {f.key: i for i, f in enumerate(futures)}
+                # Dask runs higher priorities first: the submission rank, so longest first as on the pool.
+                futures = [client.submit(fn, jobs[i], key=f"somatile-{desc}-{i}-{os.getpid()}", pure=False,
+                                         priority=len(order) - rank) for rank, i in enumerate(order)]
+                index = {f.key: i for i, f in zip(order, futures)}
                 for future in as_completed(futures):
                     i = index[future.key]
                     exc = future.exception()

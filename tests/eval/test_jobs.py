@@ -28,6 +28,37 @@ def test_results_arrive_in_job_order(n_jobs):
     assert seen == [(0, 0), (1, 1), (2, 4), (3, 9)]
 
 
+def note_start(job):
+    """Appends the job's name to a log file when it starts (O_APPEND: one line per write, any process)."""
+    import time
+    log, name, seconds = job
+    with open(log, "a") as f:
+        f.write(name + "\n")
+    time.sleep(seconds)
+    return name
+
+
+def _start_order(tmp_path, **kw):
+    log = str(tmp_path / "starts.log")
+    names = ["short a", "short b", "long"]
+    work = [(log, "short a", 0.2), (log, "short b", 0.2), (log, "long", 0.4)]
+    assert jobs.run(note_start, work, cost=[1, 1, 4], **kw) == names      # delivered in job order
+    return open(log).read().split("\n")[:-1]
+
+
+def test_longest_job_is_submitted_first(tmp_path):
+    """Two workers, three jobs: the queue is first in, first out, so the long job submitted first starts
+    before the second short one (job order would start it last, alone on the pool at the end)."""
+    starts = _start_order(tmp_path, n_jobs=2)
+    assert sorted(starts) == ["long", "short a", "short b"]
+    assert starts.index("long") < starts.index("short b")
+
+
+def test_cost_must_match_the_jobs():
+    with pytest.raises(ValueError, match=r"cost: expected one number per job \(2\), got 1"):
+        jobs.run(square_after, [0, 1], n_jobs=1, cost=[1])
+
+
 def test_a_failed_job_is_named(monkeypatch):
     monkeypatch.setenv("SOMATILE_TEST_FAIL", "1")
     seen = []
@@ -63,6 +94,12 @@ def cluster_address():
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         yield cluster.scheduler_address
+
+
+def test_longest_job_has_the_highest_priority_on_the_cluster(tmp_path, cluster_address):
+    starts = _start_order(tmp_path, cluster=cluster_address)
+    assert sorted(starts) == ["long", "short a", "short b"]
+    assert starts.index("long") < starts.index("short b")
 
 
 def test_eval_is_the_same_serial_parallel_on_a_cluster_and_resumed(tmp_path, cluster_address):
