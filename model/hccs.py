@@ -137,6 +137,9 @@ def check_params(B, S, dmax, cols: int, heads: int = 1, *, allow_zero_floor: boo
 
 def _check_head(b: int, s: int, dm: int, cols: int, allow_zero_floor: bool, where: str) -> None:
     """The rules of :func:`check_params` for one head's integers; errors start with ``where``."""
+    if (B_MIN <= b <= B_MAX and S_MIN <= s <= S_MAX and DMAX_MIN <= dm <= DMAX_MAX and cols * b <= MAX_ROW_MASS
+            and b - s * dm >= 0 and (allow_zero_floor or cols * (b - s * dm) >= MIN_FLOOR_MASS)):
+        return  # every rule met, in one expression: the loop below costs 0.3 us on every call
     for name, val, lo, hi in (("B", b, B_MIN, B_MAX), ("S", s, S_MIN, S_MAX), ("dmax", dm, DMAX_MIN, DMAX_MAX)):
         if not lo <= val <= hi:
             raise ValueError(f"{where}{name} = {val} is outside {lo}..{hi}")
@@ -386,6 +389,13 @@ def _has_vbmi(context) -> bool:
     return "+avx512vbmi" in context.codegen()._tm_features.split(",")
 
 
+@intrinsic
+def vbmi_target(typingctx):
+    """:func:`_has_vbmi` as a constant of the compiled code: the branch it guards is folded away, so code
+    that only AVX-512 VBMI targets can run (:func:`short_rows_uint8`) is not kept on others."""
+    return types.boolean(), lambda context, builder, sig, args: ir.Constant(ir.IntType(1), int(_has_vbmi(context)))
+
+
 def _table_entries(first: int) -> list[int]:
     """Distances of the 32 uint16 lanes of each operand of x86 ``packuswb`` (which interleaves its two
     operands in 8-lane groups per 128-bit lane) so that the packed bytes hold distances first..first+63 in
@@ -399,6 +409,135 @@ which the uint16 lanes of :func:`rows_uint8` cannot hold; only masks or ``allow_
 
 ROW_GROUP = 4
 """Rows that :func:`rows_uint8` computes side by side (its shared reductions pair rows twice: 4)."""
+
+TABLE_ENTRIES = 2 * VECTOR_LANES
+"""Distances 0..127 (every Dmax): the entries of a row's whole output table, two vectors of 64."""
+
+SHORT_GROUP = 8
+"""Rows that :func:`short_rows_uint8` computes side by side: the pairwise folds of eight rows end in one
+vector with a 64-bit lane per row (eight rows fill the eight lanes of the distance sums and of the
+float64 division of the reciprocals)."""
+
+
+def _llvm_function(builder, name, result, *params):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, list(params)), name)
+
+
+def _shuffle(builder, a, b, mask):
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(mask)), list(mask)))
+
+
+def _smax(builder, a, b):
+    return builder.select(builder.icmp_signed(">", a, b), a, b)
+
+
+def _pair_fold(builder, vectors, op):
+    """Fold a power-of-two number of equal vectors (one per row) pairwise with the lane-wise ``op`` until one
+    vector is left; returns (vector, width, rows): lanes ``g*width .. g*width + width - 1`` of the vector
+    hold partial results of row ``rows[g]``, to be folded within the group (:func:`_group_fold`).
+
+    Each step pairs vectors a and b, whose groups of ``w`` lanes belong to the same rows, and halves the
+    groups: ``op`` of a blend (first half of each group from a, second from b) and one two-source shuffle
+    (the other halves), so that half of the lane moves are blends, which x86 runs on every vector port,
+    not only on the shuffle ports."""
+    lanes = vectors[0].type.count
+    width = lanes
+    rows = [[r] for r in range(len(vectors))]
+    while len(vectors) > 1:
+        half = width // 2
+        groups = range(lanes // width)
+        blend = [g * width + i + (lanes if i >= half else 0) for g in groups for i in range(width)]
+        cross = [g * width + half + i if i < half else lanes + g * width + i - half for g in groups
+                 for i in range(width)]
+        vectors = [op(_shuffle(builder, a, b, blend), _shuffle(builder, a, b, cross))
+                   for a, b in zip(vectors[0::2], vectors[1::2])]
+        rows = [[r for g in groups for r in (ra[g], rb[g])] for ra, rb in zip(rows[0::2], rows[1::2])]
+        width = half
+    return vectors[0], width, rows[0]
+
+
+def _group_fold(builder, vector, width, op):
+    """``op`` over each group of ``width`` consecutive lanes: every lane ends up with its group's result
+    (each step rotates the groups by half the remaining distance)."""
+    lanes = vector.type.count
+    step = width // 2
+    while step:
+        vector = op(vector, _shuffle(builder, vector, vector, [i - i % width + (i % width + step) % width
+                                                               for i in range(lanes)]))
+        step //= 2
+    return vector
+
+
+def _fold_rows(builder, vectors, op):
+    """:func:`_pair_fold` then :func:`_group_fold`: returns (vector, width, first) where the ``width`` lanes
+    from ``first[r]`` on all hold row r's result."""
+    vector, width, rows = _pair_fold(builder, vectors, op)
+    return _group_fold(builder, vector, width, op), width, {r: g * width for g, r in enumerate(rows)}
+
+
+def _emit_inverses(builder, totals, mode):
+    """The uint8 reciprocals of the row totals (a vector of i64, each >= 1) as i16 lanes (truncated, so wrong
+    for totals below WIDE_INV_TOTAL, whose rows the callers recompute). div: floor(NUM / total) through a
+    float64 division, exact here: NUM < 2^23 and total <= 32767, so a quotient that is not an integer lies at
+    least 2^-15 from one, far beyond the rounding error of 2^-30. clb: NUM >> floor(log2 total)."""
+    rows = totals.type.count
+    i1, i64 = ir.IntType(1), ir.IntType(64)
+    rows_f64 = ir.VectorType(ir.DoubleType(), rows)
+    quotient = builder.fptoui(builder.fdiv(ir.Constant(rows_f64, [float(UINT8_NUMERATOR)] * rows),
+                                           builder.uitofp(totals, rows_f64)), totals.type)
+    zeros = builder.call(_llvm_function(builder, f"llvm.ctlz.v{rows}i64", totals.type, totals.type, i1),
+                         [totals, ir.Constant(i1, 1)])
+    shifted = builder.lshr(ir.Constant(totals.type, [UINT8_NUMERATOR] * rows),
+                           builder.sub(ir.Constant(totals.type, [63] * rows), zeros))
+    inverse = builder.select(builder.icmp_signed("==", mode, ir.Constant(i64, MODE_DIV)), quotient, shifted)
+    return builder.trunc(inverse, ir.VectorType(ir.IntType(16), rows))
+
+
+def _mulhi(builder, a, b):
+    """The high halves of the lane-wise 32-bit products of two i16 vectors (x86: vpmulhuw)."""
+    i32 = ir.IntType(32)
+    fn = _llvm_function(builder, f"llvm.umul.fix.v{a.type.count}i16", a.type, a.type, a.type, i32)
+    return builder.call(fn, [a, b, ir.Constant(i32, 16)])
+
+
+def _emit_scores(builder, d, B, S, dmax):
+    """2B - 2S*min(d, dmax) in the i16 lanes of d: the clamp keeps the table's unused entries (d > dmax) in
+    range too."""
+    i16 = d.type.element
+    cap = _splat(builder, builder.trunc(dmax, i16), d.type)
+    d = builder.select(builder.icmp_unsigned("<", d, cap), d, cap)
+    twice_b, twice_s = (_splat(builder, builder.trunc(builder.shl(v, ir.Constant(v.type, 1)), i16), d.type)
+                        for v in (B, S))
+    return builder.sub(twice_b, builder.mul(twice_s, d))
+
+
+def _emit_table_scores(builder, B, S, dmax, entries):
+    """The doubled scores of distances 0..entries-1 (64 or 128) as <32 x i16> vectors, two per 64 entries,
+    in the lane order of :func:`_table_entries`."""
+    half_words = ir.VectorType(ir.IntType(16), VECTOR_LANES // 2)
+    return [_emit_scores(builder, ir.Constant(half_words, part), B, S, dmax)
+            for first in range(0, entries, VECTOR_LANES) for e in [_table_entries(first)] for part in (e[:32], e[32:])]
+
+
+def _emit_tables(builder, table_scores, inverse):
+    """A row's outputs ``min(mulhi(2*score, inv), 255)`` for the distances of :func:`_emit_table_scores`,
+    as one <64 x i8> table per 64 entries; ``inverse`` is the row's reciprocal in every lane. packuswb
+    saturates at 255 (its int16 input stays below 511): the clb cap for free."""
+    bytes_, half_words = ir.VectorType(ir.IntType(8), VECTOR_LANES), ir.VectorType(ir.IntType(16), VECTOR_LANES // 2)
+    pack = _llvm_function(builder, "llvm.x86.avx512.packuswb.512", bytes_, half_words, half_words)
+    return [builder.call(pack, [_mulhi(builder, low, inverse), _mulhi(builder, high, inverse)])
+            for low, high in zip(table_scores[0::2], table_scores[1::2])]
+
+
+def _emit_lookup(builder, tables, d):
+    """The outputs of the distances d (<64 x i8>) from one or two tables of :func:`_emit_tables`: vpermb
+    (64 entries, index bits 0..5) or vpermi2b (128 entries)."""
+    bytes_ = d.type
+    if len(tables) == 1:
+        return builder.call(_llvm_function(builder, "llvm.x86.avx512.permvar.qi.512", bytes_, bytes_, bytes_),
+                            [tables[0], d])
+    return builder.call(_llvm_function(builder, "llvm.x86.avx512.vpermi2var.qi.512", bytes_, bytes_, bytes_, bytes_),
+                        [tables[0], d, tables[1]])
 
 
 def _emit_rows(context, builder, x_type, out_type, x_arr, out_arr, starts, n, B, S, dmax, mode):
@@ -417,9 +556,6 @@ def _emit_rows(context, builder, x_type, out_type, x_arr, out_arr, starts, n, B,
     last = builder.sub(n, lanes)
     every_row = range(count)
 
-    def function(name, result, *params):
-        return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, list(params)), name)
-
     def const(vector_type, values):
         return ir.Constant(vector_type, list(values))
 
@@ -430,10 +566,7 @@ def _emit_rows(context, builder, x_type, out_type, x_arr, out_arr, starts, n, B,
         return chunk if in_width == 8 else builder.trunc(chunk, bytes_)
 
     def smax(a, b):
-        return builder.select(builder.icmp_signed(">", a, b), a, b)
-
-    def shuffle(a, b, mask):
-        return builder.shuffle_vector(a, b, const(ir.VectorType(i32, len(mask)), mask))
+        return _smax(builder, a, b)
 
     def chunk_offsets(body):
         # ceil(n / 64) chunks, the last one moved back to end at n (overlapping its predecessor).
@@ -451,28 +584,12 @@ def _emit_rows(context, builder, x_type, out_type, x_arr, out_arr, starts, n, B,
             builder.store(smax(load(r, offset), builder.load(tops[r])), tops[r])
 
     chunk_offsets(fold_max)
-    tops = [builder.load(t) for t in tops]
-    if count == ROW_GROUP:
-        half, quarter = VECTOR_LANES // 2, VECTOR_LANES // 4
-        pairs = [smax(shuffle(a, b, [*range(half), *range(VECTOR_LANES, VECTOR_LANES + half)]),
-                      shuffle(a, b, [*range(half, VECTOR_LANES), *range(VECTOR_LANES + half, 2 * VECTOR_LANES)]))
-                 for a, b in (tops[:2], tops[2:])]
-        group = smax(*(shuffle(pairs[0], pairs[1], [g * half + i + part for g in range(4) for i in range(quarter)])
-                       for part in (0, quarter)))
-        width = quarter
-    else:
-        group, width = tops[0], VECTOR_LANES
-    step = width // 2
-    while step:
-        # Rotate each group by ``step`` bytes: every byte ends up with its group's max.
-        group = smax(group, shuffle(group, group, [i - i % width + (i % width + step) % width
-                                                  for i in range(VECTOR_LANES)]))
-        step //= 2
-    floors = builder.call(function(f"llvm.ssub.sat.v{VECTOR_LANES}i8", bytes_, bytes_, bytes_),
+    group, width, first = _fold_rows(builder, [builder.load(t) for t in tops], smax)
+    floors = builder.call(_llvm_function(builder, f"llvm.ssub.sat.v{VECTOR_LANES}i8", bytes_, bytes_, bytes_),
                           [group, _splat(builder, builder.trunc(dmax, i8), bytes_)])
-    row_lanes = [[i % width + r * width for i in range(VECTOR_LANES)] for r in every_row]
-    tops = [shuffle(group, group, row_lanes[r]) for r in every_row]
-    floors = [shuffle(floors, floors, row_lanes[r]) for r in every_row]
+    row_lanes = {r: [first[r] + i % width for i in range(VECTOR_LANES)] for r in every_row}
+    tops = [_shuffle(builder, group, group, row_lanes[r]) for r in every_row]
+    floors = [_shuffle(builder, floors, floors, row_lanes[r]) for r in every_row]
 
     def distances(r, offset):
         # d = m - max(x, lo) with lo = max(m - dmax, -128): 0..dmax <= 127.
@@ -482,7 +599,7 @@ def _emit_rows(context, builder, x_type, out_type, x_arr, out_arr, starts, n, B,
     # eight 64-bit lanes (psadbw) and the rows reduced together at the end, elsewhere per pair.
     if vbmi:
         lanes8 = ir.VectorType(i64, 8)
-        psad = function("llvm.x86.avx512.psad.bw.512", lanes8, bytes_, bytes_)
+        psad = _llvm_function(builder, "llvm.x86.avx512.psad.bw.512", lanes8, bytes_, bytes_)
         zero_bytes = const(bytes_, [0] * VECTOR_LANES)
         sums = [cgutils.alloca_once_value(builder, const(lanes8, [0] * 8)) for _ in every_row]
 
@@ -490,7 +607,7 @@ def _emit_rows(context, builder, x_type, out_type, x_arr, out_arr, starts, n, B,
             builder.store(builder.add(builder.load(sums[r]), builder.call(psad, [d, zero_bytes])), sums[r])
     else:
         wide = ir.VectorType(i64, VECTOR_LANES)
-        reduce_add = function(f"llvm.vector.reduce.add.v{VECTOR_LANES}i64", i64, wide)
+        reduce_add = _llvm_function(builder, f"llvm.vector.reduce.add.v{VECTOR_LANES}i64", i64, wide)
         sums = [cgutils.alloca_once_value(builder, ir.Constant(i64, 0)) for _ in every_row]
 
         def accumulate(r, d):
@@ -515,77 +632,33 @@ def _emit_rows(context, builder, x_type, out_type, x_arr, out_arr, starts, n, B,
     rows_i64 = ir.VectorType(i64, count)
     sums = [builder.load(s) for s in sums]
     if vbmi:
-        if count > 1:
-            # Two rows' eight lanes halved at once: [a_lo + a_hi | b_lo + b_hi]; then the two pairs side by side.
-            sums = [builder.add(shuffle(a, b, [*range(4), *range(8, 12)]), shuffle(a, b, [*range(4, 8), *range(12, 16)]))
-                    for a, b in zip(sums[0::2], sums[1::2])]
-            sums = [shuffle(sums[0], sums[1], range(16))]
-        while sums[0].type.count > count:
-            # Halve every row's lanes: the first half of each row's lanes plus the second.
-            s = sums[0]
-            per_row = s.type.count // count
-            sums = [builder.add(*(shuffle(s, s, [r * per_row + part + i for r in every_row for i in range(per_row // 2)])
-                                  for part in (0, per_row // 2)))]
-        dsum = sums[0]
+        total, _, first = _fold_rows(builder, sums, builder.add)
+        dsum = _shuffle(builder, total, total, [first[r] for r in every_row])
     else:
         dsum = ir.Constant(rows_i64, ir.Undefined)
         for r in every_row:
             dsum = builder.insert_element(dsum, sums[r], ir.Constant(i32, r))
 
-    def splat_rows(value):
-        return _splat(builder, value, rows_i64)
-
-    totals = builder.sub(splat_rows(builder.mul(B, n)), builder.mul(splat_rows(S), dsum))
-    # div: floor(NUM / total) through a float64 division, exact here: NUM < 2^23 and total <= 32767, so a
-    # quotient that is not an integer lies at least 2^-15 from one, far beyond the rounding error of 2^-30.
-    # A row total is >= 1 (the max element scores B >= 1). clb: NUM >> floor(log2 total).
-    rows_f64 = ir.VectorType(ir.DoubleType(), count)
-    quotient = builder.fptoui(builder.fdiv(ir.Constant(rows_f64, [float(UINT8_NUMERATOR)] * count),
-                                           builder.uitofp(totals, rows_f64)), rows_i64)
-    zeros = builder.call(function(f"llvm.ctlz.v{count}i64", rows_i64, rows_i64, i1), [totals, ir.Constant(i1, 1)])
-    shifted = builder.lshr(splat_rows(ir.Constant(i64, UINT8_NUMERATOR)),
-                           builder.sub(splat_rows(ir.Constant(i64, 63)), zeros))
-    inverse = builder.select(builder.icmp_signed("==", mode, ir.Constant(i64, MODE_DIV)), quotient, shifted)
+    totals = builder.sub(_splat(builder, builder.mul(B, n), rows_i64), builder.mul(_splat(builder, S, rows_i64), dsum))
     # Rows with a total below WIDE_INV_TOTAL get outputs from a truncated reciprocal here; the caller
     # recomputes them.
-    inverse = builder.trunc(inverse, ir.VectorType(i16, count))
-    twice_b, twice_s = (builder.trunc(builder.shl(v, ir.Constant(i64, 1)), i16) for v in (B, S))
-    dmax16 = builder.trunc(dmax, i16)
-
-    def mulhi(a, b):
-        fn = function(f"llvm.umul.fix.v{a.type.count}i16", a.type, a.type, a.type, i32)
-        return builder.call(fn, [a, b, ir.Constant(i32, 16)])
-
-    def scores(d):
-        # 2B - 2S*min(d, dmax): the clamp keeps the table's unused entries (d > dmax) in range too.
-        cap = _splat(builder, dmax16, d.type)
-        d = builder.select(builder.icmp_unsigned("<", d, cap), d, cap)
-        return builder.sub(_splat(builder, twice_b, d.type), builder.mul(_splat(builder, twice_s, d.type), d))
+    inverse = _emit_inverses(builder, totals, mode)
 
     def row_inverse(r, vector_type):
-        return shuffle(inverse, inverse, [r] * vector_type.count)
+        return _shuffle(builder, inverse, inverse, [r] * vector_type.count)
 
     if vbmi:
-        pack = function("llvm.x86.avx512.packuswb.512", bytes_, half_words, half_words)
-        permute = function("llvm.x86.avx512.vpermi2var.qi.512", bytes_, bytes_, bytes_, bytes_)
-        entries = [const(half_words, part) for first in (0, VECTOR_LANES) for e in [_table_entries(first)]
-                   for part in (e[:32], e[32:])]
-        table_scores = [scores(e) for e in entries]
-        tables = []
-        for r in every_row:
-            inv = row_inverse(r, half_words)
-            # packuswb saturates at 255 (its int16 input stays below 511): the clb cap for free.
-            tables.append([builder.call(pack, [mulhi(table_scores[2 * t], inv), mulhi(table_scores[2 * t + 1], inv)])
-                           for t in (0, 1)])
+        table_scores = _emit_table_scores(builder, B, S, dmax, TABLE_ENTRIES)
+        tables = [_emit_tables(builder, table_scores, row_inverse(r, half_words)) for r in every_row]
 
         def outputs(r, d):
-            return builder.call(permute, [tables[r][0], d, tables[r][1]])
+            return _emit_lookup(builder, tables[r], d)
     else:
         inverses = [row_inverse(r, words) for r in every_row]
         cap = const(words, [UINT8_MAX] * VECTOR_LANES)
 
         def outputs(r, d):
-            p = mulhi(scores(builder.zext(d, words)), inverses[r])
+            p = _mulhi(builder, _emit_scores(builder, builder.zext(d, words), B, S, dmax), inverses[r])
             return builder.trunc(builder.select(builder.icmp_unsigned("<", p, cap), p, cap), bytes_)
 
     def store(offset):
@@ -631,16 +704,147 @@ def rows_uint8(typingctx, x, out, start, n, B, S, dmax, mode_code, count):
         starts = [builder.add(start, builder.mul(n, ir.Constant(i64, r))) for r in range(rows)]
         totals = _emit_rows(context, builder, signature.args[0], signature.args[1], x_arr, out_arr, starts, n,
                             B, S, dmax, mode)
-        total, wide = ir.Constant(i64, 0), ir.Constant(i64, 0)
-        for r in range(rows):
-            t = builder.extract_element(totals, ir.Constant(ir.IntType(32), r))
-            total = builder.add(total, t)
-            small = builder.icmp_signed("<", t, ir.Constant(i64, WIDE_INV_TOTAL))
-            wide = builder.or_(wide, builder.shl(builder.zext(small, i64), ir.Constant(i64, r)))
-        return context.make_tuple(builder, signature.return_type, [total, wide])
+        return context.make_tuple(builder, signature.return_type, _total_and_wide(builder, totals))
 
     return types.UniTuple(types.int64, 2)(x, out, types.uint64, types.int64, types.int64, types.int64, types.int64,
                                           types.int64, count), codegen
+
+
+def _total_and_wide(builder, totals):
+    """(the sum of the row totals, a bit per row whose total is below WIDE_INV_TOTAL) as two i64."""
+    rows = totals.type.count
+    i64 = ir.IntType(64)
+    total = builder.call(_llvm_function(builder, f"llvm.vector.reduce.add.v{rows}i64", i64, totals.type), [totals])
+    small = builder.icmp_signed("<", totals, ir.Constant(totals.type, [WIDE_INV_TOTAL] * rows))
+    return total, builder.zext(builder.bitcast(small, ir.IntType(rows)), i64)
+
+
+class _ShortRows:
+    """The IR of :func:`short_rows_uint8` for groups of SHORT_GROUP rows of ``VECTOR_LANES <= n <= 2 *
+    VECTOR_LANES`` elements, in two phases: :meth:`reduce` (loads, max, distances, totals, reciprocals) and
+    :meth:`write` (tables and lookups)."""
+
+    def __init__(self, context, builder, signature, args, entries):
+        x_arr, out_arr, _, n, B, S, dmax, mode, _, _ = args
+        i64 = ir.IntType(64)
+        self.builder, self.n, self.mode = builder, n, mode
+        self.bytes_ = ir.VectorType(ir.IntType(8), VECTOR_LANES)
+        self.rows_i64 = ir.VectorType(i64, SHORT_GROUP)
+        self.x_data = make_array(signature.args[0])(context, builder, x_arr).data
+        self.out_data = make_array(signature.args[1])(context, builder, out_arr).data
+        # The row's two chunks: 0..63 and n-64..n-1 (the same chunk when n = 64).
+        self.offsets = (ir.Constant(i64, 0), builder.sub(n, ir.Constant(i64, VECTOR_LANES)))
+        self.cap = _splat(builder, builder.trunc(dmax, ir.IntType(8)), self.bytes_)
+        # The second chunk's lanes that the first did not cover (lanes >= 128 - n) count in the distance sum.
+        self.fresh = builder.icmp_unsigned(">=", ir.Constant(self.bytes_, list(range(VECTOR_LANES))), _splat(
+            builder, builder.trunc(builder.sub(ir.Constant(i64, 2 * VECTOR_LANES), n), ir.IntType(8)), self.bytes_))
+        self.mass = _splat(builder, builder.mul(B, n), self.rows_i64)
+        self.slope = _splat(builder, S, self.rows_i64)
+        self.table_scores = _emit_table_scores(builder, B, S, dmax, entries)
+
+    def pointer(self, data, start, row, offset):
+        builder = self.builder
+        at = builder.add(builder.add(start, builder.mul(self.n, ir.Constant(self.n.type, row))), offset)
+        return builder.bitcast(builder.gep(data, [at]), self.bytes_.as_pointer())
+
+    def reduce(self, start):
+        """Rows start/n .. start/n + SHORT_GROUP - 1: returns (their distances, two <64 x i8> per row; their
+        reciprocals, <SHORT_GROUP x i16>; their totals, <SHORT_GROUP x i64>)."""
+        builder = self.builder
+        rows = range(SHORT_GROUP)
+        chunks = [[builder.load(self.pointer(self.x_data, start, r, at), align=1) for at in self.offsets] for r in rows]
+        group, width, first = _fold_rows(builder, [_smax(builder, *c) for c in chunks],
+                                         lambda a, b: _smax(builder, a, b))
+        tops = [_shuffle(builder, group, group, [first[r] + i % width for i in range(VECTOR_LANES)]) for r in rows]
+        # d = min(m - x, dmax): m - x (0..255) is exact modulo 2^8 as an unsigned byte, so one subtraction and
+        # one unsigned min, without the floor lo = max(m - dmax, -128) of the other kernels.
+        distances = [[self.distance(tops[r], c) for c in chunks[r]] for r in rows]
+        lanes8 = ir.VectorType(ir.IntType(64), 8)
+        psad = _llvm_function(builder, "llvm.x86.avx512.psad.bw.512", lanes8, self.bytes_, self.bytes_)
+        zero = ir.Constant(self.bytes_, [0] * VECTOR_LANES)
+        # Two distances (<= 127 each) add in a byte; psadbw sums eight bytes into each 64-bit lane.
+        sums = [builder.call(psad, [builder.add(d, builder.select(self.fresh, e, zero)), zero]) for d, e in distances]
+        total, _, first = _fold_rows(builder, sums, builder.add)
+        dsum = _shuffle(builder, total, total, [first[r] for r in rows])
+        totals = builder.sub(self.mass, builder.mul(self.slope, dsum))
+        return distances, _emit_inverses(builder, totals, self.mode), totals
+
+    def distance(self, top, chunk):
+        builder = self.builder
+        d = builder.sub(top, chunk)
+        return builder.select(builder.icmp_unsigned("<", d, self.cap), d, self.cap)
+
+    def write(self, start, distances, inverses):
+        """The outputs of the rows of :meth:`reduce` from its distances and reciprocals."""
+        builder = self.builder
+        for r, row in enumerate(distances):
+            tables = _emit_tables(builder, self.table_scores, _shuffle(builder, inverses, inverses, [r] * 32))
+            for at, d in zip(self.offsets, row):
+                builder.store(_emit_lookup(builder, tables, d), self.pointer(self.out_data, start, r, at), align=1)
+
+
+@intrinsic
+def short_rows_uint8(typingctx, x, out, groups, n, B, S, dmax, mode_code, flags, entries):
+    """Integer HCCS of the first ``groups * SHORT_GROUP`` rows of ``VECTOR_LANES <= n <= 2 * VECTOR_LANES``
+    unmasked int8 values of the flat integer array ``x`` into ``out`` (uint8 output), on targets with
+    AVX-512 VBMI only (:func:`vbmi_target`); ``entries`` (a literal) is 64 when dmax < 64 (the output table
+    fits one vpermb) and 128 otherwise. Writes ``flags[g]``, a bit per row of group g whose total is below
+    :data:`WIDE_INV_TOTAL` (the caller recomputes those rows' outputs), and returns (the sum of the row
+    totals, nonzero when any flag is).
+
+    The integers of :func:`rows_uint8`, with the row held in two chunks (0 and n - 64) in registers, the
+    max and the distance sums of SHORT_GROUP rows folded pairwise (:func:`_pair_fold`) and the loop
+    software-pipelined: each step reduces the next group before it writes the outputs of the group reduced
+    by the step before, from the distances and reciprocals carried over. Written in group order, the
+    processor stalled: a group's outputs wait on its division, which waits on its two reductions, and
+    those waiting instructions filled the scheduler while the next group's loads could have started
+    (about 27 us against 24 us for 4096 rows of 128)."""
+    if not (_int_array(x) and _int_array(out) and _int_array(flags) and isinstance(entries, types.IntegerLiteral)
+            and entries.literal_value in (VECTOR_LANES, TABLE_ENTRIES)):
+        return None
+    table = entries.literal_value
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        zero = ir.Constant(i64, 0)
+        if not _has_vbmi(context):
+            # vbmi_target() guards every call: never reached.
+            return context.make_tuple(builder, signature.return_type, [zero, zero])
+        rows = _ShortRows(context, builder, signature, args, table)
+        groups, n, flags_data = args[2], args[3], make_array(signature.args[8])(context, builder, args[8]).data
+        step = builder.mul(n, ir.Constant(i64, SHORT_GROUP))
+        grand_total, any_wide = (cgutils.alloca_once_value(builder, zero) for _ in range(2))
+        carried = [[cgutils.alloca_once(builder, rows.bytes_) for _ in rows.offsets] for _ in range(SHORT_GROUP)]
+        carried_inverses = cgutils.alloca_once(builder, ir.VectorType(ir.IntType(16), SHORT_GROUP))
+
+        def reduce(g):
+            distances, inverses, totals = rows.reduce(builder.mul(g, step))
+            total, wide = _total_and_wide(builder, totals)
+            builder.store(builder.trunc(wide, ir.IntType(8)), builder.gep(flags_data, [g]))
+            builder.store(builder.or_(builder.load(any_wide), wide), any_wide)
+            builder.store(builder.add(builder.load(grand_total), total), grand_total)
+            for slots, row in zip(carried, distances):
+                for slot, d in zip(slots, row):
+                    builder.store(d, slot)
+            builder.store(inverses, carried_inverses)
+
+        def write(g, state):
+            rows.write(builder.mul(g, step), *state)
+
+        def state():
+            return [[builder.load(slot) for slot in slots] for slots in carried], builder.load(carried_inverses)
+
+        with builder.if_then(builder.icmp_signed(">", groups, zero)):
+            reduce(zero)
+            with cgutils.for_range(builder, builder.sub(groups, ir.Constant(i64, 1))) as loop:
+                previous = state()
+                reduce(builder.add(loop.index, ir.Constant(i64, 1)))
+                write(loop.index, previous)
+            write(builder.sub(groups, ir.Constant(i64, 1)), state())
+        return context.make_tuple(builder, signature.return_type, [builder.load(grand_total), builder.load(any_wide)])
+
+    return types.UniTuple(types.int64, 2)(x, out, types.int64, types.int64, types.int64, types.int64, types.int64,
+                                          types.int64, flags, entries), codegen
 
 
 @intrinsic
@@ -742,13 +946,28 @@ def hccs_rows2(x2, valid2, B, S, dmax, mode_code, out_code, out2):
 def _hccs_flat(x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out):
     """The rows of :func:`hccs_rows2` over the flat arrays x and out (rows * n elements) and valid (the same,
     or ignored when ``every``): unmasked uint8 rows of at least VECTOR_LANES elements through
-    :func:`rows_uint8` (ROW_GROUP at a time), the others (and its rows with a wide reciprocal) through
-    :func:`_hccs_flat_rows`."""
+    :func:`short_rows_uint8` (SHORT_GROUP at a time, rows of up to 2 * VECTOR_LANES on AVX-512 VBMI targets)
+    and :func:`rows_uint8` (ROW_GROUP at a time, then one by one), the others (and the rows with a wide
+    reciprocal) through :func:`_hccs_flat_rows`."""
     if every and out_code == OUT_UINT8 and n >= VECTOR_LANES:
         grand_total = np.int64(0)
-        grouped = rows - rows % ROW_GROUP
-        for r in range(0, rows, ROW_GROUP):
-            if r < grouped:
+        first = 0
+        if vbmi_target() and n <= 2 * VECTOR_LANES and rows >= SHORT_GROUP:
+            groups = rows // SHORT_GROUP
+            flags = np.empty(groups, np.uint8)
+            if dmax < VECTOR_LANES:
+                total, wide = short_rows_uint8(x, out, groups, n, B, S, dmax, mode_code, flags, VECTOR_LANES)
+            else:
+                total, wide = short_rows_uint8(x, out, groups, n, B, S, dmax, mode_code, flags, TABLE_ENTRIES)
+            grand_total += total
+            if wide:
+                for g in range(groups):
+                    if flags[g]:
+                        _redo_wide_rows(x, valid, every, g * SHORT_GROUP, np.int64(flags[g]), n, B, S, dmax,
+                                        mode_code, out_code, out)
+            first = groups * SHORT_GROUP
+        for r in range(first, rows, ROW_GROUP):
+            if r + ROW_GROUP <= rows:
                 total, wide = rows_uint8(x, out, np.uint64(r * n), n, B, S, dmax, mode_code, ROW_GROUP)
             else:
                 total, wide = np.int64(0), np.int64(0)
@@ -757,14 +976,22 @@ def _hccs_flat(x, valid, every, rows, n, B, S, dmax, mode_code, out_code, out):
                     total += one
                     wide |= small << k
             grand_total += total
-            while wide:
-                # The rare rows whose reciprocal needs more than 16 bits (masks or allow_zero_floor): their
-                # totals are right, their outputs are recomputed.
-                k = leading_bit(wide)
-                _hccs_flat_rows(x, valid, every, r + k, r + k + 1, n, B, S, dmax, mode_code, out_code, out)
-                wide -= np.int64(1) << k
+            if wide:
+                _redo_wide_rows(x, valid, every, r, wide, n, B, S, dmax, mode_code, out_code, out)
         return grand_total
     return _hccs_flat_rows(x, valid, every, 0, rows, n, B, S, dmax, mode_code, out_code, out)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _redo_wide_rows(x, valid, every, first, wide, n, B, S, dmax, mode_code, out_code, out):
+    """The outputs of rows ``first + k`` for each bit k of ``wide`` through :func:`_hccs_flat_rows`: the rare
+    rows whose reciprocal needs more than 16 bits (masks or allow_zero_floor), whose totals the vector
+    kernels got right and outputs wrong. Called only when ``wide`` is nonzero: the call counts the
+    references of its array arguments."""
+    while wide:
+        k = leading_bit(wide)
+        _hccs_flat_rows(x, valid, every, first + k, first + k + 1, n, B, S, dmax, mode_code, out_code, out)
+        wide -= np.int64(1) << k
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -917,6 +1144,21 @@ def run_threaded(kernel, jobs: list[tuple], threads: int) -> None:
         future.result()
 
 
+_INT8 = np.dtype(np.int8)
+_NO_MASKS: dict = {}
+"""The (R, 0) bool arrays that tell the row kernels every element takes part, by R (np.empty costs 0.3 us)."""
+
+
+def _no_mask(rows: int) -> np.ndarray:
+    """An empty (rows, 0) bool array: no element is masked."""
+    empty = _NO_MASKS.get(rows)
+    if empty is None:
+        if len(_NO_MASKS) >= 256:
+            _NO_MASKS.clear()  # row counts seen by one process are few; bound the memory all the same
+        empty = _NO_MASKS[rows] = np.empty((rows, 0), np.bool_)
+    return empty
+
+
 def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8", mask=None,
              impl: str = "numba", allow_zero_floor: bool = False, threads: int = 1) -> np.ndarray:
     """Integer HCCS of int8 logits; bit-exact contract of docs/numerics.md (section HCCS).
@@ -931,6 +1173,18 @@ def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8"
     bits; the speed-up is in bench/results.md). Returns uint8 or int16 of x's shape. Rounding is floor
     throughout.
     """
+    if (mask is None and threads == 1 and impl == "numba" and type(x) is np.ndarray and x.ndim == 2
+            and x.dtype is _INT8 and x.flags.c_contiguous and x.shape[1] > 0
+            and type(B) is int and type(S) is int and type(dmax) is int):
+        # The common call (one head's C-contiguous rows, no mask, ints) in few steps: the general path's
+        # (H, R, N) views, parameter arrays and the kernel over heads cost 4.5 us a call, a fifth of the
+        # kernel on 4096 x 128. The same checks in the same order, so the same errors.
+        mode_code = code_of(MODE_CODES, "mode", mode)
+        out_code = code_of(OUT_CODES, "out", out)
+        _check_head(B, S, dmax, x.shape[1], allow_zero_floor, "")
+        result = np.empty(x.shape, OUT_DTYPES[out])
+        hccs_rows2(x, _no_mask(x.shape[0]), B, S, dmax, mode_code, out_code, result)
+        return result
     mode_code = code_of(MODE_CODES, "mode", mode)
     out_code = code_of(OUT_CODES, "out", out)
     x3, valid3, squeeze = as_heads(x, mask)

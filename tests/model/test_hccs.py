@@ -193,6 +193,40 @@ def test_parameter_rules_name_the_head_and_rule(kwargs, message):
         hccs_int(x, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(B=0, S=0, dmax=0), "^B = 0 is outside 1..32767$"),
+    (dict(B=100, S=128, dmax=0), "^S = 128 is outside 0..127$"),
+    (dict(B=100, S=1, dmax=-1), "^dmax = -1 is outside 0..127$"),
+    (dict(B=100, S=2, dmax=60), r"^B - S\*dmax = 100 - 2\*60 = -20 < 0; rule B >= S\*dmax"),
+    (dict(B=20, S=1, dmax=10), r"^cols\*\(B - S\*dmax\) = 10\*10 = 100 < 256"),
+    (dict(B=4000, S=1, dmax=10), r"^cols\*B = 10\*4000 = 40000 > 32767"),
+])
+def test_one_head_call_checks_the_same_rules(kwargs, message):
+    """The shortcut of hccs_int for (R, N) int8 rows and int parameters raises the general path's errors;
+    the same integers as numpy ints (general path) raise the same."""
+    x = np.zeros((3, 10), np.int8)
+    with pytest.raises(ValueError, match=message):
+        hccs_int(x, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        hccs_int(x, **{k: np.int64(v) for k, v in kwargs.items()})
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        hccs_int(x, **kwargs, mode="exp")
+
+
+@pytest.mark.parametrize("mode,out", MODES)
+def test_one_head_call_matches_the_general_path(rng, mode, out):
+    """(R, N) rows with int parameters (the shortcut) against the same rows as one head of (1, R, N), with
+    numpy-int parameters, non-contiguous rows, and a zero floor."""
+    x = rng.integers(-128, 128, (37, 130)).astype(np.int8)
+    want = hccs_int(x[None], [200], [1], [40], mode=mode, out=out)[0]
+    got = both(x, 200, 1, 40, mode=mode, out=out)
+    assert np.array_equal(got, want)
+    assert np.array_equal(hccs_int(x, np.int64(200), 1, 40, mode=mode, out=out), want)
+    both(x[:, ::2], 200, 1, 40, mode=mode, out=out)
+    both(x[:, :64], 20, 1, 20, mode=mode, out=out, allow_zero_floor=True)
+    assert hccs_int(x[:5], 200, 1, 40, mode=mode, out=out).shape == (5, 130)
+
+
 def test_bad_input_is_named():
     ok = np.zeros((3, 10), np.int8)
     with pytest.raises(TypeError, match="x: expected dtype int8, got float32"):

@@ -1,6 +1,8 @@
-"""The vector row kernel of unmasked uint8 HCCS rows (hccs.rows_uint8): groups of four rows and single rows,
-row lengths around the 64-lane chunks, rows whose reciprocal needs the general path, and the portable
-version compiled for a target without AVX-512 VBMI."""
+"""The vector row kernels of unmasked uint8 HCCS rows: hccs.rows_uint8 (groups of four rows and single rows)
+and hccs.short_rows_uint8 (groups of eight rows of 64..128 elements, software-pipelined, AVX-512 VBMI only),
+row lengths around the 64-lane chunks, row counts around the groups, both output tables (dmax below 64 and
+from 64), rows whose reciprocal needs the general path, and the portable version compiled for a target
+without AVX-512 VBMI."""
 
 import os
 import subprocess
@@ -61,6 +63,49 @@ def test_rows_with_a_wide_reciprocal_among_a_group(rng):
     check(x, 3, 1, 3, allow_zero_floor=True)
 
 
+@settings(max_examples=120, deadline=None)
+@given(st.integers(hccs.VECTOR_LANES, 2 * hccs.VECTOR_LANES), st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_property_short_rows_match_spec(cols, rows, seed):
+    """Rows of one or two chunks: any number of groups of eight (the pipelined loop's first, middle and last
+    group), then groups of four and single rows; a Dmax on either side of the 64-entry table."""
+    gen = np.random.default_rng(seed)
+    pool = np.array([-128, -127, 0, 1, 126, 127], np.int8)
+    x = np.where(gen.random((rows, cols)) < 0.3, gen.choice(pool, (rows, cols)),
+                 gen.integers(-128, 128, (rows, cols))).astype(np.int8)
+    check(x, *legal_params(gen, cols))
+
+
+@pytest.mark.parametrize("cols", [64, 65, 100, 127, 128])
+@pytest.mark.parametrize("dmax", [0, 1, 62, 63, 64, 65, 127])
+def test_short_rows_at_the_table_edges(rng, cols, dmax):
+    """Distances up to dmax on both sides of the one-vector table (vpermb, dmax < 64) and the two-vector
+    table (vpermi2b), in rows that reach every distance, clip below int8, or sit at one value."""
+    x = rng.integers(-128, 128, (27, cols)).astype(np.int8)
+    x[0], x[1], x[2] = -128, 127, 0
+    x[3, :] = -128
+    x[3, cols // 2] = 127
+    x[4] = np.arange(cols) % 128 - (np.arange(cols) % 2) * 128
+    x[5] = 127 - np.arange(cols) % (dmax + 2)
+    b_max = hccs.MAX_ROW_MASS // cols
+    for s in sorted({0, 1, min(hccs.S_MAX, (b_max - -(-hccs.MIN_FLOOR_MASS // cols)) // max(dmax, 1))}):
+        if b_max - s * dmax >= 0 and cols * (b_max - s * dmax) >= hccs.MIN_FLOOR_MASS:
+            check(x, b_max, s, dmax)
+            check(x[:9], b_max, s, dmax)
+
+
+@pytest.mark.parametrize("cols", [64, 70, 128])
+def test_wide_reciprocal_rows_in_groups_of_eight(rng, cols):
+    """allow_zero_floor: totals below WIDE_INV_TOTAL in the first and last slot of a group of eight, in the
+    first, a middle and the last group of the pipelined loop, and among the rows after the groups."""
+    x = rng.integers(-128, 128, (29, cols)).astype(np.int8)
+    wide = [0, 7, 11, 12, 23, 24, 28]
+    x[wide] = -128
+    x[wide, [3, 0, cols - 1, 5, 1, 2, cols - 1]] = 127
+    check(x, 1, 1, 1, allow_zero_floor=True)
+    check(x, 3, 1, 3, allow_zero_floor=True)
+    check(x[:16], 2, 1, 2, allow_zero_floor=True)
+
+
 def test_row_kernel_on_wider_integer_arrays(rng):
     """hccs_row takes int8 values in any integer array and writes an int32 row (the Soma decode step)."""
     x = rng.integers(-128, 128, 200).astype(np.int32)
@@ -76,10 +121,10 @@ import numpy as np
 from somatile.model import hccs
 gen = np.random.default_rng(3)
 for cols in (64, 100, 128, 300, 512):
-    for rows in (1, 4, 7):
+    for rows in (1, 4, 7, 17):
         x = gen.integers(-128, 128, (rows, cols)).astype(np.int8)
         b = hccs.MAX_ROW_MASS // cols
-        for B, S, D in ((b, 1, 20), (b, 0, 0), (1, 1, 1)):
+        for B, S, D in ((b, 1, 20), (b, 0, 0), (1, 1, 1), (b, 0, 100)):
             for mode in ("div", "clb"):
                 kw = dict(mode=mode, allow_zero_floor=True)
                 assert np.array_equal(hccs.hccs_int(x, B, S, D, **kw), hccs.hccs_int(x, B, S, D, impl="numpy", **kw))
