@@ -209,8 +209,12 @@ class _Sequencer:
         # began paths to the write port's and the header's registers longer than the ULX3S clock period.
         self.at_header, self.at_payload, self.accepting = (Signal(name=n) for n in ("at_header", "at_payload",
                                                                                    "accepting"))
+        # A beat is taken in a state that accepts, so inside HEADER, PAYLOAD and DRAIN (and with at_header or
+        # at_payload, which imply accepting) tvalid alone is the beat: accepting drives s_axis_tready only (as a
+        # term of every beat enable it reached the payload writer's address and the header's registers, the
+        # ULX3S tile's worst routes without rip-up).
         m.d.comb += tile.s_axis_tready.eq(self.accepting)
-        self.s_beat = tile.s_axis_tvalid & self.accepting
+        self.s_beat = tile.s_axis_tvalid
         m.d.comb += [front.beat.eq(self.s_beat & self.at_header), payload.beat.eq(self.s_beat & self.at_payload)]
         self.settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
 
