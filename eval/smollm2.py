@@ -26,11 +26,6 @@ import numpy as np
 from somatile.eval import text as textmod
 from somatile.eval.report import machine, markdown_table, pyplot, write_outputs
 
-def _progress(iterable, desc: str, total: int | None = None):
-    from tqdm import tqdm
-    return tqdm(iterable, desc=desc, total=total, unit="it", leave=False, file=sys.stderr)
-
-
 STATE_LENGTHS = (2048, 8192, 65536)
 
 
@@ -140,55 +135,75 @@ def soma_mask(T: int, sinks: int, ring: int) -> np.ndarray:
 
 
 def calibrate_smollm2(model, tokens: np.ndarray, cols: int, geometry: dict | None = None,
-                      wide: bool = True) -> LMCalibration:
+                      wide: bool = True, *, n_jobs: int = 1, cluster: str | None = None) -> LMCalibration:
     """Run full attention over ``tokens`` and calibrate each layer per head on rows of ``cols`` keys: each
     query's last ``cols`` visible keys (what a Soma row of ``cols`` slots holds), masked where fewer exist.
 
     With ``wide`` (needs ``geometry``): also the :data:`BOUNDARIES` of each layer from these tokens' q, k, v,
     and the wide pwl2 / hccs parameters chosen on the attention output over rows of the default preset's
-    Soma slots (:func:`soma_mask`)."""
-    from somatile.model import soma_int
-    from somatile.model.boundary import Boundary
-    from somatile.model.calibrate import calibrate_params, calibrate_wide
-    from somatile.model.smollm2 import CausalAttention
-    from somatile.model.soma import SomaConfig
+    Soma slots (:func:`soma_mask`).
 
-    cal = LMCalibration(cols=cols, params=[])
-    logits_by_layer = {}
-    qkv = {}
+    The forward pass runs here; each layer's calibration is a job of :mod:`somatile.eval.jobs`
+    (:func:`calibrate_layer_job`, ``n_jobs`` processes or ``cluster``): the layers are independent, and their
+    wide searches are most of the calibration's time. The result does not depend on where the jobs ran."""
+    from somatile.eval import jobs as joblib
+    from somatile.model.smollm2 import CausalAttention
+
+    layers: dict[int, dict] = {}
 
     def keep_logits(layer, logits, mask):
-        logits_by_layer[layer] = (logits, mask)
+        layers[layer] = dict(layer=layer, logits=logits, mask=mask)
 
     inner = CausalAttention(logits_hook=keep_logits)
 
     def attention(layer, q, k, v):
         out = inner(layer, q, k, v)
-        qkv[layer] = (q, k, v, out)
+        layers[layer].update(q=q, k=k, v=v, out=out)
         return out
 
     model.forward(tokens, attention=attention)
-    for layer in _progress(range(model.config.n_layers), "calibrate SmolLM2", model.config.n_layers):
-        logits, mask = logits_by_layer[layer]
-        x, m = last_keys(logits, mask, cols)
-        cal.params.append(calibrate_params(x, m, search="int", mode="div"))
-        q, k, v, out = qkv[layer]
-        cal.q_scale.append(soma_int.scales_for(q))
-        cal.k_scale.append(soma_int.scales_for(k))
-        cal.v_scale.append(soma_int.scales_for(v))
-        cal.out_scale.append(soma_int.scales_for(out))
-        if not wide:
-            continue
-        default = SomaConfig.preset("default", **geometry)
-        for name, (profile, levers) in BOUNDARIES.items():
-            cal.boundaries.setdefault(name, []).append(
-                Boundary.calibrate(default.replace(profile=profile), q, k, v, **levers))
-        kv = np.arange(default.n_heads) // default.group
-        block = (logits.astype(np.float64), soma_mask(len(tokens), default.sinks, default.ring),
-                 np.asarray(v, np.float64).transpose(1, 0, 2)[kv])
-        for norm in ("pwl2", "hccs"):
-            cal.wide.setdefault(norm, []).append(calibrate_wide([block], norm))
+    n_layers = model.config.n_layers
+    work = [dict(layers[layer], cols=cols, geometry=geometry, wide=wide) for layer in range(n_layers)]
+    layers.clear()   # the jobs hold the only references: each layer's logits are freed once it is done
+    parts = joblib.run(calibrate_layer_job, work, n_jobs=n_jobs, cluster=cluster, desc="calibrate SmolLM2",
+                       labels=[f"calibrate layer {layer}" for layer in range(n_layers)])
+    cal = LMCalibration(cols=cols, params=[])
+    for part in parts:
+        cal.params.append(part["params"])
+        for name in ("q_scale", "k_scale", "v_scale", "out_scale"):
+            getattr(cal, name).append(part[name])
+        for name, boundary in part["boundaries"].items():
+            cal.boundaries.setdefault(name, []).append(boundary)
+        for norm, w in part["wide"].items():
+            cal.wide.setdefault(norm, []).append(w)
     return cal
+
+
+def calibrate_layer_job(job: dict) -> dict:
+    """One layer's share of :func:`calibrate_smollm2` (a job: runs in any process). ``job``: the layer's
+    causal logits (H, T, T) and mask, its q, k, v and attention output, ``cols``, ``geometry`` and ``wide``.
+    Returns the layer's HCCS params, int8 scales, and with ``wide`` its boundaries and wide calibrations."""
+    from somatile.model import soma_int
+    from somatile.model.boundary import Boundary
+    from somatile.model.calibrate import calibrate_params, calibrate_wide
+    from somatile.model.soma import SomaConfig
+
+    logits, mask, q, k, v, out = (job[name] for name in ("logits", "mask", "q", "k", "v", "out"))
+    x, m = last_keys(logits, mask, job["cols"])
+    part = {"params": calibrate_params(x, m, search="int", mode="div"),
+            **{f"{name}_scale": soma_int.scales_for(t) for name, t in (("q", q), ("k", k), ("v", v), ("out", out))},
+            "boundaries": {}, "wide": {}}
+    if not job["wide"]:
+        return part
+    default = SomaConfig.preset("default", **job["geometry"])
+    for name, (profile, levers) in BOUNDARIES.items():
+        part["boundaries"][name] = Boundary.calibrate(default.replace(profile=profile), q, k, v, **levers)
+    kv = np.arange(default.n_heads) // default.group
+    block = (logits.astype(np.float64), soma_mask(logits.shape[-1], default.sinks, default.ring),
+             np.asarray(v, np.float64).transpose(1, 0, 2)[kv])
+    for norm in ("pwl2", "hccs"):
+        part["wide"][norm] = calibrate_wide([block], norm)
+    return part
 
 
 def last_keys(logits: np.ndarray, mask: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -351,8 +366,10 @@ def evaluate_smollm2(args, command: str) -> dict:
     if args.only:
         variants = [v for v in lm_variants(False, everything=True) if v.key in args.only]
     default_slots = soma.SomaConfig.preset("default", **geometry).slots
-    cal = calibrate_smollm2(model, cal_tokens, default_slots, geometry,
-                            wide=any(v.boundary for v in variants))
+    from somatile.eval import jobs as joblib
+    n_jobs = joblib.check(getattr(args, "jobs", 1), getattr(args, "cluster", None))
+    cal = calibrate_smollm2(model, cal_tokens, default_slots, geometry, wide=any(v.boundary for v in variants),
+                            n_jobs=n_jobs, cluster=getattr(args, "cluster", None))
     builders = soma_configs(cal, c.n_layers, geometry)
     results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32 forward)", "machine": machine(),
                "quick": bool(args.quick), "text": str(args.text or textmod.DEFAULT_TEXT), "chars": chars,
@@ -389,8 +406,6 @@ def evaluate_smollm2(args, command: str) -> dict:
                          f"got {args.first_round}")
     schedule = schedule[args.first_round:]
     results["first_round"] = args.first_round
-    from somatile.eval import jobs as joblib
-    n_jobs = joblib.check(getattr(args, "jobs", 1), getattr(args, "cluster", None))
     deadline = t0 + 60 * args.max_minutes if args.max_minutes else None
     token = _calibration_token(cal, geometry, c.n_layers)
     _BUILDERS.clear()
@@ -460,10 +475,39 @@ def hash_tokens(tokens: np.ndarray) -> str:
 
 def _calibration_token(cal, geometry: dict, n_layers: int) -> str:
     """A digest of everything a window job's result depends on besides its tokens and variant: the
-    calibration (pickled) and the geometry, so ``--resume`` never reuses a window of another calibration."""
+    calibration and the geometry, so ``--resume`` never reuses a window of another calibration. The digest
+    reads values (:func:`_feed`), not pickled bytes: a calibration assembled from jobs run in other processes
+    pickles differently (no shared objects, other array strides) but is the same calibration."""
     import hashlib
-    import pickle
-    return hashlib.sha256(pickle.dumps((cal, sorted(geometry.items()), n_layers))).hexdigest()[:16]
+    h = hashlib.sha256()
+    _feed(h, (cal, sorted(geometry.items()), n_layers))
+    return h.hexdigest()[:16]
+
+
+def _feed(h, value) -> None:
+    """Feed ``value``'s contents to the hash ``h``: arrays by dtype, shape and C-order bytes; dataclasses and
+    other objects by class name and fields; containers element by element; scalars by type and repr."""
+    import dataclasses
+    if isinstance(value, np.ndarray):
+        h.update(f"array {value.dtype.str} {value.shape}".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, (list, tuple)):
+        h.update(f"{type(value).__name__} {len(value)}".encode())
+        for item in value:
+            _feed(h, item)
+    elif isinstance(value, dict):
+        h.update(f"dict {len(value)}".encode())
+        for key in sorted(value, key=repr):
+            _feed(h, key)
+            _feed(h, value[key])
+    elif value is None or isinstance(value, (str, bool, int, float, np.generic)):
+        h.update(f"{type(value).__name__} {value!r}".encode())
+    elif dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        h.update(type(value).__qualname__.encode())
+        _feed(h, {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+              if dataclasses.is_dataclass(value) else vars(value))
+    else:
+        raise TypeError(f"calibration fingerprint: cannot digest a {type(value).__name__}")
 
 
 def _window_file(key: str, start: int, length: int) -> str:

@@ -79,7 +79,7 @@ def test_bad_options(n_jobs, cluster, message):
 
 
 EVAL = ["eval", "smollm2", "--chars", "1000", "--window", "128", "--long-window", "0", "--calibration-tokens",
-        "96", "--only", "default", "int_hccs"]
+        "96", "--only", "default", "int_hccs", "wide_pwl2"]
 
 
 def _windows(out):
@@ -104,7 +104,8 @@ def test_longest_job_has_the_highest_priority_on_the_cluster(tmp_path, cluster_a
 
 def test_eval_is_the_same_serial_parallel_on_a_cluster_and_resumed(tmp_path, cluster_address):
     """Bit-identical window NLLs whatever ran them (float32 forward passes with one BLAS thread are
-    deterministic; each window starts from a fresh state)."""
+    deterministic; each window starts from a fresh state); the layer calibrations run as jobs too (wide_pwl2
+    needs the wide searches)."""
     assert cli(EVAL + ["--out", str(tmp_path / "serial"), "--jobs", "1"]) == 0
     serial, _ = _windows(tmp_path / "serial")
     assert len(serial["default"]) >= 2
@@ -112,9 +113,11 @@ def test_eval_is_the_same_serial_parallel_on_a_cluster_and_resumed(tmp_path, clu
     assert _windows(tmp_path / "pool")[0] == serial
     assert cli(EVAL + ["--out", str(tmp_path / "cluster"), "--cluster", cluster_address]) == 0
     assert _windows(tmp_path / "cluster")[0] == serial
-    assert cli(EVAL + ["--out", str(tmp_path / "pool"), "--jobs", "2", "--resume"]) == 0
-    resumed, r = _windows(tmp_path / "pool")
-    assert resumed == serial and r["jobs"]["resumed"] == r["jobs"]["count"] == 2 * len(serial["default"])
+    # Resuming the serial run with --jobs 2: the calibration, assembled from layer jobs of other processes
+    # this time, must be recognised as the same, so every window is taken from the cache.
+    assert cli(EVAL + ["--out", str(tmp_path / "serial"), "--jobs", "2", "--resume"]) == 0
+    resumed, r = _windows(tmp_path / "serial")
+    assert resumed == serial and r["jobs"]["resumed"] == r["jobs"]["count"] == 3 * len(serial["default"])
 
 
 def test_minilm_eval_is_the_same_serial_parallel_and_on_a_cluster(tmp_path, cluster_address):
