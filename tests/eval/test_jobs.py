@@ -38,20 +38,21 @@ def note_start(job):
     return name
 
 
-def _start_order(tmp_path, **kw):
+def _check_long_job_starts_first(tmp_path, **kw):
+    """Three jobs on two workers: each starts once, and the long one before the second short one."""
     log = str(tmp_path / "starts.log")
     names = ["short a", "short b", "long"]
     work = [(log, "short a", 0.2), (log, "short b", 0.2), (log, "long", 0.4)]
     assert jobs.run(note_start, work, cost=[1, 1, 4], **kw) == names      # delivered in job order
-    return open(log).read().split("\n")[:-1]
+    starts = open(log).read().split("\n")[:-1]
+    assert sorted(starts) == ["long", "short a", "short b"]
+    assert starts.index("long") < starts.index("short b")
 
 
 def test_longest_job_is_submitted_first(tmp_path):
     """Two workers, three jobs: the queue is first in, first out, so the long job submitted first starts
     before the second short one (job order would start it last, alone on the pool at the end)."""
-    starts = _start_order(tmp_path, n_jobs=2)
-    assert sorted(starts) == ["long", "short a", "short b"]
-    assert starts.index("long") < starts.index("short b")
+    _check_long_job_starts_first(tmp_path, n_jobs=2)
 
 
 def test_cost_must_match_the_jobs():
@@ -97,9 +98,7 @@ def cluster_address():
 
 
 def test_longest_job_has_the_highest_priority_on_the_cluster(tmp_path, cluster_address):
-    starts = _start_order(tmp_path, cluster=cluster_address)
-    assert sorted(starts) == ["long", "short a", "short b"]
-    assert starts.index("long") < starts.index("short b")
+    _check_long_job_starts_first(tmp_path, cluster=cluster_address)
 
 
 def test_eval_is_the_same_serial_parallel_on_a_cluster_and_resumed(tmp_path, cluster_address):
