@@ -89,8 +89,17 @@ def _row(model: str, what: str, options: list[str], tmp: Path) -> dict:
                      f"{2 * serial_cpu / parallel_cpu:.2f}x); {os.cpu_count()} cores; before: {before}; after: {after}"}
 
 
+# Untimed first: numba compiles a kernel on its first use after its source changed and caches it on disk, so
+# without a warm-up the first (serial) run alone would pay those compiles (seconds per kernel) and inflate the
+# speed-up. Quick runs of every model and variant timed below load or compile each kernel once.
+WARM_UP = [("minilm", ["--quick"]),
+           ("smollm2", ["--quick", "--only", "default", "hccs", "int_hccs", "wide_exp"])]
+
+
 def run() -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench_jobs") as tmp:
+        for model, options in WARM_UP:
+            _timed(model, options, 1, Path(tmp) / f"warm-up-{model}")
         return [_row(model, what, options, Path(tmp)) for model, what, options in EVALS]
 
 
