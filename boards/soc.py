@@ -11,17 +11,15 @@ divide to within :data:`BAUD_TOLERANCE`.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 from somatile.boards.config import BoardConfig, BoardError
+from somatile.host.transport_firmware import FIRMWARE_DIR, firmware_make
 from somatile.hw.soc_map import CPU_MARCH, HCCS_DIV_BITS, SOFT_TILE_PROFILE, SPRAM_PAIR_BYTES
 
-FIRMWARE_DIR = Path(__file__).resolve().parent.parent / "firmware"
 CROSS = "riscv64-unknown-elf-"
 UART_EXTRA_CYCLES = 2
 """simpleuart's bit lasts ``divider + 2`` cycles (its counter runs to ``divider + 1`` and restarts at 0)."""
@@ -99,8 +97,6 @@ def build_firmware(cfg: BoardConfig, clock_hz: float, out: Path, board_arg: str 
     if shutil.which(CROSS + "gcc") is None:
         raise FileNotFoundError(f"{CROSS}gcc not found: apt-get install gcc-riscv64-unknown-elf "
                                 f"picolibc-riscv64-unknown-elf (the SoC firmware's cross toolchain)")
-    if not (FIRMWARE_DIR / "Makefile").exists():
-        raise FileNotFoundError(f"{FIRMWARE_DIR}: the firmware sources are not here (needs a source checkout)")
     div, _ = uart_divider(cfg, clock_hz)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -110,12 +106,7 @@ def build_firmware(cfg: BoardConfig, clock_hz: float, out: Path, board_arg: str 
                  "SOC_CODE_BYTES": str(soc["code_kib"] * 1024), "SOC_DATA_BYTES": str(soc["data_kib"] * 1024),
                  "SOC_MAX_PAYLOAD": str(soc["max_payload"]), "SOC_TILE_TIMEOUT_MS": str(soc["tile_timeout_ms"]),
                  "SOC_PERIPHERAL": soc["peripheral"]}
-    lock_path = FIRMWARE_DIR / "build" / ".lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        result = subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), "soc",
-                                 *(f"{k}={v}" for k, v in variables.items())], capture_output=True, text=True)
+    result = firmware_make("soc", *(f"{k}={v}" for k, v in variables.items()))
     log = result.stdout + result.stderr
     if result.returncode:
         overflow = re.search(r"region `(CODE|DATA)' overflowed by (\d+) bytes|no room for the stack", log)

@@ -15,23 +15,31 @@ from pathlib import Path
 FIRMWARE_DIR = Path(__file__).resolve().parent.parent / "firmware"
 
 
-def build_firmware(board: str = "sim", build_name: str | None = None, board_name: str | None = None) -> Path:
-    """``make -C firmware BOARD=board`` into ``firmware/build/<build_name>/`` (default: the board), serialised
-    between processes by a lock; ``board`` is a board name or YAML path, ``board_name`` the name the firmware
-    reports (default: ``board``). Returns the executable."""
+def firmware_make(*arguments: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``make -s -C firmware ARGUMENTS``, output captured, serialised between processes by the lock of
+    ``firmware/build/`` (two processes, for example two test workers, would otherwise compile the same objects
+    at once). Raises FileNotFoundError outside a source checkout; the caller reads the return code."""
     if not (FIRMWARE_DIR / "Makefile").exists():
         raise FileNotFoundError(f"{FIRMWARE_DIR}: the firmware sources are not here (needs a source checkout)")
     lock_path = FIRMWARE_DIR / "build" / ".lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        build_name = build_name or board
-        result = subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), f"BOARD={board}",
-                                 f"BOARD_NAME={board_name or board}", f"BUILD=build/{build_name}",
-                                 f"build/{build_name}/somatile-fw"], capture_output=True, text=True)
+        return subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), *arguments], capture_output=True, text=True,
+                              timeout=timeout)
+
+
+def build_firmware(board: str = "sim", build_name: str | None = None, board_name: str | None = None,
+                   target: str = "somatile-fw") -> Path:
+    """``make -C firmware BOARD=board`` of ``target`` into ``firmware/build/<build_name>/`` (default: the
+    board), through :func:`firmware_make`; ``board`` is a board name or YAML path, ``board_name`` the name the
+    firmware reports (default: ``board``). Returns the built file."""
+    build_name = build_name or board
+    result = firmware_make(f"BOARD={board}", f"BOARD_NAME={board_name or board}", f"BUILD=build/{build_name}",
+                           f"build/{build_name}/{target}")
     if result.returncode:
         raise RuntimeError(f"firmware build for board {board!r} failed:\n{result.stdout}{result.stderr}")
-    return FIRMWARE_DIR / "build" / build_name / "somatile-fw"
+    return FIRMWARE_DIR / "build" / build_name / target
 
 
 class FirmwareProcess:

@@ -291,11 +291,11 @@ def test_the_processing_system_firmware_cross_builds_for_the_cortex_r5f(tmp_path
     assert shutil.which("arm-none-eabi-gcc"), ("Debian's gcc-arm-none-eabi and libnewlib-arm-none-eabi build the "
                                                "Versal firmware: apt-get install gcc-arm-none-eabi "
                                                "libnewlib-arm-none-eabi (.ci/run does)")
-    from somatile.boards.soc import FIRMWARE_DIR
+    from somatile.host.transport_firmware import firmware_make
 
     build = tmp_path / "fw"
-    subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), "versal", f"BOARD={board}", f"BUILD={build}"], check=True,
-                   capture_output=True, text=True)
+    made = firmware_make("versal", f"BOARD={board}", f"BUILD={build}")
+    assert made.returncode == 0, made.stderr[-3000:]
     elf = build / "versal" / "firmware.elf"
     header = subprocess.run(["arm-none-eabi-readelf", "-h", str(elf)], check=True, capture_output=True,
                             text=True).stdout

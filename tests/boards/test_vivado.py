@@ -117,12 +117,12 @@ def test_the_linker_script_takes_its_regions_from_the_address_map(tmp_path):
     """make -C firmware writes the Versal link.ld from hal/versal/link.ld.S and the generated header: its regions
     are FIRMWARE_MEMORY's, the on-chip memory the DMA's window of ADDRESS_MAP (below TF-A's BL31 at 0xFFFE0000),
     and the source names no address of its own."""
-    import subprocess
+    from somatile.host.transport_firmware import firmware_make
 
     build = tmp_path / "fw"
     script = build / "versal" / "link.ld"
-    subprocess.run(["make", "-s", "-C", str(FIRMWARE), "BOARD=vck190", f"BUILD={build}", str(script)], check=True,
-                   capture_output=True, text=True)
+    made = firmware_make("BOARD=vck190", f"BUILD={build}", str(script))
+    assert made.returncode == 0, made.stderr[-3000:]
     regions = {name: (int(origin, 16), int(length, 16)) for name, origin, length in re.findall(
         r"^\s*(\w+) \(\w+\)\s*: ORIGIN = (0x[0-9A-F]+), LENGTH = (0x[0-9A-F]+)$", script.read_text(), re.M)}
     assert regions == {name: (base, size) for name, (base, size, _) in vivado.FIRMWARE_MEMORY.items()}

@@ -17,7 +17,7 @@ import tempfile
 
 import pytest
 
-from somatile.host.transport_firmware import FIRMWARE_DIR, build_firmware
+from somatile.host.transport_firmware import FIRMWARE_DIR, build_firmware, firmware_make
 
 LIBFUZZER_SECONDS = 20
 # What the inputs must reach for the run to count: the handler of every request opcode, past the CRC check
@@ -30,8 +30,7 @@ def make_firmware(*arguments: str, timeout: float) -> subprocess.CompletedProces
     """``make -C firmware BOARD=sim ARGUMENTS`` after `build_firmware` (which generates the headers under its
     lock); returns the finished process, output captured."""
     build_firmware("sim")
-    return subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), "BOARD=sim", *arguments], capture_output=True,
-                          text=True, timeout=timeout)
+    return firmware_make("BOARD=sim", *arguments, timeout=timeout)
 
 
 def mutation_driver(*arguments: str) -> subprocess.CompletedProcess:

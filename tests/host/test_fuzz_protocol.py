@@ -69,16 +69,12 @@ class FirmwareSession:
 
     def __init__(self):
         from somatile.host.transport_firmware import board_file
-        from somatile.host.transport_firmware import FIRMWARE_DIR, build_firmware
+        from somatile.host.transport_firmware import build_firmware
 
         self.params, name = demo_board()
         _, board, overrides = demo_query()
         board_arg, build_name = board_file(board, overrides)
-        build_firmware(board_arg, build_name, name)
-        library = f"build/{build_name}/libfw_session.so"
-        subprocess.run(["make", "-s", "-C", str(FIRMWARE_DIR), f"BOARD={board_arg}", f"BOARD_NAME={name}",
-                        f"BUILD=build/{build_name}", library], check=True)
-        self.lib = ctypes.CDLL(str(FIRMWARE_DIR / library))
+        self.lib = ctypes.CDLL(str(build_firmware(board_arg, build_name, name, target="libfw_session.so")))
         self.lib.fw_session.restype = ctypes.c_size_t
         self.lib.fw_session.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
                                         self.PORT]
