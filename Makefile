@@ -31,13 +31,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/somatile demo
 
+# The suite runs in TEST_JOBS pytest-xdist workers (default: the cores), a test file per worker at a time
+# (module fixtures such as a simulated SoC are built once); builds shared between files (Verilator models,
+# the firmware) are serialised by file locks (sim/runner.py, host/transport_firmware.py).
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+TEST_OPTIONS := -n $(TEST_JOBS) --dist loadfile
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(TEST_OPTIONS)
 
 # test-all adds the SoC run of the README's agree command (also in the suite, tests/boards/test_soc.py).
 SOC_AGREE_QUERY := board=sim&ring=8&sinks=2&head_dim=16&n_max=32&local_memory_bytes=8192
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(TEST_OPTIONS)
 	$(BIN)/somatile device agree --url "emu://?$(SOC_AGREE_QUERY)" --url "sim://?$(SOC_AGREE_QUERY)&top=soc"
 
 # The long RTL regressions through the C++ stream harness (docs/regress.md): 10^6 HCCS rows and 10^5 decode
