@@ -608,7 +608,10 @@ class SumReader(_BankReader):
         held = Signal(data.StructLayout({"final": _count_bits(self.config), "max": signed(INPUT_BITS),
                                          "dmax": bits_for(DMAX_MAX)}))
         r = self._issue(m, held.final)
-        with m.If(r.start):
+        # held loads in every idle cycle, so the last load is the start cycle's (start implies idle, and held
+        # is read only while active): its enable is ~active, not start, whose comparison of the bank's state
+        # through the four-bank multiplexer began the ULX3S tile's longest paths with the heap placer.
+        with m.If(~r.active):
             m.d.sync += [held.final.eq(r.row.final), held.max.eq(r.row.max), held.dmax.eq(r.row.params.dmax)]
         issued = Signal(data.StructLayout({"valid": 1, "tag": sum_tag_layout(self.config), "max": signed(INPUT_BITS),
                                            "dmax": bits_for(DMAX_MAX)}), name="issued")
