@@ -34,6 +34,7 @@ cycles later.
 
 from __future__ import annotations
 
+import functools
 import operator
 from types import SimpleNamespace
 
@@ -318,12 +319,13 @@ PROB_GROUP_COPIES = 4  # copies of the weighted sum's probability group index, e
 WEIGHTED_DEPTH = READ_LATENCY + 3
 """WEIGHTED SUM: read, then the probability and value operands registered, then their products (2: partial
 products in pairs, then their sum)."""
-FINAL_DEPTH = 10
-"""FINAL: operands selected (1), near term (split product 3, round-shift 2, saturate 1, aligned 2) beside
-the far term (operand 1, a product 1, split product 3, round-shift 2, saturate 1), their sum saturated (1)."""
-FIELD_DEPTH = 6
-"""FINAL's field updates: operands selected (1), registered twice (2), products (2: a register on each side
-of the multiplier's), sum and rounding (1)."""
+FINAL_DEPTH = 11
+"""FINAL: the near term (its sum selected 1, split product 3, round-shift 2, saturate 1, aligned 3) beside the
+far term (the register files' words read 1, elements selected 1, operand 1, a product 1, split product 3,
+round-shift 2, saturate 1), their sum saturated (1)."""
+FIELD_DEPTH = 7
+"""FINAL's field updates: operands read (1) and selected (1), registered twice (2), products (2: a register on
+each side of the multiplier's), sum and rounding (1)."""
 GATE_DEPTH = 9
 """Query gate after its last element's issue: operands (1), product (2), accumulate (1), split product (3),
 round-shift (2); the gate register follows one cycle later."""
@@ -935,22 +937,27 @@ class OutputStage(wiring.Component):
             m.d.sync += [fin_lane.eq(fin_lane + 1), *d_issue.increment()]
         s = 0
         acc_sel = reg(m, Array(self.acc[l] for l in range(L))[fin_lane], "acc_sel")
-        # Element d_issue of the fields, k and v.
+        # Element d_issue of the fields, k and v: each word read is registered as it leaves the LUT RAM, and
+        # the element is selected from it a cycle later (by d_issue's low bits, registered beside it). The
+        # read and the selection in one cycle were the ULX3S tile's longest path (d_issue -> v_d, mostly
+        # routing between the LUT RAM cells and the FINAL pipeline).
         reads = ((self.field, 16), (self.gate_field, 16), (self.k, 8), (self.v, 8))
         m.d.comb += [port.addr.eq(d_issue.copy(i) >> element_shift(word_bits, bits))
                      for i, (port, bits) in enumerate(reads)]
-        f_old, g_old, k_elem, v_elem = (element_of(port.data, d_issue.copy(i + 4), bits).as_signed()
-                                        for i, (port, bits) in enumerate(reads))
+        f_old, g_old, k_elem, v_elem = (
+            element_of(reg(m, port.data, f"{name}_word"), reg(m, d_issue.copy(i + 4), f"{name}_element"),
+                       bits).as_signed()
+            for i, ((port, bits), name) in enumerate(zip(reads, ("f", "g", "k", "v"))))
         f_old, g_old = reg(m, f_old, "f_old"), reg(m, g_old, "g_old")
         k_d, v_d = reg(m, k_elem, "k_d"), reg(m, v_elem, "v_d")
         # The field's source selected from the registered elements, a stage after f_old (the field update
         # delays it one register less): behind the LUT RAM reads, the selection would not fit the cycle.
         src = reg(m, Mux(head_choice(par, "field_source", "keys"), k_d, v_d), "src")
         m.d.comb += [self.f_old.eq(f_old), self.g_old.eq(g_old), self.k_d.eq(k_d), self.src.eq(src)]
-        s += 1
+        s += 2
         near = round_shift(m, split_mul(m, acc_sel, parameter_operand(m, par, "out_mult"), "near_product"),
                            par["out_shift"], soma.INT_SHIFT_MAX, "near_scaled")
-        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
+        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 2)
         s += 3 + 2 + 1 + 1
         far_f = reg(m, reg(m, f_old, "far_f_a") * parameter_operand(m, par, "alpha_mult"), "far_f", signed(32))
         # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
@@ -1024,7 +1031,7 @@ class FieldUpdate(wiring.Component):
         m = Module()
         f_new = self.update(m, self.f_old, self.src, "field", x_delay=1)
         g_new = self.update(m, self.g_old, self.k_d, "gate_field")
-        assert 1 + 2 + 2 + 1 == FIELD_DEPTH  # f_old's register, then the update's
+        assert 2 + 2 + 2 + 1 == FIELD_DEPTH  # the word's and f_old's registers, then the update's
         # The enables from registers set a stage early; the gate field's in a register of its own, gating
         # included (it steers the LUT RAM's write address between LOAD's words and FINAL's elements).
         element = element_index(self.element_item, self.params.mac_lanes)
@@ -1126,8 +1133,11 @@ class StateMover(wiring.Component):
         # LOAD's count ends at load_cycles - 1, STORE's after its last word at store_cycles.
         counter = Signal(range(max(self.load_cycles(p) - 1, self.store_cycles(p)) + 1))
         self.load(m, counter, state_row, (write_pos, fill, step))
-        self.write(m, (write_pos, fill, step))
-        self.store(m, counter, state_row)
+        # wr_data: the one source whose select register is set (each is 0 outside its phase), as an AND-OR
+        # rather than a priority chain of multiplexers behind the state machine (store_sel -> wr_data through
+        # that chain was late on the ULX3S tile).
+        sources = self.write(m, (write_pos, fill, step)) + self.store(m, counter, state_row)
+        m.d.comb += self.wr_data.eq(functools.reduce(operator.or_, (Mux(sel, word, 0) for sel, word in sources)))
         return m
 
     def load(self, m, counter, state_row, counters):
@@ -1166,8 +1176,9 @@ class StateMover(wiring.Component):
         """WRITE: the slot's addresses (both candidates and the comparison in registers, valid in WRITE: LOAD
         ends one cycle after the counters arrive, so that no comparison sits in front of the address adders),
         k and v read a cycle ahead (write_read: 0 outside WRITE, write_slot_word + 1 in it) into registers, so
-        that the word written is one multiplexer away from wr_data: the one write_v steers (write_slot_word >=
-        words, set the cycle before; decoded from the counter, the selection would not fit the cycle)."""
+        that the word written is one AND away from wr_data: write_k and write_v, set the cycle before, name the
+        source (decoded from the counter, the selection would not fit the cycle). Returns wr_data's (select,
+        source) pairs."""
         p = self.params
         words, sinks, ring = p.head_dim // p.word_bytes, p.sinks, p.ring
         write_pos, fill, step = counters
@@ -1188,35 +1199,37 @@ class StateMover(wiring.Component):
         k_write, v_write = (reg(m, port.data, f"{name}_write_word")
                             for port, name in ((self.k, "k"), (self.v, "v")))
         m.d.comb += [self.k.addr.eq(write_read.at(0)), self.v.addr.eq(write_read.at(1))]
-        write_v = Signal()
+        write_k, write_v = Signal(), Signal()  # wr_data's source in the next WRITE cycle (0 outside WRITE)
         # The counters' comparisons in registers (32-bit comparisons in front of their enables would not fit a
         # cycle): LOAD writes the counters at least three cycles before WRITE's last cycle advances them.
         pos_wraps, filling, counting = reg(m, Cat(write_pos == ring - 1, fill < ring, step < soma.COUNTER_MAX),
                                            "counter_flags")
         with m.If(self.begin_write):
-            m.d.sync += [write_slot_word.eq(0), write_last.eq(0), write_v.eq(0), *write_read.set(1)]
+            m.d.sync += [write_slot_word.eq(0), write_last.eq(0), write_k.eq(1), write_v.eq(0), *write_read.set(1)]
         with m.If(self.writing):
             with m.Switch(write_slot_word):
                 for i in range(2 * words):
                     with m.Case(i):
                         m.d.comb += [self.wr_addr.eq(slot_k + i if i < words else slot_v + i - words),
                                      self.wr_en.eq((1 << p.word_bytes) - 1)]
-            m.d.comb += [self.wr_data.eq(Mux(write_v, v_write, k_write)), self.write_last.eq(write_last)]
+            m.d.comb += self.write_last.eq(write_last)
             m.d.sync += [write_slot_word.eq(write_slot_word + 1), *write_read.increment(),
                          write_last.eq(write_slot_word == 2 * words - 2),
-                         write_v.eq(write_slot_word >= words - 1)]
+                         write_k.eq(write_slot_word < words - 1),
+                         write_v.eq((write_slot_word >= words - 1) & ~write_last)]
             with m.If(write_last):
                 m.d.sync += write_read.set(0)
                 with m.If(~in_sink):
                     m.d.sync += [write_pos.eq(Mux(pos_wraps, 0, write_pos + 1)),
                                  fill.eq(Mux(filling, fill + 1, fill))]
                 m.d.sync += step.eq(Mux(counting, step + 1, step))
+        return [(write_k, k_write), (write_v, v_write)]
 
     def store(self, m, counter, state_row):
         """STORE: the address advances in a register; the source is named by a one-hot register set the cycle
         before (not decoded from the counter). The register files are read a cycle ahead, at store_read (0
-        outside STORE, counter + 1 in it), into registers; the word for `counter` is then one multiplexer away
-        from wr_data."""
+        outside STORE, counter + 1 in it), into registers; the word for `counter` is then one AND away from
+        wr_data. Returns wr_data's (select, source) pairs."""
         p = self.params
         words = p.head_dim // p.word_bytes
         store_rams = ((self.field, 0), (self.gate_field, 2 * words), (self.out, 4 * words + 1))
@@ -1246,9 +1259,7 @@ class StateMover(wiring.Component):
                 m.d.sync += store_read.set(0)
                 m.d.comb += self.store_done.eq(1)
         # STORE's data: word `counter` of the stored sequence, from the source store_sel names.
-        for g, source in enumerate(store_groups):
-            with m.If(store_sel[g]):
-                m.d.comb += self.wr_data.eq(source)
+        return list(zip(store_sel, store_groups))
 
 
 def final_overlaps(params: TileParams) -> bool:
@@ -1508,15 +1519,11 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         enter_scores()
             with m.State("SCORES"):
-                m.d.comb += issue.last.eq((n_issue == slots - 1) & (c_issue == chunks - 1))
                 with m.If(issue.issuing):
                     m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
                     with m.If(c_issue == chunks - 1):
-                        m.d.sync += [c_issue.eq(0), n_issue.eq(n_issue + 1),
-                                     issue.sink_last.eq(n_issue + 2 == sinks)]
+                        m.d.sync += [c_issue.eq(0), issue.sink_last.eq(n_issue + 2 == sinks)]
                         issue.next_row("k")
-                        with m.If(n_issue == slots - 1):
-                            m.d.sync += issue.issuing.eq(0)
                     with m.Else():
                         m.d.sync += c_issue.eq(c_issue + 1)
                 with m.If(row.we & row.last):
@@ -1527,7 +1534,7 @@ class SomaDecode(wiring.Component):
                         m.d.comb += norm.start.eq(use_exp)
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
-                issue.step(n_issue == D - 1, gate.advance)
+                m.d.comb += gate.advance.eq(issue.issuing)
                 with m.If(stages.norm_done):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
@@ -1535,7 +1542,6 @@ class SomaDecode(wiring.Component):
                     m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1)]
                     enter_weighted()
             with m.State("WEIGHTED"):
-                issue.step(n_issue == slots - 1)
                 with m.If(issue.issuing):
                     m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
                     m.d.sync += issue.sink_last.eq(n_issue + 2 == sinks)
@@ -1617,15 +1623,28 @@ class _Issue:
         self.issuing, self.last, self.phase = Signal(name="issuing"), Signal(name="last_issue"), Signal(2, name="phase")
         max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH, GATE_DEPTH) + 1  # FINAL's: _FinalIssue
         self.tags = TagLine(m, self.issuing, self.last, self.phase, [self.n, self.c], max_depth, "tag")
+        # n counts by itself from the phase register: SCORES issues each slot's chunks in turn (the sequencer
+        # steps c) and its last item is slot slots - 1's last chunk; GATE's is element head_dim - 1, WEIGHTED
+        # SUM's slot slots - 1. n is 0 whenever nothing issues, so begin need not clear it: with the
+        # sequencer's begin conditions in its input, the fsm_state -> n path was the ULX3S tile's longest.
+        slot_end = (self.phase != PHASE_SCORES) | (self.c == params.head_dim // params.mac_lanes - 1)
+        final = Mux(self.phase == PHASE_GATE, self.n == params.head_dim - 1, self.n == params.slots - 1)
+        m.d.comb += self.last.eq(final & slot_end)
+        with m.If(~self.issuing | self.last):
+            m.d.sync += self.n.eq(0)
+        with m.Elif(slot_end):
+            m.d.sync += self.n.eq(self.n + 1)
+        with m.If(self.last):
+            m.d.sync += self.issuing.eq(0)
 
     def item(self, stage: int, code: int):
         """The tags (item_layout) of the item of phase ``code`` issued ``stage`` cycles ago."""
         return Cat(*self.tags.at(stage, code))
 
     def begin(self, code, *, rows: bool = True):
-        """Issuing starts at item 0 of phase ``code``; ``rows``: ``sink_last`` back to slot 0's value too
-        (SCORES passes False: :meth:`first_rows` did it at the step's start)."""
-        self.m.d.sync += [self.n.eq(0), self.issuing.eq(1), self.phase.eq(code)]
+        """Issuing starts at item 0 of phase ``code`` (n is 0 between phases); ``rows``: ``sink_last`` back to
+        slot 0's value too (SCORES passes False: :meth:`first_rows` did it at the step's start)."""
+        self.m.d.sync += [self.issuing.eq(1), self.phase.eq(code)]
         if rows:
             self.first_rows()
 
@@ -1642,15 +1661,3 @@ class _Issue:
         step = self.row_addr + self.params.head_dim // self.params.word_bytes
         following = Mux(self.sink_last, self.rows["ring_" + region], step) if self.params.sinks else step
         self.m.d.sync += self.row_addr.eq(following)
-
-    def step(self, final, advance=None):
-        """One item per cycle while issuing (n counts them); ``final``: the phase's last item; ``advance`` (a
-        stage's input) is high in every issuing cycle."""
-        m = self.m
-        m.d.comb += self.last.eq(final)
-        with m.If(self.issuing):
-            m.d.sync += self.n.eq(self.n + 1)
-            if advance is not None:
-                m.d.comb += advance.eq(1)
-            with m.If(final):
-                m.d.sync += self.issuing.eq(0)
