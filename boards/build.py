@@ -42,6 +42,7 @@ from . import aie
 from . import config as board_config
 from .aie import AieError
 from .config import BoardConfig, BoardError
+from .harness import RESET_BUFFER
 from .timing import endpoint_summary, register_name
 from .vivado import VIVADO_NOTE, write_vivado_project
 
@@ -288,6 +289,7 @@ class PnrResult:
     harness_ffs: int = 0
     lut_mapper: str = "abc9"
     nextpnr_opts: str | None = None  # set when tile_nextpnr_opts' run used its budget and was run without
+    placer: str | None = None  # set when the board's placer's run was repeated with another (and why)
     bitstream: str | None = None
     log: str | None = None
     error: str | None = None
@@ -370,6 +372,17 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+_RESET_UNROUTED = re.compile(rf"^ERROR: Failed to route arc \S+ of net '{RESET_BUFFER}_CLKI'", re.MULTILINE)
+
+
+def reset_route_failed(log: str) -> bool:
+    """Whether nextpnr's log ends on router2 finding no route to the ECP5 harness's reset buffer (the DCCA's
+    input, from the reset synchroniser). The buffer's fabric input is reached through a few wires beside the
+    DCC; some static placements of the tile leave none of them free (seen at the ULX3S tile's top-middle
+    DCC), and router2 cannot reroute the global clock's locked wires to make room."""
+    return bool(_RESET_UNROUTED.search(log))
+
+
 def abc9_failed(report: str) -> bool:
     """Whether a Yosys report stops on an assertion inside one of the ABC9 LUT mapping's passes (see
     CLASSIC_ABC): the last pass begun before the last ``ERROR: Assert`` line is an ABC one."""
@@ -421,13 +434,13 @@ def uses_tile_opts(cfg: BoardConfig, top: str) -> bool:
     return top != "hccs" and bool(cfg.fpga["tile_nextpnr_opts"])
 
 
-def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True) -> dict[str, str]:
+def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True, placer: str | None = None) -> dict[str, str]:
     """The amaranth build options of an FPGA board for one ``top``: nextpnr's router from the board file
-    (``fpga.router`` for the HCCS unit, ``fpga.tile_router``, ``fpga.tile_placer`` and ``fpga.tile_nextpnr_opts``
-    for the tile, the array and the SoC) and
+    (``fpga.router`` for the HCCS unit, ``fpga.tile_router``, ``fpga.tile_placer`` (or ``placer``) and
+    ``fpga.tile_nextpnr_opts`` for the tile, the array and the SoC) and
     ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
-    placer = "" if top == "hccs" else f" --placer {cfg.fpga['tile_placer']}"
+    placer = "" if top == "hccs" else f" --placer {placer or cfg.fpga['tile_placer']}"
     more = " " + cfg.fpga["tile_nextpnr_opts"] if extra and uses_tile_opts(cfg, top) else ""
     options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{placer}{more}",
                "script_after_read": f"{REPLICA_SCRIPT}\n{FSM_SCRIPT}"}
@@ -452,7 +465,6 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
         wrapper = ShiftHarness(unit, pll)
         in_bits, out_bits = port_bits(unit)
     options = toolchain_options(cfg, top)
-    options["nextpnr_opts"] += f" --sdf {name}.sdf"  # the routed delays, for the late-endpoint summary
     started = time.monotonic()
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
@@ -478,14 +490,28 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
             code = run()
         return code
 
-    extra = uses_tile_opts(cfg, top)
-    returncode = attempt(options, cfg.fpga["tile_opts_budget_s"] if extra else timeout_s)
-    if returncode is None and extra and time.monotonic() - started < timeout_s:
-        # The extra options' run (router2's rip-up may not stop) used its budget: the same build without them.
-        result.nextpnr_opts = (f"{cfg.fpga['tile_nextpnr_opts']} stopped after "
-                               f"{cfg.fpga['tile_opts_budget_s']:.0f} s; routed without")
-        plain = toolchain_options(cfg, top, extra=False)["nextpnr_opts"] + f" --sdf {name}.sdf"
-        returncode = attempt({**options, "nextpnr_opts": plain}, timeout_s)
+    def placed_by(placer: str | None) -> int | None:
+        """The build with ``placer`` (None: the board's), and without the extra options if they use their
+        budget; nextpnr writes the routed delays as SDF, for the late-endpoint summary."""
+        extra = uses_tile_opts(cfg, top)
+        opts = {**options, "nextpnr_opts": toolchain_options(cfg, top, placer=placer)["nextpnr_opts"]
+                + f" --sdf {name}.sdf"}
+        code = attempt(opts, cfg.fpga["tile_opts_budget_s"] if extra else timeout_s)
+        if code is None and extra and time.monotonic() - started < timeout_s:
+            # The extra options' run (router2's rip-up may not stop) used its budget: the same build without.
+            result.nextpnr_opts = (f"{cfg.fpga['tile_nextpnr_opts']} stopped after "
+                                   f"{cfg.fpga['tile_opts_budget_s']:.0f} s; routed without")
+            plain = toolchain_options(cfg, top, extra=False, placer=placer)["nextpnr_opts"] + f" --sdf {name}.sdf"
+            code = attempt({**opts, "nextpnr_opts": plain}, timeout_s)
+        return code
+
+    returncode = placed_by(None)
+    if (returncode not in (0, None) and top != "hccs" and cfg.fpga["tile_placer"] != "heap"
+            and reset_route_failed(_read(work / f"{name}.tim")) and time.monotonic() - started < timeout_s):
+        # The placement left the reset buffer's input unroutable: the build once more with the heap placer.
+        result.placer = f"heap: the {cfg.fpga['tile_placer']} placer's placement left the reset buffer unroutable"
+        result.nextpnr_opts = None
+        returncode = placed_by("heap")
     result.seconds = round(time.monotonic() - started, 1)
     if (work / f"{name}.rpt").exists():
         result.resources = resource_counts(family, parse_yosys_cells((work / f"{name}.rpt").read_text()))
@@ -641,6 +667,8 @@ def markdown_table(records: list[dict]) -> str:
             status = pnr["status"] + (f": {pnr['error']}" if pnr.get("error") else "")
             if pnr.get("lut_mapper", "abc9") != "abc9":
                 status += f" (LUTs mapped by {pnr['lut_mapper']})"
+            if pnr.get("placer"):
+                status += f" (placed by {pnr['placer']})"
             if pnr.get("nextpnr_opts"):
                 status += f" ({pnr['nextpnr_opts']})"
             final = pnr["status"] in ("ok", "timing-missed")  # else the log holds pre-route estimates only

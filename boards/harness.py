@@ -22,6 +22,9 @@ from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from .pll import Pll, PllSetting
 
 CAPTURE_BITS = 10
+RESET_BUFFER = "reset_buffer"
+"""The ECP5 harness's global buffer (DCCA) for the synchronised reset; nextpnr names its input net
+``reset_buffer_CLKI``."""
 
 
 def port_bits(unit: wiring.Component) -> tuple[int, int]:
@@ -50,7 +53,7 @@ def board_clock(m: Module, platform, setting: PllSetting) -> None:
         m.domains.reset_source = ClockDomain("reset_source")
         m.d.comb += ClockSignal("reset_source").eq(pll.clk)
         m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="reset_source")
-        m.submodules.reset_buffer = Instance("DCCA", i_CLKI=ResetSignal("reset_source"), i_CE=1,
+        m.submodules[RESET_BUFFER] = Instance("DCCA", i_CLKI=ResetSignal("reset_source"), i_CE=1,
                                              o_CLKO=ResetSignal("sync"))
     else:
         m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="sync")

@@ -13,7 +13,7 @@ from amaranth.hdl import Fragment
 
 import somatile.boards as boards
 from somatile.boards import build
-from somatile.boards.harness import ShiftHarness, port_bits
+from somatile.boards.harness import RESET_BUFFER, ShiftHarness, port_bits
 from somatile.boards.pll import ecp5_pll, ice40_pll, pll_for
 from somatile.host.cli import main as cli
 from somatile.hw.tile_params import RTL_PROFILES
@@ -270,6 +270,41 @@ def test_a_tile_build_whose_extra_nextpnr_options_use_their_budget_is_run_again_
     row = build.markdown_table([{"board": "b", "top": "tile", "kind": "fpga", "clock_mhz": 100.0,
                                  "pnr": dataclasses.asdict(result) | {"met": False}}]).splitlines()[2]
     assert "(--tmg-ripup stopped after 7 s; routed without)" in row
+
+
+def test_a_build_whose_placement_leaves_the_reset_buffer_unroutable_is_placed_again_by_the_heap_placer(
+        tmp_path, monkeypatch):
+    """Router2 may find no route to the ECP5 harness's reset buffer (DCCA) in the static placer's placement: the
+    build runs once more with the heap placer, the rest of the options unchanged, and the report says so. Any
+    other routing failure is reported as it is."""
+    cfg = boards.load("ulx3s_85f").with_overrides({"lanes": 4, "heads": 1, "head_dim": 32, "n_max": 128,
+                                                   "ring": 16, "sinks": 2, "local_memory_bytes": 8192}, "test")
+    for net, runs_expected in ((f"{RESET_BUFFER}_CLKI", 2), ("unit.other", 1)):
+        runs = []
+
+        def fake_run(plan, work, name, log_path, timeout_s):
+            runs.append(plan.files[f"build_{name}.sh"])
+            work.mkdir(parents=True, exist_ok=True)
+            error = f"ERROR: Failed to route arc 0.0 of net '{net}', from X67/Y2/Q5_SLICE to X0/Y0/G_CLKI_TDCC0.\n"
+            (work / f"{name}.tim").write_text("Info: Running router2...\n" + error)  # nextpnr's log
+            log_path.write_text(error)  # and the build script's output, as the real script writes both
+            return 1
+
+        monkeypatch.setattr(build, "_run_plan", fake_run)
+        result = build.place_and_route(cfg, "tile", tmp_path / net, "somatile_tile", timeout_s=100)
+        assert len(runs) == runs_expected, net
+        nextpnr = [next(line for line in script.splitlines() if "NEXTPNR" in line and "--json" in line)
+                   for script in runs]
+        assert "--placer static" in nextpnr[0] and "--tmg-ripup" in nextpnr[0]
+        assert result.status == "failed" and net in result.error
+        if runs_expected == 2:
+            assert nextpnr[1] == nextpnr[0].replace("--placer static", "--placer heap")
+            assert result.placer.startswith("heap: the static placer's placement")
+            row = build.markdown_table([{"board": "b", "top": "tile", "kind": "fpga", "clock_mhz": 100.0,
+                                         "pnr": dataclasses.asdict(result) | {"met": False}}]).splitlines()[2]
+            assert "(placed by heap: the static placer's placement left the reset buffer unroutable)" in row
+        else:
+            assert result.placer is None
 
 
 class _SleepPlan:
