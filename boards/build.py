@@ -493,16 +493,17 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     def placed_by(placer: str | None) -> int | None:
         """The build with ``placer`` (None: the board's), and without the extra options if they use their
         budget; nextpnr writes the routed delays as SDF, for the late-endpoint summary."""
+        def with_nextpnr(extra: bool) -> dict:
+            nextpnr = toolchain_options(cfg, top, extra=extra, placer=placer)["nextpnr_opts"]
+            return {**options, "nextpnr_opts": f"{nextpnr} --sdf {name}.sdf"}
+
         extra = uses_tile_opts(cfg, top)
-        opts = {**options, "nextpnr_opts": toolchain_options(cfg, top, placer=placer)["nextpnr_opts"]
-                + f" --sdf {name}.sdf"}
-        code = attempt(opts, cfg.fpga["tile_opts_budget_s"] if extra else timeout_s)
+        code = attempt(with_nextpnr(True), cfg.fpga["tile_opts_budget_s"] if extra else timeout_s)
         if code is None and extra and time.monotonic() - started < timeout_s:
             # The extra options' run (router2's rip-up may not stop) used its budget: the same build without.
             result.nextpnr_opts = (f"{cfg.fpga['tile_nextpnr_opts']} stopped after "
                                    f"{cfg.fpga['tile_opts_budget_s']:.0f} s; routed without")
-            plain = toolchain_options(cfg, top, extra=False, placer=placer)["nextpnr_opts"] + f" --sdf {name}.sdf"
-            code = attempt({**opts, "nextpnr_opts": plain}, timeout_s)
+            code = attempt(with_nextpnr(False), timeout_s)
         return code
 
     returncode = placed_by(None)

@@ -924,7 +924,8 @@ class OutputStage(wiring.Component):
         p, par = self.params, self.head
         D, L, word_bits = p.head_dim, p.mac_lanes, 8 * p.word_bytes
         # d_issue (the element issued) is kept as two copies per register file read (one addresses the LUT RAM,
-        # one selects the element from the word read: one copy for both has too many loads for a cycle), and
+        # one is registered beside the word read to select the element from it a cycle later: the address
+        # copies carry nothing but the LUT RAM's address loads), and
         # the lane issued as a counter of its own: each addresses a few hundred LUT RAM cells
         # or a 32-bit multiplexer.
         d_issue = Replicated(range(D + 1), 8, "d_issue")
