@@ -780,7 +780,7 @@ class GateStage(wiring.Component):
 
 
 class WeightedStage(wiring.Component):
-    """WEIGHTED SUM's datapath: ``acc[l] = sum_n P[n] * V[n][c * L + l]`` over the slots, for chunk c (``c_issue``)
+    """WEIGHTED SUM's datapath: ``acc[l] = sum_n P[n] * V[n][c * L + l]`` over the slots, for chunk c (its items' tags)
     of the values, ``mac_lanes`` MACs per cycle; P uint8 (paper) or Q15 uint16 (wide).
 
     One slot per cycle: slot n's value word arrives in ``v_word`` :data:`READ_LATENCY` cycles after its address
@@ -791,7 +791,8 @@ class WeightedStage(wiring.Component):
     ``acc`` holds the chunk's sums from the cycle after its ``chunk_done`` (high as the last slot's product is
     added, :data:`WEIGHTED_DEPTH` cycles after its issue) until the cycle after the next chunk's ``chunk_done``:
     the accumulators of the next chunk run beside it, so FINAL reads a chunk's sums while the next chunk's
-    weighted sum runs (:func:`final_overlaps`).
+    weighted sum runs (:func:`final_overlaps`). The chunk of a value word is the one its item's tags name (the
+    ``prob_item`` tag line), so a chunk's first slot may be issued in the cycle after the previous chunk's last.
     """
 
     def __init__(self, params: TileParams):
@@ -799,7 +800,7 @@ class WeightedStage(wiring.Component):
         item = item_layout(params)
         ports = {
             "head": In(head_params_layout(params.profile)), "n_issue": In(issue_shape(params)),
-            "c_issue": In(item.members["c"]), "prob_address_item": In(item), "prob_item": In(item),
+            "prob_address_item": In(item), "prob_item": In(item),
             "accumulate_item": In(item), "done_item": In(item),
             "probs": In(element_bits(params) * near_field_unit(params).lanes * near_row_beats(params)),
             "v_word": In(8 * params.word_bytes),
@@ -848,10 +849,10 @@ class WeightedStage(wiring.Component):
             m.d.sync += prob.eq(Mux(head_choice(self.head, "normaliser", "exp_int"), n_prob, prob_reg))
         else:
             m.d.sync += prob.eq(prob_reg)
-        # c_issue's copy for the value lanes: c_issue changes as WEIGHTED begins, its first word arrives
-        # READ_LATENCY cycles later.
+        # The word's chunk from the item's tags (a copy of the tag line's for the value lanes), not from the
+        # issue counter: the next chunk's issue begins while this chunk's last words are still being read.
         s = READ_LATENCY
-        v_group = reg(m, lane_group(self.v_word, reg(m, self.c_issue, "c_group"), p), "v_group")
+        v_group = reg(m, lane_group(self.v_word, reg(m, self.prob_item.c, "c_group"), p), "v_group")
         s += 1
         if p.profile == "paper":
             products = [lut_mul_pipelined(m, v_group.word_select(l, 8).as_signed(), prob.copy(l), f"pv{l}",
@@ -1264,11 +1265,12 @@ class StateMover(wiring.Component):
 
 
 def final_overlaps(params: TileParams) -> bool:
-    """Whether a chunk's FINAL runs beside the next chunk's WEIGHTED SUM: its ``mac_lanes`` elements are issued
-    (one a cycle, reading the chunk's sums in ``WeightedStage.acc``) before the next chunk's sums replace them,
-    ``sinks + ring + WEIGHTED_DEPTH`` cycles after the chunk's end. Otherwise the next chunk waits for FINAL's
-    issue."""
-    return params.mac_lanes <= params.slots + WEIGHTED_DEPTH
+    """Whether the chunks' WEIGHTED SUMs run back to back, each chunk's FINAL beside the next chunk's weighted
+    sum: a chunk's first slot is issued in the cycle after the previous chunk's last, so the next chunk's sums
+    replace a chunk's ``sinks + ring`` cycles after its end, and FINAL's ``mac_lanes`` element issues (one a
+    cycle, reading the chunk's sums in ``WeightedStage.acc``) must fit in them. Otherwise each chunk's weighted
+    sum waits for the previous chunk's sums and its FINAL issue."""
+    return params.mac_lanes <= params.slots
 
 
 def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
@@ -1282,10 +1284,11 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
     N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
     paper's HCCS heads; :func:`normaliser_cycles` for the paper's integer exp) and G the gate's
-    (:meth:`GateStage.cycles`), per chunk of the values WEIGHTED SUM (:meth:`WeightedStage.cycles`), then the last
-    chunk's FINAL issue (:meth:`OutputStage.chunk_cycles`) and pipeline (:data:`FINAL_DEPTH`; an earlier chunk's
-    FINAL runs beside the next chunk's weighted sum, or, where :func:`final_overlaps` is false, its issue
-    before it), STORE ``4 w + 1 + o`` (o =
+    (:meth:`GateStage.cycles`), WEIGHTED SUM (where :func:`final_overlaps`, the chunks' slots issued back to
+    back, then the last one's pipeline: ``chunks * slots + WEIGHTED_DEPTH``; else per chunk
+    :meth:`WeightedStage.cycles` and, but for the last, its FINAL issue), then the last
+    chunk's FINAL issue (:meth:`OutputStage.chunk_cycles`) and pipeline (:data:`FINAL_DEPTH`), STORE
+    ``4 w + 1 + o`` (o =
     :func:`output_words`: w paper, 2 w wide; :meth:`StateMover.store_cycles`), DONE 1.
     """
     chunks = params.head_dim // params.mac_lanes
@@ -1295,8 +1298,11 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
         row = normaliser_cycles(params.slots)
     normalise = max(row, GateStage.cycles(params)) + 1
     final_issue = OutputStage.chunk_cycles(params)
-    between = 0 if final_overlaps(params) else final_issue  # FINAL's issue before the next chunk's weighted sum
-    weighted = chunks * WeightedStage.cycles(params) + (chunks - 1) * between + final_issue + FINAL_DEPTH
+    if final_overlaps(params):
+        weighted = (chunks - 1) * params.slots + WeightedStage.cycles(params)
+    else:  # each chunk's FINAL issue before the next chunk's weighted sum
+        weighted = chunks * WeightedStage.cycles(params) + (chunks - 1) * final_issue
+    weighted += final_issue + FINAL_DEPTH
     moves = StateMover.load_cycles(params) + StateMover.write_cycles(params) + StateMover.store_cycles(params)
     return moves + ScoreStage.cycles(params) + normalise + weighted + 1
 
@@ -1434,7 +1440,7 @@ class SomaDecode(wiring.Component):
 
         # WEIGHTED SUM over slots for chunk c (issue.c holds the chunk); then FINAL over its L elements.
         m.submodules.weighted = weighted = WeightedStage(p)
-        m.d.comb += [weighted.head.eq(par), weighted.n_issue.eq(issue.n), weighted.c_issue.eq(issue.c),
+        m.d.comb += [weighted.head.eq(par), weighted.n_issue.eq(issue.n),
                      weighted.prob_address_item.eq(item(READ_LATENCY - 2, PHASE_WEIGHTED)),
                      weighted.prob_item.eq(item(READ_LATENCY - 1, PHASE_WEIGHTED)),
                      weighted.accumulate_item.eq(item(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)),
@@ -1470,9 +1476,10 @@ class SomaDecode(wiring.Component):
 
     def _sequence(self, m, par, mover, issue, fin, stages, rd_addr_next, use_exp, norm):
         """The step's state machine: LOAD, WRITE (before SCORES when ``include_self``, else after FINAL),
-        SCORES, NORMALISE, WEIGHTED per chunk (each chunk's FINAL issued by ``fin`` from its end, beside the next
-        chunk's WEIGHTED where :func:`final_overlaps`), the last chunk's FINAL, STORE, DONE; ``done`` a pulse from
-        a register."""
+        SCORES, NORMALISE, WEIGHTED per chunk (each chunk's FINAL issued by ``fin`` from its end; where
+        :func:`final_overlaps` the chunks are issued back to back and FINAL runs beside the next chunk's WEIGHTED,
+        else the next chunk waits in FINAL for its issue), the last chunk's FINAL, STORE, DONE; ``done`` a pulse
+        from a register."""
         p = self.params
         D, L = p.head_dim, p.mac_lanes
         chunks, slots, sinks = D // L, p.slots, p.sinks
@@ -1547,18 +1554,25 @@ class SomaDecode(wiring.Component):
                     m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
                     m.d.sync += issue.sink_last.eq(n_issue + 2 == sinks)
                     issue.next_row("v")
-                with m.If(weighted.chunk_done):
-                    m.d.comb += output.lane_restart.eq(1)
-                    fin.begin(c_issue)
-                    m.next = "FINAL"
                     if final_overlaps(p):
-                        with m.If(c_issue != chunks - 1):
+                        # The next chunk's first slot follows this chunk's last (its rows and sink_last set
+                        # after next_row's, so that they win).
+                        with m.If(issue.last & (c_issue != chunks - 1)):
                             m.d.sync += c_issue.eq(c_issue + 1)
                             enter_weighted()
+                with m.If(weighted.chunk_done):
+                    # The chunk whose sums are complete: from its tags (the issue may be a chunk further on).
+                    m.d.comb += output.lane_restart.eq(1)
+                    fin.begin(weighted.done_item.c)
+                    if final_overlaps(p):
+                        with m.If(weighted.done_item.c == chunks - 1):
+                            m.next = "FINAL"
+                    else:
+                        m.next = "FINAL"
             with m.State("FINAL"):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
-                # (their writes are in _stages); without final_overlaps the next chunk waits for FINAL's issue,
-                # and after the last chunk the unit waits for the elements.
+                # (their writes are in _stages); without final_overlaps the next chunk waits here for FINAL's
+                # issue, and after the last chunk the unit waits for the elements.
                 with m.If(c_issue != chunks - 1):
                     with m.If(fin.issuing & fin.last):
                         m.d.sync += c_issue.eq(c_issue + 1)

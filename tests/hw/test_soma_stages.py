@@ -322,7 +322,7 @@ def run_weighted_stage(p, P, V, chunk, head):
                  stage.prob_item.eq(issuer.item(READ_LATENCY - 1, PHASE_WEIGHTED)),
                  stage.accumulate_item.eq(issuer.item(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)),
                  stage.done_item.eq(issuer.item(WEIGHTED_DEPTH, PHASE_WEIGHTED)),
-                 stage.n_issue.eq(issuer.n), stage.c_issue.eq(chunk),
+                 stage.n_issue.eq(issuer.n),
                  stage.probs.eq(int.from_bytes(probs.astype(probs.dtype.newbyteorder("<")).tobytes(), "little"))]
     if p.profile == "paper":  # the RowNormaliser's one-cycle read
         m.d.sync += stage.prob.eq(Array(Const(int(x), 16) for x in P)[stage.prob_index])
