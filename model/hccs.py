@@ -415,9 +415,9 @@ TABLE_ENTRIES = 2 * VECTOR_LANES
 """Distances 0..127 (every Dmax): the entries of a row's whole output table, two vectors of 64."""
 
 SHORT_GROUP = 8
-"""Rows that :func:`short_rows_uint8` computes side by side: the pairwise folds of eight rows end in one
-vector with a 64-bit lane per row (eight rows fill the eight lanes of the distance sums and of the
-float64 division of the reciprocals)."""
+"""Rows that :func:`short_rows_uint8` computes side by side: eight rows fill the eight lanes of the float64
+division of the reciprocals and the two vectors of four 16-bit fields of :func:`_packed_row_sums` (four rows
+a group measured 0.4 us slower on 4096 rows of 128 in div mode)."""
 
 
 def _llvm_function(builder, name, result, *params):
@@ -720,6 +720,32 @@ def _total_and_wide(builder, totals):
     return total, builder.zext(builder.bitcast(small, ir.IntType(rows)), i64)
 
 
+def _packed_row_sums(builder, sums):
+    """The eight row sums of :meth:`_ShortRows.reduce`'s psadbw results as <8 x i64>, row r in lane r.
+
+    ``sums`` holds a <8 x i64> per row whose lanes are each below 2^11 (eight bytes of at most 254), and a
+    row's whole distance sum is at most 128 * 127 < 2^16. So four rows share each 64-bit lane in 16-bit fields
+    (shifts and ors, no lane moves; no field carries into the next in any later sum) and the horizontal sums
+    of eight rows take three shuffles and one word permutation, where the pairwise fold (:func:`_fold_rows`)
+    took fourteen lane moves: 0.7 us of 15 on 4096 rows of 128."""
+    assert len(sums) == 8, "two groups of four rows"
+    lanes = sums[0].type
+    packed = []
+    for four in (sums[:4], sums[4:]):
+        p = four[0]
+        for k, s in enumerate(four[1:], 1):
+            p = builder.or_(p, builder.shl(s, ir.Constant(lanes, [16 * k] * 8)))
+        packed.append(p)
+    a, b = packed
+    # Lanes 0..3 hold partial sums of a, lanes 4..7 of b; two halving steps within each half finish them.
+    t = builder.add(_shuffle(builder, a, b, [0, 1, 2, 3, 12, 13, 14, 15]),
+                    _shuffle(builder, a, b, [4, 5, 6, 7, 8, 9, 10, 11]))
+    t = builder.add(t, _shuffle(builder, t, t, [2, 3, 0, 1, 6, 7, 4, 5]))
+    t = builder.add(t, _shuffle(builder, t, t, [1, 0, 3, 2, 5, 4, 7, 6]))
+    words = builder.bitcast(t, ir.VectorType(ir.IntType(16), 32))
+    return builder.zext(_shuffle(builder, words, words, [0, 1, 2, 3, 16, 17, 18, 19]), lanes)
+
+
 class _ShortRows:
     """The IR of :func:`short_rows_uint8` for groups of SHORT_GROUP rows of ``VECTOR_LANES <= n <= 2 *
     VECTOR_LANES`` elements, in two phases: :meth:`reduce` (loads, max, distances, totals, reciprocals) and
@@ -754,8 +780,14 @@ class _ShortRows:
         builder = self.builder
         rows = range(SHORT_GROUP)
         chunks = [[builder.load(self.pointer(self.x_data, start, r, at), align=1) for at in self.offsets] for r in rows]
-        group, width, first = _fold_rows(builder, [_smax(builder, *c) for c in chunks],
-                                         lambda a, b: _smax(builder, a, b))
+        # Each row's two chunks and then the two halves of their max are folded before the rows are paired: a
+        # 256-bit max of the halves costs half a 512-bit pairing step, and the pairwise fold then starts on
+        # 32 lanes (0.2 us of 14 on 4096 rows of 128; halving once more, to 16 lanes, cost 0.7 us more).
+        halves = []
+        for c in chunks:
+            v = _smax(builder, *c)
+            halves.append(_smax(builder, _shuffle(builder, v, v, range(32)), _shuffle(builder, v, v, range(32, 64))))
+        group, width, first = _fold_rows(builder, halves, lambda a, b: _smax(builder, a, b))
         tops = [_shuffle(builder, group, group, [first[r] + i % width for i in range(VECTOR_LANES)]) for r in rows]
         # d = min(m - x, dmax): m - x (0..255) is exact modulo 2^8 as an unsigned byte, so one subtraction and
         # one unsigned min, without the floor lo = max(m - dmax, -128) of the other kernels.
@@ -765,9 +797,7 @@ class _ShortRows:
         zero = ir.Constant(self.bytes_, [0] * VECTOR_LANES)
         # Two distances (<= 127 each) add in a byte; psadbw sums eight bytes into each 64-bit lane.
         sums = [builder.call(psad, [builder.add(d, builder.select(self.fresh, e, zero)), zero]) for d, e in distances]
-        total, _, first = _fold_rows(builder, sums, builder.add)
-        dsum = _shuffle(builder, total, total, [first[r] for r in rows])
-        totals = builder.sub(self.mass, builder.mul(self.slope, dsum))
+        totals = builder.sub(self.mass, builder.mul(self.slope, _packed_row_sums(builder, sums)))
         return distances, _emit_inverses(builder, totals, self.mode), totals
 
     def distance(self, top, chunk):
@@ -794,7 +824,8 @@ def short_rows_uint8(typingctx, x, out, groups, n, B, S, dmax, mode_code, flags,
     totals, nonzero when any flag is).
 
     The integers of :func:`rows_uint8`, with the row held in two chunks (0 and n - 64) in registers, the
-    max and the distance sums of SHORT_GROUP rows folded pairwise (:func:`_pair_fold`) and the loop
+    maxima of SHORT_GROUP rows folded pairwise (:func:`_pair_fold`), their distance sums in 16-bit fields
+    (:func:`_packed_row_sums`) and the loop
     software-pipelined: each step reduces the next group before it writes the outputs of the group reduced
     by the step before, from the distances and reciprocals carried over. Written in group order, the
     processor stalled: a group's outputs wait on its division, which waits on its two reductions, and
@@ -1146,18 +1177,44 @@ def run_threaded(kernel, jobs: list[tuple], threads: int) -> None:
 
 
 _INT8 = np.dtype(np.int8)
-_NO_MASKS: dict = {}
-"""The (R, 0) bool arrays that tell the row kernels every element takes part, by R (np.empty costs 0.3 us)."""
+_FAST_CALLS: dict = {}
+"""hccs_int's common calls that passed validation, by (mode, out, B, S, dmax, x.shape, allow_zero_floor):
+the compiled kernel, its (R, 0) "no element is masked" array, the output dtype and the mode and out codes
+(:func:`_fast_call`)."""
+_ENTRIES: dict = {}
+"""The compiled code of :func:`hccs_rows2` for C-contiguous int8 rows by output dtype (:func:`_rows_entry`)."""
 
 
-def _no_mask(rows: int) -> np.ndarray:
-    """An empty (rows, 0) bool array: no element is masked."""
-    empty = _NO_MASKS.get(rows)
-    if empty is None:
-        if len(_NO_MASKS) >= 256:
-            _NO_MASKS.clear()  # row counts seen by one process are few; bound the memory all the same
-        empty = _NO_MASKS[rows] = np.empty((rows, 0), np.bool_)
-    return empty
+def _rows_entry(dtype: np.dtype):
+    """The compiled :func:`hccs_rows2` for C-contiguous int8 rows, a bool mask and ``dtype`` output, to be
+    called without numba's dispatcher, whose typing of the eight arguments cost 0.3 us a call. The caller
+    must pass exactly these types (numba's unboxing does not check array dtypes); read-only rows pass as
+    well, since the kernel never writes them."""
+    entry = _ENTRIES.get(dtype)
+    if entry is None:
+        sig = (types.Array(types.int8, 2, "C"), types.Array(types.boolean, 2, "C"), *(types.int64,) * 5,
+               types.Array(numba.from_dtype(dtype), 2, "C"))
+        hccs_rows2.compile(sig)
+        entry = _ENTRIES[dtype] = hccs_rows2.get_overload(sig)
+    return entry
+
+
+def _fast_call(key: tuple):
+    """Validate a common call's ``key`` (see _FAST_CALLS) as the general path does, with the same errors in
+    the same order (mode, out, then :func:`check_params`' rules); remember and return what the call needs.
+    Empty rows return None, for the general path's error."""
+    mode, out, B, S, dmax, shape, allow_zero_floor = key
+    mode_code = code_of(MODE_CODES, "mode", mode)
+    out_code = code_of(OUT_CODES, "out", out)
+    rows, cols = shape
+    if cols < 1:
+        return None
+    _check_head(B, S, dmax, cols, allow_zero_floor, "")
+    dtype = np.dtype(OUT_DTYPES[out])
+    if len(_FAST_CALLS) >= 1024:
+        _FAST_CALLS.clear()  # a process uses few parameter sets and shapes; bound the memory all the same
+    call = _FAST_CALLS[key] = (_rows_entry(dtype), np.empty((rows, 0), np.bool_), dtype, mode_code, out_code)
+    return call
 
 
 def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8", mask=None,
@@ -1174,18 +1231,22 @@ def hccs_int(x: np.ndarray, B, S, dmax, *, mode: str = "div", out: str = "uint8"
     bits; the speed-up is in bench/results.md). Returns uint8 or int16 of x's shape. Rounding is floor
     throughout.
     """
-    mode_code = code_of(MODE_CODES, "mode", mode)
-    out_code = code_of(OUT_CODES, "out", out)
-    if (mask is None and threads == 1 and impl == "numba" and type(x) is np.ndarray and x.ndim == 2
-            and x.dtype is _INT8 and x.flags.c_contiguous and x.shape[1] > 0
-            and type(B) is int and type(S) is int and type(dmax) is int):
+    if (mask is None and threads == 1 and type(x) is np.ndarray and x.dtype is _INT8 and x.ndim == 2
+            and impl == "numba" and type(B) is int and type(S) is int and type(dmax) is int and x.flags.c_contiguous):
         # The common call (one head's C-contiguous rows, no mask, ints) in few steps: the general path's
         # (H, R, N) views, parameter arrays and the kernel over heads cost 4.5 us a call, a fifth of the
-        # kernel on 4096 x 128. The same rules (check_params' per head) in the same order, so the same errors.
-        _check_head(B, S, dmax, x.shape[1], allow_zero_floor, "")
-        result = np.empty(x.shape, OUT_DTYPES[out])
-        hccs_rows2(x, _no_mask(x.shape[0]), B, S, dmax, mode_code, out_code, result)
-        return result
+        # kernel on 4096 x 128. A parameter set is validated once (the rules of check_params in the same
+        # order, so the same errors; a failing set is never remembered) and the compiled kernel is called
+        # directly (numba's dispatcher typed the eight arguments on every call): 1.0 us a call instead of 1.4.
+        key = (mode, out, B, S, dmax, x.shape, allow_zero_floor)
+        call = _FAST_CALLS.get(key) or _fast_call(key)
+        if call is not None:
+            entry, every, dtype, mode_code, out_code = call
+            result = np.empty(x.shape, dtype)
+            entry(x, every, B, S, dmax, mode_code, out_code, result)
+            return result
+    mode_code = code_of(MODE_CODES, "mode", mode)
+    out_code = code_of(OUT_CODES, "out", out)
     x3, valid3, squeeze = as_heads(x, mask)
     B, S, dmax = check_params(B, S, dmax, x3.shape[-1], x3.shape[0], allow_zero_floor=allow_zero_floor)
     if impl == "numpy":

@@ -227,6 +227,37 @@ def test_one_head_call_matches_the_general_path(rng, mode, out):
     assert hccs_int(x[:5], 200, 1, 40, mode=mode, out=out).shape == (5, 130)
 
 
+
+def test_one_head_call_remembers_only_valid_parameter_sets(rng):
+    """The shortcut validates a parameter set once per (mode, out, B, S, dmax, shape, allow_zero_floor): a
+    failing set raises on every call, and a remembered set does not let through what differs from it in a
+    rule's input (allow_zero_floor, the row length, a bool or numpy B) or in the rows (shape, layout, a
+    read-only array)."""
+    x = rng.integers(-128, 128, (19, 64)).astype(np.int8)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="floor mass"):
+            hccs_int(x, 20, 1, 20)
+    want = hccs_int(x, 20, 1, 20, allow_zero_floor=True, impl="numpy")
+    for _ in range(2):
+        assert np.array_equal(hccs_int(x, 20, 1, 20, allow_zero_floor=True), want)
+    with pytest.raises(ValueError, match="floor mass"):
+        hccs_int(x, 20, 1, 20)
+    with pytest.raises(ValueError, match=r"cols\*B = 2000\*20 = 40000 > 32767"):
+        hccs_int(np.zeros((1, 2000), np.int8), 20, 1, 20, allow_zero_floor=True)
+    with pytest.raises(ValueError, match="B: expected integers"):
+        hccs_int(x, True, 0, 0)
+    assert np.array_equal(hccs_int(x, 1 + 19, 1, 20, allow_zero_floor=True, mode="div", out="uint8"), want)
+    for rows in (x[:3], x[::2], x[:, ::-1]):
+        both(rows, 20, 1, 20, allow_zero_floor=True)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    assert np.array_equal(hccs_int(frozen, 20, 1, 20, allow_zero_floor=True), want)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="mode: expected one of"):
+            hccs_int(x, 20, 1, 20, allow_zero_floor=True, mode="exp")
+        with pytest.raises(ValueError, match="rows are empty"):
+            hccs_int(np.zeros((3, 0), np.int8), 20, 1, 20)
+
 def test_bad_input_is_named():
     ok = np.zeros((3, 10), np.int8)
     with pytest.raises(TypeError, match="x: expected dtype int8, got float32"):

@@ -93,6 +93,20 @@ def test_short_rows_at_the_table_edges(rng, cols, dmax):
             check(x[:9], b_max, s, dmax)
 
 
+@pytest.mark.parametrize("cols", [64, 100, 127, 128])
+def test_short_rows_distance_sums_at_their_bound(rng, cols):
+    """Rows whose distance sum is the largest (one element at 127, the others at distance dmax = 127) in
+    every slot of the groups of eight, beside rows with small sums: the eight row sums share 16-bit fields
+    (hccs._packed_row_sums), so a sum spilling into its neighbour's field would show."""
+    x = rng.integers(100, 128, (2 * hccs.SHORT_GROUP + 3, cols)).astype(np.int8)
+    for r in range(x.shape[0]):
+        if r % 3 != 1:
+            x[r] = -128
+            x[r, r % cols] = 127
+    b_max = hccs.MAX_ROW_MASS // cols
+    check(x, b_max, 1, 127)
+    check(x, b_max, (b_max - -(-hccs.MIN_FLOOR_MASS // cols)) // 127, 127)
+
 @pytest.mark.parametrize("cols", [64, 70, 128])
 def test_wide_reciprocal_rows_in_groups_of_eight(rng, cols):
     """allow_zero_floor: totals below WIDE_INV_TOTAL in the first and last slot of a group of eight, in the
