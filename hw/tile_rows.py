@@ -74,23 +74,27 @@ class CommandRows(wiring.Component):
             m.d.comb += [cfg.params.mode.eq(self.head["hccs_mode"]),
                          cfg.params.out.eq(hccs.OUT_INT16 if self.out_bytes == 2 else hccs.OUT_UINT8)]
 
-        # Elements into a beat: lane `lane` takes the element; the beat is registered once its last lane (or
-        # the row's last element) is in, spare lanes masked.
-        lane = Signal(range(lanes))
+        # Elements into a beat: the lane whose bit is set in the one-hot `lane` takes the element; the beat is
+        # registered once its last lane (or the row's last element) is in, spare lanes masked (held_mask is
+        # cleared with each beat, so a lane not written since holds 0). One-hot, each lane's select is one
+        # register bit: a binary lane counter compared with every lane index was in front of the unit's beat
+        # register (the ULX3S tile's last late path without rip-up).
+        lane = Signal(lanes, init=1)
         held_x = Signal(bits * lanes, reset_less=True)
         held_mask = Signal(lanes)
         held_first = Signal()
         beat = unit.i.payload
         m.d.sync += unit.i.valid.eq(0)
         with m.If(self.valid):
-            x_lanes = [Mux(lane == j, self.x.as_unsigned(), held_x.word_select(j, bits)) for j in range(lanes)]
-            mask_lanes = [Mux(lane == j, self.mask, Mux(lane > j, held_mask[j], 0)) for j in range(lanes)]
-            first = Mux(lane == 0, self.first, held_first)
+            x_lanes = [Mux(lane[j], self.x.as_unsigned(), held_x.word_select(j, bits)) for j in range(lanes)]
+            mask_lanes = [Mux(lane[j], self.mask, held_mask[j]) for j in range(lanes)]
+            first = Mux(lane[0], self.first, held_first)
             m.d.sync += [held_x.eq(Cat(*x_lanes)), held_mask.eq(Cat(*mask_lanes)), held_first.eq(first),
-                         lane.eq(lane + 1)]
-            with m.If((lane == lanes - 1) | self.last):
+                         lane.eq(lane.rotate_left(1))]
+            with m.If(lane[-1] | self.last):
                 m.d.sync += [unit.i.valid.eq(1), beat.data.eq(Cat(*x_lanes)), beat.mask.eq(Cat(*mask_lanes)),
-                             beat.first.eq(first), beat.last.eq(self.last), beat.head.eq(0), lane.eq(0)]
+                             beat.first.eq(first), beat.last.eq(self.last), beat.head.eq(0), lane.eq(1),
+                             held_mask.eq(0)]
         with m.If(self.configure):
             m.d.sync += self.refused.eq(0)
         with m.Elif(unit.i.valid & ~unit.i.ready):
@@ -120,13 +124,22 @@ class CommandRows(wiring.Component):
         count = Signal(range(beats * lanes))
         lane_bits = (lanes - 1).bit_length()
         rd_beat, out_lane = count[lane_bits:], count[:lane_bits]
+        lane_last = out_lane == lanes - 1
         final = Signal()
+        # The offered element's beat is read into a register a cycle ahead, and the lane selected from that
+        # register: the read address is the beat of the element offered next cycle (the one after it, kept in
+        # beat_next, when this cycle's element is its beat's last and leaves). The LUT RAM's read and the lane
+        # multiplexer in one cycle were the two-tile array's last late path (count -> value). A beat is read
+        # each cycle, so one written after its first read is read again before it is offered (offering
+        # follows the write by two cycles: matured, pending).
+        beat_next = Signal(range(beats + 1), init=1)
         rd = buffer.read_port(domain="comb")
-        m.d.comb += rd.addr.eq(rd_beat)
-        lane_values = [rd.data.word_select(j, out_bits) for j in range(lanes)]
+        beat_word = reg(m, rd.data, "rows_beat_word")
+        lane_values = [beat_word.word_select(j, out_bits) for j in range(lanes)]
         value = Array(lane_values)[out_lane] if lanes > 1 else lane_values[0]
         slice_ready, slice_valid, slice_data = skid_buffer(m, offering, Cat(value, final), self.take, "rows_elem")
         advance = slice_ready & offering
+        m.d.comb += rd.addr.eq(Mux(advance & lane_last, beat_next, rd_beat))
         step = Signal()
         m.d.comb += [self.out_valid.eq(slice_valid), self.value.eq(slice_data[:out_bits]),
                      self.final.eq(slice_data[out_bits])]
@@ -135,7 +148,10 @@ class CommandRows(wiring.Component):
         m.d.sync += [pending.eq(pending_next), offering.eq(pending_next != 0)]
         with m.If(advance):
             m.d.sync += [count.eq(count + 1), final.eq(count + 1 == self.n_last)]
-            m.d.comb += step.eq((out_lane == lanes - 1) | final)
+            m.d.comb += step.eq(lane_last | final)
+            with m.If(lane_last):
+                m.d.sync += beat_next.eq(beat_next + 1)
         with m.If(self.valid & self.first):  # a new row: its beats and probabilities count from 0
-            m.d.sync += [count.eq(0), final.eq(self.n_last == 0), wr_beat.eq(0), pending.eq(0), offering.eq(0)]
+            m.d.sync += [count.eq(0), final.eq(self.n_last == 0), wr_beat.eq(0), pending.eq(0), offering.eq(0),
+                         beat_next.eq(1)]
         return m
