@@ -14,7 +14,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
-from somatile.hw.pipe import reg, skid_buffer
+from somatile.hw.pipe import delay, reg, skid_buffer
 from somatile.hw.regmap import TileParams
 from somatile.hw.soma import head_params_layout, near_field_port, near_field_unit, wide_code
 from somatile.model import hccs
@@ -36,7 +36,7 @@ class CommandRows(wiring.Component):
       never refuses it: a row starts only after the previous row's last probability was taken (every bank
       free), and inside a row the unit takes a beat every cycle.
     - Probabilities: the unit's beats go into a row buffer as they come (the unit is never stalled);
-      ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``, from the third cycle
+      ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``, from the fourth cycle
       after its beat arrived, from a register slice; ``take`` consumes it (one a cycle, any stalls);
       ``final`` marks the row's ``n_last``-th (last) element. The unit's spare lanes beyond it are dropped.
     - ``refused`` (sticky until the next ``configure``): a beat was offered while the unit's ready was low,
@@ -103,7 +103,7 @@ class CommandRows(wiring.Component):
         # The unit's beats into a row buffer (LUT RAM: an asynchronous read port, so it sits beside the logic
         # that addresses it; a block RAM was placed far from its read address), out of it an element at a
         # time: the unit is never stalled (its ready is constant, as in a decode step, so its output stage has
-        # no enables). `matured` is a beat's write a cycle late; `pending` counts the beats written and not
+        # no enables). `matured` is a beat's write two cycles late; `pending` counts the beats written and not
         # yet fully taken, `offering` (pending > 0) is a register. The elements leave through a register slice,
         # so neither the lane multiplexer nor the counters reach the response's registers in one cycle.
         out_bits = 8 * self.out_bytes
@@ -115,7 +115,7 @@ class CommandRows(wiring.Component):
                      wr.data.eq(Cat(*[unit.o.payload.data[j][:out_bits] for j in range(lanes)]))]
         with m.If(unit.o.valid):
             m.d.sync += wr_beat.eq(wr_beat + 1)
-        matured = reg(m, unit.o.valid, "rows_matured", reset_less=False)
+        matured = delay(m, unit.o.valid, 2, "rows_matured", reset_less=False)
         pending = Signal(range(beats + 1))
         offering = Signal()
         # count: the elements of the row taken; the element offered is lane count % lanes of beat
@@ -127,19 +127,22 @@ class CommandRows(wiring.Component):
         lane_last = out_lane == lanes - 1
         final = Signal()
         # The offered element's beat is read into a register a cycle ahead, and the lane selected from that
-        # register: the read address is the beat of the element offered next cycle (the one after it, kept in
-        # beat_next, when this cycle's element is its beat's last and leaves). The LUT RAM's read and the lane
-        # multiplexer in one cycle were the two-tile array's last late path (count -> value). A beat is read
-        # each cycle, so one written after its first read is read again before it is offered (offering
-        # follows the write by two cycles: matured, pending).
+        # register: each cycle the register takes the beat of count (read port rd) or, when this cycle's
+        # element is its beat's last and leaves, the next beat (read port rd_next, at beat_next, registered
+        # in next_word). Both read addresses are registers: the LUT RAM's read and the lane multiplexer in one
+        # cycle were the two-tile array's late path (count -> value), and the handshake in front of the read
+        # address the next build's (offering -> the beat register). A beat is counted (matured, pending)
+        # three cycles after its write, so both ports have read it by the time it is offered.
         beat_next = Signal(range(beats + 1), init=1)
-        rd = buffer.read_port(domain="comb")
-        beat_word = reg(m, rd.data, "rows_beat_word")
+        rd, rd_next = buffer.read_port(domain="comb"), buffer.read_port(domain="comb")
+        m.d.comb += [rd.addr.eq(rd_beat), rd_next.addr.eq(beat_next)]
+        next_word = reg(m, rd_next.data, "rows_next_word")
+        beat_word = Signal.like(rd.data, name="rows_beat_word", reset_less=True)
         lane_values = [beat_word.word_select(j, out_bits) for j in range(lanes)]
         value = Array(lane_values)[out_lane] if lanes > 1 else lane_values[0]
         slice_ready, slice_valid, slice_data = skid_buffer(m, offering, Cat(value, final), self.take, "rows_elem")
         advance = slice_ready & offering
-        m.d.comb += rd.addr.eq(Mux(advance & lane_last, beat_next, rd_beat))
+        m.d.sync += beat_word.eq(Mux(advance & lane_last, next_word, rd.data))
         step = Signal()
         m.d.comb += [self.out_valid.eq(slice_valid), self.value.eq(slice_data[:out_bits]),
                      self.final.eq(slice_data[out_bits])]
