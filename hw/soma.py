@@ -1506,6 +1506,8 @@ class SomaDecode(wiring.Component):
             m.next = state
 
         wrote = Signal()  # WRITE has run in this step (first when include_self, else after FINAL)
+        chunk_wrap = Signal()
+        m.d.sync += chunk_wrap.eq(0)
         m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
         with m.FSM() as fsm:
             with m.State("IDLE"):
@@ -1556,8 +1558,16 @@ class SomaDecode(wiring.Component):
                     issue.next_row("v")
                     if final_overlaps(p):
                         # The next chunk's first slot follows this chunk's last (its rows and sink_last set
-                        # after next_row's, so that they win).
-                        with m.If(issue.last & (c_issue != chunks - 1)):
+                        # after next_row's, so that they win). chunk_wrap: this issue is a chunk's last slot
+                        # and a chunk follows, decided a slot early (a chunk's slots issue in consecutive
+                        # cycles); from the issue counter's comparisons in this cycle, the row address's and
+                        # the phase's inputs were the ULX3S tile's longest paths.
+                        if slots >= 2:
+                            m.d.sync += chunk_wrap.eq((n_issue == slots - 2) & (c_issue != chunks - 1))
+                            wrap = chunk_wrap
+                        else:
+                            wrap = issue.last & (c_issue != chunks - 1)
+                        with m.If(wrap):
                             m.d.sync += c_issue.eq(c_issue + 1)
                             enter_weighted()
                 with m.If(weighted.chunk_done):
@@ -1573,7 +1583,10 @@ class SomaDecode(wiring.Component):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
                 # (their writes are in _stages); without final_overlaps the next chunk waits here for FINAL's
                 # issue, and after the last chunk the unit waits for the elements.
-                with m.If(c_issue != chunks - 1):
+                # With final_overlaps only the last chunk's FINAL is waited for here (no path from FINAL's
+                # issue counter to the weighted sum's issue).
+                not_last = Const(0) if final_overlaps(p) else c_issue != chunks - 1
+                with m.If(not_last):
                     with m.If(fin.issuing & fin.last):
                         m.d.sync += c_issue.eq(c_issue + 1)
                         enter_weighted()
