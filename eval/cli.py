@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from somatile.eval import jobs
 from somatile.eval import onnx_eval
 from somatile.eval import text as textmod
 from somatile.eval.minilm import MINILM_CHUNK, MINILM_COLS, evaluate_minilm
@@ -111,10 +112,13 @@ def run(args: argparse.Namespace) -> int:
     args.out = args.out or f"build/eval/{args.model}"
     try:
         _check_args(args)
-        if args.model == "onnx":
-            results = onnx_eval.evaluate_onnx(args, onnx_eval.command_line(args))
-        else:
-            results = (evaluate_minilm if args.model == "minilm" else evaluate_smollm2)(args, command_line(args))
+        # The whole evaluation (calibration capture, reference passes, jobs run here) with one BLAS thread, as
+        # every job runs (eval/jobs.py): the numbers then do not depend on the machine's core count.
+        with jobs.one_blas_thread():
+            if args.model == "onnx":
+                results = onnx_eval.evaluate_onnx(args, onnx_eval.command_line(args))
+            else:
+                results = (evaluate_minilm if args.model == "minilm" else evaluate_smollm2)(args, command_line(args))
     except (FileNotFoundError, ValueError) as exc:
         print(f"somatile eval {args.model}: {exc}", file=sys.stderr)
         return 2

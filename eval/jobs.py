@@ -12,9 +12,8 @@ gets the same output serially, with ``jobs=2`` and on a cluster.
   somatile and re-read the weights (about 5 s for SmolLM2), which on two cores cost a third of the parallel
   run of a small evaluation. A fork is safe only when no other thread holds a lock the child could need, so
   the pool forks only when this process runs no other Python thread (tqdm's monitor thread is stopped first;
-  the row kernels' thread pools or an in-process Dask cluster make it spawn); eval runs with
-  ``OPENBLAS_NUM_THREADS=1`` and switches the tokenizer's native thread pool off in the children
-  (``TOKENIZERS_PARALLELISM``). Elsewhere (macOS, whose system frameworks are not fork-safe, and Windows) the
+  the row kernels' thread pools or an in-process Dask cluster make it spawn); the tokenizer's native thread
+  pool is switched off in the children (``TOKENIZERS_PARALLELISM``). Elsewhere (macOS, whose system frameworks are not fork-safe, and Windows) the
   workers are spawned.
 - ``cluster="tcp://HOST:PORT"`` submits to a running ``dask.distributed`` scheduler (Dask rather than Ray:
   it installs from pip as pure Python, runs the same ``Client`` against a laptop's ``LocalCluster`` or a
@@ -24,6 +23,12 @@ gets the same output serially, with ``jobs=2`` and on a cluster.
 ``cost`` (optional, one number per job, for example a window's length) orders submission to the pool or
 cluster longest first: with few workers, a long job started last runs alone at the end while the other
 workers idle (the longest-processing-time rule). Results are still delivered in job order.
+
+Every job runs with one BLAS thread (:func:`one_blas_thread`) on every backend: a float32 matrix product
+rounds differently when OpenBLAS splits it over more threads, and a calibration's discrete choices (int8
+scales, HCCS parameters) can flip on such a last-bit difference, so without the pin the same evaluation
+gave 35.36, 34.44 or 36.04 integer-HCCS perplexity on one window depending on the thread counts of the
+processes that ran it. One thread per job is also what a pool of one worker per core wants.
 
 A failed job raises after every other job has finished (its exception names the job); the tqdm bar shows
 jobs done, running and failed.
@@ -37,6 +42,27 @@ import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Sequence
+
+
+def one_blas_thread():
+    """A context manager that limits the BLAS libraries loaded in this process (numpy's OpenBLAS) to one
+    thread and restores their limits on exit (threadpoolctl; an environment variable would act only before
+    the library is loaded). Forked children inherit the limit."""
+    import numpy  # noqa: F401 - loads OpenBLAS, so threadpoolctl finds it
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+class _OneBlasThread:
+    """``fn`` run under :func:`one_blas_thread`: picklable (for spawned pool workers and Dask workers) as long
+    as ``fn`` is a module-level function."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+
+    def __call__(self, job):
+        with one_blas_thread():
+            return self.fn(job)
 
 
 def default_jobs() -> int:
@@ -91,6 +117,7 @@ def run(fn: Callable[[Any], Any], jobs: Sequence[Any], *, n_jobs: int | None = N
     """``[fn(job) for job in jobs]`` on the chosen backend; ``on_result(index, result)`` is called in job order
     as soon as every earlier job is done (so a caller can write partial results that never have holes)."""
     n = check(n_jobs, cluster)
+    fn = _OneBlasThread(fn)
     if cost is not None and len(cost) != len(jobs):
         raise ValueError(f"cost: expected one number per job ({len(jobs)}), got {len(cost)}")
     # Submission order: longest first (stable, so equal costs keep job order).

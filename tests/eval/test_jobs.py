@@ -28,6 +28,23 @@ def test_results_arrive_in_job_order(n_jobs):
     assert seen == [(0, 0), (1, 1), (2, 4), (3, 9)]
 
 
+def blas_threads(job):
+    """The thread counts of the BLAS libraries loaded in the process that runs the job."""
+    import numpy  # noqa: F401 - OpenBLAS is loaded with numpy
+    from threadpoolctl import threadpool_info
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_every_job_runs_with_one_blas_thread(n_jobs):
+    """A calibration's discrete choices flipped on the last-bit differences of OpenBLAS's thread split, so
+    results depended on which process ran a job; after a serial run the caller's own limit is restored."""
+    before = blas_threads(None)
+    assert before, "numpy's BLAS is visible to threadpoolctl"
+    assert jobs.run(blas_threads, [0, 1, 2], n_jobs=n_jobs) == [[1] * len(before)] * 3
+    assert blas_threads(None) == before
+
+
 def note_start(job):
     """Appends the job's name to a log file when it starts (O_APPEND: one line per write, any process)."""
     import time
@@ -99,6 +116,10 @@ def cluster_address():
 
 def test_longest_job_has_the_highest_priority_on_the_cluster(tmp_path, cluster_address):
     _check_long_job_starts_first(tmp_path, cluster=cluster_address)
+
+
+def test_cluster_jobs_run_with_one_blas_thread(cluster_address):
+    assert jobs.run(blas_threads, [0, 1], cluster=cluster_address) == [[1], [1]]
 
 
 def test_eval_is_the_same_serial_parallel_on_a_cluster_and_resumed(tmp_path, cluster_address):
