@@ -154,7 +154,7 @@ FPGA_SCHEMA: dict[str, Param] = {
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
                                                         "tile_placer": "heap", "dsp_registers": "fabric", "tile_nextpnr_opts": "",
                                                         "tile_opts_budget_s": 1200.0},
-                                               "soc": {"peripheral": "tile_array", "data_ram": "block"}}
+                                               "soc": {"peripheral": "tile_array", "data_ram": "block", "cpu_mhz": 0.0}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
 # The counts and sizes among them are positive integers.
@@ -198,6 +198,11 @@ SOC_SCHEMA: dict[str, Param] = {
     "data_ram": Param(str, _soc_choice("DATA_RAMS", "hw/soc_map.py"),
                       "data memory: block (block RAM) or spram (iCE40 UltraPlus SB_SPRAM256KA pairs, 64 KiB each) "
                       "(optional, default block)"),
+    "cpu_mhz": Param(float, lambda v: None if v >= 0 and math.isfinite(v) else "0 or a positive clock in MHz",
+                     "clock of the CPU, its memories and the UART (MHz): 0 runs them on the tile clock "
+                     "(clock_mhz, one clock domain); another value gives them a clock domain of their own, the "
+                     "PLL's second output on an ECP5, with the tile bus crossing in asynchronous FIFOs "
+                     "(optional, default 0)"),
     "baud": Param(int, _int_range(1200, 50_000_000), "UART bit rate on the board's USB-serial pins (bit/s)"),
     "code_kib": Param(int, _power_of_two(4, 512), "code memory: block RAM holding the firmware image (KiB)"),
     "data_kib": Param(int, _power_of_two(4, 512), "data memory: the firmware's buffers and stack (KiB)"),

@@ -25,6 +25,9 @@ CAPTURE_BITS = 10
 RESET_BUFFER = "reset_buffer"
 """The ECP5 harness's global buffer (DCCA) for the synchronised reset; nextpnr names its input net
 ``reset_buffer_CLKI``."""
+SOC_CORE = "soc.core"
+"""Where the netlist names the SoC's CPU side (:class:`SocBoard`'s ``soc``, hw/soc.py's ``core``): the registers
+of the CPU's clock domain where it has one of its own."""
 
 
 def port_bits(unit: wiring.Component) -> tuple[int, int]:
@@ -40,9 +43,10 @@ def _split_ports(unit: wiring.Component) -> tuple[list[Value], list[Value]]:
     return ins, outs
 
 
-def board_clock(m: Module, platform, setting: PllSetting) -> None:
+def board_clock(m: Module, platform, setting: PllSetting) -> Pll:
     """The ``sync`` domain of a board top: the PLL's clock from the board oscillator at
-    ``setting.achieved_mhz``, reset held until the PLL locks."""
+    ``setting.achieved_mhz``, reset held until the PLL locks; with a second output (``setting.secondary_mhz``)
+    also the ``cpu`` domain on it, its reset likewise. Returns the PLL."""
     m.submodules.pll = pll = Pll(setting, platform.request(platform.default_clk, dir="-"))
     m.domains.sync = ClockDomain("sync")
     m.d.comb += ClockSignal("sync").eq(pll.clk)
@@ -57,6 +61,12 @@ def board_clock(m: Module, platform, setting: PllSetting) -> None:
                                              o_CLKO=ResetSignal("sync"))
     else:
         m.submodules.reset_sync = ResetSynchronizer(~pll.locked, domain="sync")
+    if setting.secondary_mhz is not None:
+        # The SoC's CPU side (some 2,000 flip-flops): its reset on general routing meets its slower clock.
+        m.domains.cpu = ClockDomain("cpu")
+        m.d.comb += ClockSignal("cpu").eq(pll.clk_secondary)
+        m.submodules.cpu_reset_sync = ResetSynchronizer(~pll.locked, domain="cpu")
+    return pll
 
 
 def uart_pins(m: Module, platform):
@@ -99,7 +109,8 @@ class ShiftHarness(Elaboratable):
 
 
 class SocBoard(Elaboratable):
-    """The SoC (hw/soc.py) on a board: clock and reset as :func:`board_clock`, the UART on the board's
+    """The SoC (hw/soc.py) on a board: clocks and resets as :func:`board_clock` (``pll`` with a second output
+    where the SoC's CPU side has a clock of its own), the UART on the board's
     USB-serial pins (resource ``uart`` 0), the CPU's trap and the peripheral's error (the tile array's, or the
     HCCS unit's sticky status) on LEDs 0 and 1 where the board has them. Unlike :class:`ShiftHarness` this is the design a user flashes: it talks to the host."""
 
@@ -109,11 +120,14 @@ class SocBoard(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
+        if (self.pll.secondary_mhz is not None) != (self.soc.cpu_domain != "sync"):
+            raise ValueError(f"SoC with cpu_domain {self.soc.cpu_domain!r} and a PLL with"
+                             f"{'' if self.pll.secondary_mhz else 'out'} a second output: expected both or neither")
         board_clock(m, platform, self.pll)
         m.submodules.soc = soc = self.soc
         serial_in, serial_out = uart_pins(m, platform)
         # The receive pin crosses from the USB bridge's clock: two flip-flops before the UART samples it.
-        m.submodules.rx_sync = FFSynchronizer(serial_in.i, soc.uart_rx, init=1)
+        m.submodules.rx_sync = FFSynchronizer(serial_in.i, soc.uart_rx, init=1, o_domain=soc.cpu_domain)
         m.d.comb += [serial_out.o.eq(soc.uart_tx), soc.hold.eq(0)]
         for index, flag in enumerate((soc.trap, soc.error)):
             try:

@@ -1,8 +1,9 @@
-"""PLL settings for the open FPGA families: the board oscillator -> the tile clock target.
+"""PLL settings for the open FPGA families: the board oscillator -> the tile clock target (and, on the ECP5,
+a second clock from the same VCO for an SoC's CPU).
 
-``ecp5_pll(osc_mhz, target_mhz)`` and ``ice40_pll(osc_mhz, target_mhz)`` search the divider space within
-the datasheet limits and return the closest achievable output; :class:`Pll` turns a setting into the vendor
-primitive. nextpnr derives the output clock's frequency constraint from the primitive's parameters,
+``ecp5_pll(osc_mhz, target_mhz, secondary_mhz)`` and ``ice40_pll(osc_mhz, target_mhz)`` search the divider
+space within the datasheet limits and return the closest achievable output; :class:`Pll` turns a setting
+into the vendor primitive. nextpnr derives the output clock's frequency constraint from the primitive's parameters,
 so the timing report is against the frequency the PLL really makes (reported as ``achieved_mhz``).
 """
 
@@ -23,6 +24,8 @@ class PllSetting:
     achieved_mhz: float
     vco_mhz: float
     dividers: dict
+    secondary_mhz: float | None = None
+    """The second output's frequency (EHXPLLL CLKOS = VCO / CLKOS_DIV), where one was asked for."""
 
     @property
     def error_mhz(self) -> float:
@@ -44,10 +47,13 @@ def _unreachable(family: str, osc_mhz: float, target_mhz: float, out: tuple[floa
                       f"target from {out[0]} to {out[1]} MHz (clock_mhz in the board file)")
 
 
-def ecp5_pll(osc_mhz: float, target_mhz: float) -> PllSetting:
-    """EHXPLLL with feedback from CLKOP: out = osc / CLKI_DIV * CLKFB_DIV, VCO = out * CLKOP_DIV."""
+def ecp5_pll(osc_mhz: float, target_mhz: float, secondary_mhz: float | None = None) -> PllSetting:
+    """EHXPLLL with feedback from CLKOP: out = osc / CLKI_DIV * CLKFB_DIV, VCO = out * CLKOP_DIV; with
+    ``secondary_mhz`` also CLKOS = VCO / CLKOS_DIV (the primary output closest first, then the secondary)."""
     if not _ECP5_OUT[0] <= target_mhz <= _ECP5_OUT[1]:
         raise _unreachable("ECP5", osc_mhz, target_mhz, _ECP5_OUT)
+    if secondary_mhz is not None and not _ECP5_OUT[0] <= secondary_mhz <= _ECP5_OUT[1]:
+        raise _unreachable("ECP5", osc_mhz, secondary_mhz, _ECP5_OUT)
     best = None
     for clki_div in range(1, 129):
         pfd = osc_mhz / clki_div
@@ -60,13 +66,20 @@ def ecp5_pll(osc_mhz: float, target_mhz: float) -> PllSetting:
             for clkop_div in range(1, 129):
                 vco = out * clkop_div
                 if _ECP5_VCO[0] <= vco <= _ECP5_VCO[1]:
-                    key = (abs(out - target_mhz), -vco)  # closest output, then the highest VCO (least jitter)
+                    dividers = {"CLKI_DIV": clki_div, "CLKFB_DIV": clkfb_div, "CLKOP_DIV": clkop_div}
+                    secondary_error = 0.0
+                    if secondary_mhz is not None:
+                        dividers["CLKOS_DIV"] = min(max(round(vco / secondary_mhz), 1), 128)
+                        secondary_error = abs(vco / dividers["CLKOS_DIV"] - secondary_mhz)
+                    # closest output, then the closest second output, then the highest VCO (least jitter)
+                    key = (abs(out - target_mhz), secondary_error, -vco)
                     if best is None or key < best[0]:
-                        best = (key, out, vco, {"CLKI_DIV": clki_div, "CLKFB_DIV": clkfb_div, "CLKOP_DIV": clkop_div})
+                        best = (key, out, vco, dividers)
     if best is None:
         raise _unreachable("ECP5", osc_mhz, target_mhz, _ECP5_OUT)
     _, out, vco, dividers = best
-    return PllSetting("ecp5", osc_mhz, target_mhz, out, vco, dividers)
+    secondary = vco / dividers["CLKOS_DIV"] if secondary_mhz is not None else None
+    return PllSetting("ecp5", osc_mhz, target_mhz, out, vco, dividers, secondary)
 
 
 def ice40_pll(osc_mhz: float, target_mhz: float) -> PllSetting:
@@ -102,12 +115,17 @@ def _ice40_filter_range(pfd_mhz: float) -> int:
     return 6
 
 
-def pll_for(family: str, osc_mhz: float, target_mhz: float) -> PllSetting:
-    """The PLL setting of a family ('ecp5' or 'ice40')."""
+def pll_for(family: str, osc_mhz: float, target_mhz: float, secondary_mhz: float | None = None) -> PllSetting:
+    """The PLL setting of a family ('ecp5' or 'ice40'); ``secondary_mhz`` asks the ECP5 for a second output."""
     search = {"ecp5": ecp5_pll, "ice40": ice40_pll}.get(family)
     if search is None:
         raise ValueError(f"PLL: family {family!r}: expected 'ecp5' or 'ice40'")
-    return search(osc_mhz, target_mhz)
+    if secondary_mhz is None:
+        return search(osc_mhz, target_mhz)
+    if family != "ecp5":
+        raise ValueError(f"PLL: family {family!r} makes one clock here (SB_PLL40_PAD), expected no second "
+                         f"output ({secondary_mhz} MHz asked)")
+    return ecp5_pll(osc_mhz, target_mhz, secondary_mhz)
 
 
 class Pll(Elaboratable):
@@ -122,6 +140,7 @@ class Pll(Elaboratable):
         self.setting = setting
         self.clk_pin = clk_pin
         self.clk = Signal()
+        self.clk_secondary = Signal()
         self.locked = Signal()
 
     def elaborate(self, platform):
@@ -129,6 +148,12 @@ class Pll(Elaboratable):
         s, d = self.setting, self.setting.dividers
         if s.family == "ecp5":
             m.submodules.clk_buf = clk_buf = io.Buffer("i", self.clk_pin)
+            secondary = {}
+            if s.secondary_mhz is not None:
+                # CLKOS from the same VCO; its phase parameters as CLKOP's (no shift).
+                secondary = dict(a_FREQUENCY_PIN_CLKOS=f"{s.secondary_mhz:g}", p_CLKOS_ENABLE="ENABLED",
+                                 p_CLKOS_DIV=d["CLKOS_DIV"], p_CLKOS_CPHASE=d["CLKOS_DIV"] - 1, p_CLKOS_FPHASE=0,
+                                 o_CLKOS=self.clk_secondary, i_ENCLKOS=0)
             m.submodules.pll = Instance(
                 "EHXPLLL",
                 a_FREQUENCY_PIN_CLKI=f"{s.osc_mhz:g}", a_FREQUENCY_PIN_CLKOP=f"{s.achieved_mhz:g}",
@@ -141,7 +166,7 @@ class Pll(Elaboratable):
                 p_CLKFB_DIV=d["CLKFB_DIV"],
                 i_RST=0, i_STDBY=0, i_CLKI=clk_buf.i, o_CLKOP=self.clk, i_CLKFB=self.clk,
                 i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1, i_PLLWAKESYNC=0,
-                i_ENCLKOP=0, o_LOCK=self.locked)
+                i_ENCLKOP=0, o_LOCK=self.locked, **secondary)
         else:
             m.submodules.pll = Instance(
                 "SB_PLL40_PAD",

@@ -66,6 +66,10 @@ def soc_section(cfg: BoardConfig) -> dict:
                 raise BoardError(f"{cfg.source}: key '{key}': got {getattr(cfg, key)!r}, expected {want!r} for "
                                  f"soc.peripheral: hccs_unit (the SoC's one HCCS unit, an element per register "
                                  f"write)")
+    if separate_cpu_clock(cfg) and cfg.fpga is not None and cfg.fpga["family"] != "ecp5":
+        raise BoardError(f"{cfg.source}: key 'soc.cpu_mhz': got {soc['cpu_mhz']:g}, expected 0 or clock_mhz = "
+                         f"{cfg.clock_mhz:g} on {cfg.fpga['device']} (its PLL makes one clock here; a CPU clock of "
+                         f"its own needs the ECP5's second PLL output)")
     if soc["data_ram"] == "spram":
         if cfg.fpga is not None and not cfg.fpga["device"].startswith("iCE40UP"):
             raise BoardError(f"{cfg.source}: key 'soc.data_ram': got 'spram', expected 'block' on "
@@ -130,13 +134,29 @@ def _section_sizes(path: Path) -> dict[str, int]:
     return sizes
 
 
-def soc_clock_hz(cfg: BoardConfig) -> float:
-    """The clock the SoC runs at: the PLL's achieved frequency on an FPGA board, ``clock_mhz`` elsewhere."""
-    if cfg.kind == "fpga":
-        from somatile.boards.pll import pll_for
+def separate_cpu_clock(cfg: BoardConfig) -> bool:
+    """Whether the SoC's CPU side (CPU, memories, UART) has a clock domain of its own (``soc.cpu_mhz`` set and
+    not the tile clock)."""
+    cpu_mhz = cfg.soc["cpu_mhz"] if cfg.soc is not None else 0.0
+    return cpu_mhz not in (0.0, cfg.clock_mhz)
 
-        return pll_for(cfg.fpga["family"], cfg.fpga["osc_mhz"], cfg.clock_mhz).achieved_mhz * 1e6
-    return cfg.clock_mhz * 1e6
+
+def soc_pll(cfg: BoardConfig):
+    """The PLL setting of ``cfg``'s SoC: the tile clock, and the CPU's clock as the second output where it has
+    one of its own."""
+    from somatile.boards.pll import pll_for
+
+    secondary = cfg.soc["cpu_mhz"] if separate_cpu_clock(cfg) else None
+    return pll_for(cfg.fpga["family"], cfg.fpga["osc_mhz"], cfg.clock_mhz, secondary)
+
+
+def soc_clock_hz(cfg: BoardConfig) -> float:
+    """The CPU's clock, which the firmware and the UART count in: the PLL's achieved frequency (its second
+    output where the CPU has a clock of its own) on an FPGA board, ``soc.cpu_mhz`` (or ``clock_mhz``) elsewhere."""
+    if cfg.kind == "fpga":
+        pll = soc_pll(cfg)
+        return (pll.secondary_mhz or pll.achieved_mhz) * 1e6
+    return (cfg.soc["cpu_mhz"] if separate_cpu_clock(cfg) else cfg.clock_mhz) * 1e6
 
 
 def soc_unit(cfg: BoardConfig, board_arg: str | None = None):
@@ -163,6 +183,6 @@ def make_soc(cfg: BoardConfig, firmware: Firmware):
         unit_kwargs = {**cfg.hccs_kwargs(), "div_bits": HCCS_DIV_BITS}
     unit = Soc(image=firmware.image, code_bytes=soc["code_kib"] * 1024, data_bytes=soc["data_kib"] * 1024,
                uart_div=firmware.uart_div, cpu=soc["cpu"], peripheral=soc["peripheral"], data_ram=soc["data_ram"],
-               **unit_kwargs)
+               cpu_domain="cpu" if separate_cpu_clock(cfg) else "sync", **unit_kwargs)
     unit.firmware = firmware
     return unit

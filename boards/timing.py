@@ -43,10 +43,11 @@ class EndpointSummary:
     late: int                       # of which later than the period
     worst_ns: float                 # latest arrival of all
     groups: tuple[EndpointGroup, ...] = field(default_factory=tuple)  # most late endpoints first
+    domains: tuple[tuple[str, float], ...] = ()  # (register-name prefix, its period) timed otherwise
 
     def as_dict(self) -> dict:
         return {"period_ns": self.period_ns, "timed": self.timed, "late": self.late, "worst_ns": self.worst_ns,
-                "groups": [vars(g) for g in self.groups]}
+                "groups": [vars(g) for g in self.groups], "domains": [list(d) for d in self.domains]}
 
 
 def _parse(text: str) -> list:
@@ -84,10 +85,13 @@ def register_name(cell: str) -> str:
     return _PRIMITIVE_SUFFIX.sub("", cell)
 
 
-def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8) -> EndpointSummary:
+def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
+                     domains: tuple[tuple[str, float], ...] = ()) -> EndpointSummary:
     """Latest arrival at every endpoint of the routed design in ``sdf_text``; the endpoints later than
     ``period_ns`` grouped by (start register, end register); the ``groups`` groups with the most late
-    endpoints are kept."""
+    endpoints are kept. ``domains``: (prefix, period) pairs for the registers of another clock domain, named
+    under ``prefix`` (an SoC's CPU side), whose endpoints are late beyond that period instead (the SDF names no
+    clock domains)."""
     tree = _parse(sdf_text)
     scale, divider = 1.0, "/"
     for item in tree[1:]:
@@ -160,7 +164,9 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8) -> Endpoi
             pin, seen = before[pin], seen + 1
         return pin
 
-    period_ps = period_ns * 1000.0
+    def period_ps(pin: str) -> float:
+        return 1000.0 * next((p for prefix, p in domains if pin.startswith(prefix)), period_ns)
+
     late_groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     timed = late = 0
     worst = 0.0
@@ -170,7 +176,7 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8) -> Endpoi
         total = arrival[pin] + t_setup
         timed += 1
         worst = max(worst, total)
-        if total > period_ps:
+        if total > period_ps(pin):
             late += 1
             start = start_of(pin)
             late_groups[(register_name(start.rsplit("/", 1)[0]), register_name(pin.rsplit("/", 1)[0]))].append(total)
@@ -178,4 +184,4 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8) -> Endpoi
     kept = tuple(EndpointGroup(start=s, end=e, count=len(ts), worst_ns=round(max(ts) / 1000.0, 2))
                  for (s, e), ts in ranked)
     return EndpointSummary(period_ns=period_ns, timed=timed, late=late, worst_ns=round(worst / 1000.0, 2),
-                           groups=kept)
+                           groups=kept, domains=tuple(domains))

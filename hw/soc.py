@@ -51,6 +51,13 @@ HCCS_STATUS     r/w    read: bit 0 room for an element; bits 1-3 the unit's stic
                        bad_head; bit 4 busy. Write: clears the sticky bits
 =============== ====== ===========================================================================
 
+Clocks: the tile array runs in ``sync`` (the board's ``clock_mhz``). The CPU side (CPU, memories, UART, the
+peripheral's registers; the HCCS unit with them) runs in ``cpu_domain``: ``sync`` as well (one clock), or a
+domain of its own (``"cpu"``, the board's ``soc.cpu_mhz``: PicoRV32 and its bus need not make the tile's
+clock). Then the tile bus crosses in two :class:`~amaranth.lib.fifo.AsyncFIFOBuffered` (the beats to the array
+and the array's output beats, :data:`TILE_RX_FIFO`) and the array's error output in a two-flip-flop
+synchroniser; the firmware sees the same registers, an answer a few cycles later.
+
 Bus timing: every access takes three cycles (address decoded, the memory read and a register's side effect
 in the first; the read value selected into a register in the second; the CPU's ``mem_ready`` in the third),
 except UART_DATA writes, which wait for the transmitter in the first.
@@ -62,16 +69,17 @@ or any of the HCCS unit's sticky status bits.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Signal
+from amaranth.hdl import Cat, ClockSignal, Const, DomainRenamer, Instance, Module, Mux, ResetSignal, Signal
 from amaranth.lib import wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.cdc import FFSynchronizer
+from amaranth.lib.fifo import AsyncFIFOBuffered, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from somatile.hw.array import TileArray
 from somatile.hw.hccs import HCCS
 from somatile.hw.soc_map import (CODE_BASE, CPU_OPTIONS, DATA_BASE, DATA_RAMS, HCCS_FIELDS, HCCS_IN_FIFO, PERIPHERALS,
-                                 REGISTERS, SPRAM_PAIR_BYTES, TILE_TX_FIFO, UART_RX_FIFO, cpu_sources)
+                                 REGISTERS, SPRAM_PAIR_BYTES, TILE_RX_FIFO, TILE_TX_FIFO, UART_RX_FIFO, cpu_sources)
 
 
 def image_words(image: bytes) -> list[int]:
@@ -83,6 +91,9 @@ def image_words(image: bytes) -> list[int]:
 class Soc(wiring.Component):
     """CPU + code and data memory + UART + peripheral (see the module docstring for the map and timing).
 
+    ``cpu_domain``: "sync" (the CPU side on the array's clock) or "cpu" (a clock domain of its own; the tile
+    array's peripheral only).
+
     ``image``: the firmware (bytes, at most ``code_bytes``); ``uart_div``: the divider after reset (the
     firmware sets it again); ``peripheral``: one of :data:`~somatile.hw.soc_map.PERIPHERALS`; ``unit_kwargs``:
     the peripheral's (``BoardConfig.array_kwargs`` for the tile array; ``BoardConfig.hccs_kwargs`` of one lane
@@ -90,7 +101,7 @@ class Soc(wiring.Component):
     """
 
     def __init__(self, *, image: bytes, code_bytes: int, data_bytes: int, uart_div: int, cpu: str = "picorv32",
-                 peripheral: str = "tile_array", data_ram: str = "block", **unit_kwargs):
+                 peripheral: str = "tile_array", data_ram: str = "block", cpu_domain: str = "sync", **unit_kwargs):
         if len(image) > code_bytes:
             raise ValueError(f"firmware image of {len(image)} bytes does not fit code memory of {code_bytes}")
         for name, size in (("code_bytes", code_bytes), ("data_bytes", data_bytes)):
@@ -100,11 +111,16 @@ class Soc(wiring.Component):
             raise ValueError(f"peripheral {peripheral!r}: expected one of {', '.join(PERIPHERALS)}")
         if data_ram not in DATA_RAMS:
             raise ValueError(f"data_ram {data_ram!r}: expected one of {', '.join(DATA_RAMS)}")
+        if cpu_domain not in ("sync", "cpu"):
+            raise ValueError(f"cpu_domain {cpu_domain!r}: expected 'sync' or 'cpu'")
+        if cpu_domain != "sync" and peripheral != "tile_array":
+            raise ValueError(f"cpu_domain {cpu_domain!r}: the {peripheral} runs on the CPU's clock, expected 'sync'")
         if data_ram == "spram" and data_bytes % SPRAM_PAIR_BYTES:
             raise ValueError(f"data_bytes = {data_bytes}: SPRAM data memory is made of pairs of 32 KiB blocks, "
                              f"expected a multiple of {SPRAM_PAIR_BYTES}")
         self.image, self.code_bytes, self.data_bytes = image, code_bytes, data_bytes
         self.uart_div, self.cpu, self.peripheral, self.data_ram = uart_div, cpu, peripheral, data_ram
+        self.cpu_domain = cpu_domain
         self.sources = cpu_sources(cpu)
         if peripheral == "tile_array":
             self.unit = TileArray(**unit_kwargs)
@@ -120,22 +136,25 @@ class Soc(wiring.Component):
         if platform is not None:
             for path in self.sources:
                 platform.add_file(path.name, path.read_text())
-        # "array" as before the HCCS unit was a choice: the tile array SoC's netlist names stay as they were.
+        # The CPU side is written in its own module's "sync" and renamed to cpu_domain; the array stays in sync.
+        core = Module()
         unit = self.unit
-        m.submodules["array" if self.peripheral == "tile_array" else "hccs"] = unit
-        bus = _CpuBus(m, self)
-        code = _ram(m, "code", self.code_bytes, image_words(self.image))
-        _uart(m, self, bus)
+        bus = _CpuBus(core, self)
+        code = _ram(core, "code", self.code_bytes, image_words(self.image))
+        _uart(core, self, bus)
         if self.peripheral == "tile_array":
-            _tile_bridge(m, self, bus, unit)
+            m.submodules.array = unit
+            _tile_bridge(m, core, self, bus, unit)
         else:
-            _hccs_bridge(m, self, bus, unit)
-        bus.connect_memory(m, code, CODE_BASE >> 28)
+            core.submodules.hccs = unit
+            _hccs_bridge(core, self, bus, unit)
+        bus.connect_memory(core, code, CODE_BASE >> 28)
         if self.data_ram == "spram":
-            bus.connect_spram(m, self.data_bytes, DATA_BASE >> 28)
+            bus.connect_spram(core, self.data_bytes, DATA_BASE >> 28)
         else:
-            bus.connect_memory(m, _ram(m, "data", self.data_bytes, []), DATA_BASE >> 28)
-        bus.finish(m)
+            bus.connect_memory(core, _ram(core, "data", self.data_bytes, []), DATA_BASE >> 28)
+        bus.finish(core)
+        m.submodules.core = core if self.cpu_domain == "sync" else DomainRenamer(self.cpu_domain)(core)
         return m
 
 
@@ -259,22 +278,44 @@ def _uart(m: Module, soc: Soc, bus: _CpuBus):
         m.d.sync += bus.reg_rdata.eq(Cat(fifo.r_rdy, overflow))
 
 
-def _tile_bridge(m: Module, soc: Soc, bus: _CpuBus, array):
+def _tile_bridge(m: Module, core: Module, soc: Soc, bus: _CpuBus, array):
+    """The tile bus registers (in ``core``, the CPU side) and the array's stream pair (in ``m``, the array's
+    domain): beats cross in FIFOs, asynchronous ones where the CPU has a clock of its own."""
     width = array.params.stream_width
     if width != 32:
         raise ValueError(f"stream_width = {width}: the SoC's tile bus registers are 32 bits")
-    m.submodules.tile_tx_fifo = tx = SyncFIFOBuffered(width=width + 1, depth=TILE_TX_FIFO)
+    crossing = soc.cpu_domain != "sync"
+    if crossing:
+        # Written from the CPU side (core's sync, renamed to cpu_domain), read by the array in sync.
+        tx = AsyncFIFOBuffered(width=width + 1, depth=TILE_TX_FIFO + 1, w_domain=soc.cpu_domain, r_domain="sync")
+        m.submodules.tile_tx_fifo = tx
+    else:
+        core.submodules.tile_tx_fifo = tx = SyncFIFOBuffered(width=width + 1, depth=TILE_TX_FIFO)
     push, push_last = _register(bus, "TILE_TX"), _register(bus, "TILE_TX_LAST")
-    m.d.comb += [tx.w_data.eq(Cat(bus.wdata, push_last)), tx.w_en.eq(push | push_last),
-                 array.s_axis_tdata.eq(tx.r_data[:width]), array.s_axis_tlast.eq(tx.r_data[width]),
+    core.d.comb += [tx.w_data.eq(Cat(bus.wdata, push_last)), tx.w_en.eq(push | push_last)]
+    m.d.comb += [array.s_axis_tdata.eq(tx.r_data[:width]), array.s_axis_tlast.eq(tx.r_data[width]),
                  array.s_axis_tvalid.eq(tx.r_rdy), tx.r_en.eq(array.s_axis_tready)]
-    out_valid = array.m_axis_tvalid & ~soc.hold
+    if crossing:
+        rx = AsyncFIFOBuffered(width=width + 1, depth=TILE_RX_FIFO + 1, w_domain="sync", r_domain=soc.cpu_domain)
+        m.submodules.tile_rx_fifo = rx
+        m.d.comb += [rx.w_data.eq(Cat(array.m_axis_tdata, array.m_axis_tlast)), rx.w_en.eq(array.m_axis_tvalid),
+                     array.m_axis_tready.eq(rx.w_rdy)]
+        beat_valid, beat_data, beat_last = rx.r_rdy, rx.r_data[:width], rx.r_data[width]
+        error = Signal()
+        m.submodules.tile_error_sync = FFSynchronizer(array.error, error, o_domain=soc.cpu_domain)
+    else:
+        beat_valid, beat_data, beat_last, error = array.m_axis_tvalid, array.m_axis_tdata, array.m_axis_tlast, array.error
+    out_valid = beat_valid & ~soc.hold
     pop = _register(bus, "TILE_RX")
-    m.d.comb += array.m_axis_tready.eq(pop & out_valid)
-    with m.If(pop):
-        m.d.sync += bus.reg_rdata.eq(Mux(out_valid, array.m_axis_tdata, 0))
-    with m.If(_register(bus, "TILE_STATUS")):
-        m.d.sync += bus.reg_rdata.eq(Cat(tx.w_rdy, out_valid, array.m_axis_tlast, array.error))
+    popped = pop & out_valid
+    if crossing:
+        core.d.comb += rx.r_en.eq(popped)
+    else:
+        core.d.comb += array.m_axis_tready.eq(popped)
+    with core.If(pop):
+        core.d.sync += bus.reg_rdata.eq(Mux(out_valid, beat_data, 0))
+    with core.If(_register(bus, "TILE_STATUS")):
+        core.d.sync += bus.reg_rdata.eq(Cat(tx.w_rdy, out_valid, beat_last, error))
     m.d.comb += soc.error.eq(array.error)
 
 

@@ -32,6 +32,8 @@ UART_RX_FIFO = {"tile_array": 2048, "hccs_unit": 512}
 unit's SoC gets one iCE40 block RAM's worth, which holds any request its host sends (an HCCS command is at
 most a header and ``staging_bytes``), since its block RAM also holds the code."""
 TILE_TX_FIFO = 8
+TILE_RX_FIFO = 8
+"""Beats of the array's output that wait for the CPU where the tile bus crosses clock domains (hw/soc.py)."""
 HCCS_IN_FIFO = 4
 """Elements the HCCS registers buffer before the unit takes them (the firmware checks for room first)."""
 DATA_RAMS = ("block", "spram")

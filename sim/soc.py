@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from somatile.boards.config import BoardConfig
-from somatile.boards.soc import UART_EXTRA_CYCLES, Firmware, soc_unit
+from somatile.boards.soc import UART_EXTRA_CYCLES, Firmware, soc_pll, soc_unit
 from somatile.sim import runner
 
 BENCH = Path(__file__).resolve().parent / "soc_tb.cpp"
@@ -26,11 +26,25 @@ TOPLEVEL = "somatile_soc"
 
 @dataclasses.dataclass(frozen=True)
 class SocBuild:
-    """A compiled SoC model: its executable, the firmware inside it and the UART's cycles per bit."""
+    """A compiled SoC model: its executable, the firmware inside it, the UART's cycles per bit and the CPU's
+    clock (``clock_hz``, which the firmware and the bench's cycles count in); where the CPU side has a clock of
+    its own, the periods of both clocks (ps) the bench toggles them at."""
     binary: Path
     firmware: Firmware
     bit_cycles: int
     clock_hz: int
+    clock_periods_ps: tuple[int, int] | None = None  # (tile array, CPU side), or None: one clock
+
+
+def clock_periods_ps(cfg: BoardConfig) -> tuple[int, int]:
+    """(tile clock, CPU clock) periods in ps of ``cfg``'s SoC: its PLL's outputs on an FPGA board, else
+    ``clock_mhz`` and ``soc.cpu_mhz``."""
+    if cfg.kind == "fpga":
+        pll = soc_pll(cfg)
+        tile_mhz, cpu_mhz = pll.achieved_mhz, pll.secondary_mhz or pll.achieved_mhz
+    else:
+        tile_mhz, cpu_mhz = cfg.clock_mhz, cfg.soc["cpu_mhz"] or cfg.clock_mhz
+    return round(1e6 / tile_mhz), round(1e6 / cpu_mhz)
 
 
 def build(cfg: BoardConfig, board_arg: str | None = None, timeout_s: float = 1800) -> SocBuild:
@@ -47,7 +61,8 @@ def build(cfg: BoardConfig, board_arg: str | None = None, timeout_s: float = 180
     with runner.locked(directory):
         if not binary.exists():
             (directory / f"{TOPLEVEL}.v").write_text(verilog)
-            command = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast",
+            two_clocks = ["-CFLAGS", "-DSOC_CPU_CLOCK"] if soc.cpu_domain != "sync" else []
+            command = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3", "--x-assign", "fast", *two_clocks,
                        "--x-initial", "fast", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--top-module", TOPLEVEL,
                        "--Mdir", str(directory / "obj"), "-o", str(binary), "-CFLAGS", "-O2",
                        str(directory / f"{TOPLEVEL}.v"), *map(str, sources)]
@@ -61,7 +76,9 @@ def build(cfg: BoardConfig, board_arg: str | None = None, timeout_s: float = 180
                 if obj.suffix in (".o", ".a", ".gch"):
                     obj.unlink()
     bit_cycles = firmware.uart_div + UART_EXTRA_CYCLES
-    return SocBuild(binary=binary, firmware=firmware, bit_cycles=bit_cycles, clock_hz=firmware.clock_hz)
+    periods = clock_periods_ps(cfg) if soc.cpu_domain != "sync" else None
+    return SocBuild(binary=binary, firmware=firmware, bit_cycles=bit_cycles, clock_hz=firmware.clock_hz,
+                    clock_periods_ps=periods)
 
 
 def spram_model() -> Path:
@@ -94,7 +111,10 @@ class SocSimulation:
 
     def __init__(self, soc_build: SocBuild, start_timeout: float = 30):
         self.build = soc_build
-        self.process = subprocess.Popen([str(soc_build.binary), "--bit-cycles", str(soc_build.bit_cycles)],
+        clocks = []
+        if soc_build.clock_periods_ps is not None:
+            clocks = ["--clock-ps", str(soc_build.clock_periods_ps[0]), "--cpu-clock-ps", str(soc_build.clock_periods_ps[1])]
+        self.process = subprocess.Popen([str(soc_build.binary), "--bit-cycles", str(soc_build.bit_cycles), *clocks],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, bufsize=1)
         line = self._line(start_timeout)

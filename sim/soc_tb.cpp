@@ -1,9 +1,15 @@
 // The SoC (hw/soc.py) in Verilator with its UART pins bridged to a pseudo-terminal, so that the unchanged
 // serial:// driver reaches the simulated board through the same bytes, firmware and tile as a real one.
 //
-//   soc_tb --bit-cycles N
+//   soc_tb --bit-cycles N [--clock-ps T --cpu-clock-ps C]
 //
-// --bit-cycles  clock cycles per UART bit (the firmware's divider + 2, boards/soc.py)
+// --bit-cycles    CPU clock cycles per UART bit (the firmware's divider + 2, boards/soc.py)
+// --clock-ps      the tile array's clock period (ps; built with SOC_CPU_CLOCK: the CPU side has its own clock)
+// --cpu-clock-ps  the CPU side's clock period (ps), likewise
+//
+// Built with SOC_CPU_CLOCK (hw/soc.py with cpu_domain "cpu") the model has two clocks, clk (the array) and
+// cpu_clk (CPU, memories, UART), each toggled at its own half period from one time line; otherwise one clock.
+// Cycles are the CPU's either way: the UART, "stats" and the firmware count them.
 //
 // The first line on stdout is "pty PATH". stdin takes commands, one per line: "hold 1" / "hold 0" (the SoC's
 // hold input: the tile's answers are not read, a stalled tile for the fault tests), "stats" (prints
@@ -94,6 +100,35 @@ struct UartReceiver {
     }
 };
 
+// The clocks: step() runs one CPU clock cycle (to and including its rising edge); reset(on) drives the resets.
+struct Clocks {
+    Vsomatile_soc *top;
+    uint64_t half_tile_ps = 1, half_cpu_ps = 1;
+    uint64_t next_tile = 0, next_cpu = 0;   // the time of each clock's next toggle
+
+    void step() {
+#ifdef SOC_CPU_CLOCK
+        for (;;) {
+            uint64_t now = next_tile < next_cpu ? next_tile : next_cpu;
+            bool cpu_rose = false;
+            if (next_tile == now) { top->clk = !top->clk; next_tile += half_tile_ps; }
+            if (next_cpu == now) { top->cpu_clk = !top->cpu_clk; cpu_rose = top->cpu_clk; next_cpu += half_cpu_ps; }
+            top->eval();
+            if (cpu_rose) return;
+        }
+#else
+        top->clk = 0; top->eval();
+        top->clk = 1; top->eval();
+#endif
+    }
+    void reset(int on) {
+        top->rst = on;
+#ifdef SOC_CPU_CLOCK
+        top->cpu_rst = on;
+#endif
+    }
+};
+
 int open_pty(std::string &path, int &slave) {
     int master = posix_openpt(O_RDWR | O_NOCTTY);
     if (master < 0 || grantpt(master) < 0 || unlockpt(master) < 0) return -1;
@@ -113,11 +148,20 @@ int open_pty(std::string &path, int &slave) {
 
 int main(int argc, char **argv) {
     uint32_t bit_cycles = 0;
+    uint64_t clock_ps = 0, cpu_clock_ps = 0;
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--bit-cycles") == 0 && i + 1 < argc) bit_cycles = std::strtoul(argv[++i], nullptr, 10);
+        else if (std::strcmp(argv[i], "--clock-ps") == 0 && i + 1 < argc) clock_ps = std::strtoull(argv[++i], nullptr, 10);
+        else if (std::strcmp(argv[i], "--cpu-clock-ps") == 0 && i + 1 < argc) cpu_clock_ps = std::strtoull(argv[++i], nullptr, 10);
     }
-    if (bit_cycles < 4) {
-        std::fprintf(stderr, "usage: soc_tb --bit-cycles N (N >= 4)\n");
+#ifdef SOC_CPU_CLOCK
+    bool clocks_ok = clock_ps >= 2 && cpu_clock_ps >= 2;
+#else
+    bool clocks_ok = true;
+#endif
+    if (bit_cycles < 4 || !clocks_ok) {
+        std::fprintf(stderr, "usage: soc_tb --bit-cycles N (N >= 4) [--clock-ps T --cpu-clock-ps C (both >= 2 "
+                             "with two clocks)]\n");
         return 2;
     }
     std::signal(SIGTERM, on_signal);
@@ -144,19 +188,16 @@ int main(int argc, char **argv) {
     uint8_t out[256];
     size_t out_n = 0;
 
+    Clocks clocks{top.get(), clock_ps / 2, cpu_clock_ps / 2};
     top->uart_rx = 1;
     top->hold = 0;
-    top->rst = 1;
-    for (int i = 0; i < 16; ++i) {
-        top->clk = 0; top->eval();
-        top->clk = 1; top->eval();
-    }
-    top->rst = 0;
+    clocks.reset(1);
+    for (int i = 0; i < 16; ++i) clocks.step();
+    clocks.reset(0);
 
     while (!stop_requested) {
         top->uart_rx = driver.pin();
-        top->clk = 0; top->eval();
-        top->clk = 1; top->eval();
+        clocks.step();
         ++cycle;
         driver.tick();
         int b = receiver.tick(top->uart_tx);
@@ -184,12 +225,9 @@ int main(int argc, char **argv) {
             for (ssize_t i = 0; i < r; ++i) {
                 if (buf[i] != '\n') { command += buf[i]; continue; }
                 if (command == "reset") {
-                    top->rst = 1;
-                    for (int k = 0; k < 16; ++k) {
-                        top->clk = 0; top->eval();
-                        top->clk = 1; top->eval();
-                    }
-                    top->rst = 0;
+                    clocks.reset(1);
+                    for (int k = 0; k < 16; ++k) clocks.step();
+                    clocks.reset(0);
                     driver.queue.clear();
                     driver.bit = -1;
                     receiver.bit = -1;

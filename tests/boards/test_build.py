@@ -72,11 +72,56 @@ def test_pll_settings_obey_the_datasheet_limits(target):
         assert abs(s.error_mhz) <= 0.05 * target
 
 
+@pytest.mark.parametrize("cpu_mhz", [75, 60, 50, 33.3])
+def test_a_second_pll_output_comes_from_the_same_vco(cpu_mhz):
+    """The SoC's CPU clock (EHXPLLL CLKOS): the tile clock stays exact, CLKOS = VCO / CLKOS_DIV."""
+    s = ecp5_pll(25, 100, cpu_mhz)
+    assert s.achieved_mhz == 100 and 400 <= s.vco_mhz <= 800
+    assert s.secondary_mhz == pytest.approx(s.vco_mhz / s.dividers["CLKOS_DIV"])
+    assert abs(s.secondary_mhz - cpu_mhz) <= 0.05 * cpu_mhz
+    if cpu_mhz in (75, 50):
+        assert s.secondary_mhz == cpu_mhz       # 800 / 16 and 600 / 8
+
+
 def test_pll_refuses_an_unreachable_target():
     with pytest.raises(ValueError, match="clock target 500 MHz.*expected a target from 3.125 to 400.0 MHz"):
         ecp5_pll(25, 500)
     with pytest.raises(ValueError, match="expected a target from 16.0 to 275.0"):
         ice40_pll(12, 10)
+    with pytest.raises(ValueError, match="clock target 1 MHz"):
+        ecp5_pll(25, 100, 1)
+    with pytest.raises(ValueError, match="family 'ice40' makes one clock here"):
+        pll_for("ice40", 12, 24, 12)
+
+
+def test_the_soc_cpu_clock_passes_only_where_both_clocks_meet_their_targets():
+    r = build.PnrResult(status="ok", seconds=1.0, target_mhz=100.0, pll_mhz=100.0, fmax_mhz=101.0,
+                        cpu_target_mhz=75.0, cpu_fmax_mhz=74.0)
+    assert not r.met
+    assert dataclasses.replace(r, cpu_fmax_mhz=80.0).met
+    assert not dataclasses.replace(r, cpu_fmax_mhz=None).met
+    assert not dataclasses.replace(r, fmax_mhz=99.0, cpu_fmax_mhz=80.0).met
+    assert dataclasses.replace(r, cpu_target_mhz=None, cpu_fmax_mhz=None).met   # one clock
+
+
+def test_the_ulx3s_soc_runs_its_cpu_on_the_second_pll_output():
+    """The board's SoC elaborates with the PLL's CLKOS as the cpu domain's clock (the tile array on CLKOP),
+    and a SoC and a PLL that disagree on it are refused."""
+    from somatile.boards.harness import SocBoard
+    from somatile.boards.soc import make_soc, soc_clock_hz, soc_pll
+
+    cfg = boards.load("ulx3s_85f")
+    pll = soc_pll(cfg)
+    assert (pll.achieved_mhz, pll.secondary_mhz) == (100.0, 75.0) and soc_clock_hz(cfg) == 75e6
+    firmware = type("Image", (), {"image": bytes(64), "uart_div": 23})()
+    soc = make_soc(cfg, firmware)
+    assert soc.cpu_domain == "cpu"
+    platform = build.open_platform(cfg)
+    fragment = Fragment.get(SocBoard(soc, pll), platform)
+    assert {"sync", "cpu"} <= set(fragment.domains)
+    single = dataclasses.replace(pll, secondary_mhz=None)
+    with pytest.raises(ValueError, match="cpu_domain 'cpu' and a PLL without a second output"):
+        Fragment.get(SocBoard(make_soc(cfg, firmware), single), platform)
 
 
 def test_all_builds_the_array_a_lone_tile_the_hccs_unit_the_soc_and_a_lane_sweep_on_ecp5():

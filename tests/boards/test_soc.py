@@ -12,7 +12,7 @@ import pytest
 import somatile.host
 from somatile import boards
 from somatile.boards.config import BoardError
-from somatile.boards.soc import build_firmware, uart_divider
+from somatile.boards.soc import build_firmware, soc_section, uart_divider
 from somatile.host import protocol
 from somatile.host.device import DeviceError
 from somatile.host.device_cli import DEMO_QUERY, stream_device, stream_through
@@ -108,6 +108,10 @@ def test_soc_build_errors_name_the_board_key(tmp_path):
         build_firmware(cfg.with_soc({"data_kib": 16}), 100e6, tmp_path / "small")
     with pytest.raises(BoardError, match=r"soc\.baud"):
         uart_divider(cfg.with_soc({"baud": 40_000_000}), 100e6)
+    with pytest.raises(BoardError, match=r"key 'soc\.cpu_mhz': got -1, expected 0 or a positive clock in MHz"):
+        cfg.with_soc({"cpu_mhz": -1})
+    with pytest.raises(BoardError, match=r"key 'soc\.cpu_mhz': got 12, expected 0 or clock_mhz = 24 on iCE40UP5K"):
+        soc_section(boards.load("icebreaker").with_soc({"cpu_mhz": 12}))
     board = tmp_path / "other_cpu.yaml"
     board.write_text("extends: sim\nsoc:\n  cpu: vexriscv\n")
     with pytest.raises(BoardError, match=r"other_cpu.yaml: key 'soc.cpu': got 'vexriscv', expected one of picorv32"):

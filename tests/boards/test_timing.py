@@ -46,6 +46,14 @@ def test_only_endpoints_later_than_the_period_are_grouped():
     assert endpoint_summary(SDF, period_ns=2.0).groups == ()
 
 
+def test_registers_of_another_clock_domain_are_late_beyond_its_period():
+    # b2 and b3 (both under "unit.b") arrive at 1.74 and 1.60 ns: late at 1.5 ns, in time at a 2 ns period.
+    summary = endpoint_summary(SDF, period_ns=1.5, domains=(("unit.b_", 2.0),))
+    assert (summary.timed, summary.late, summary.groups) == (2, 0, ())
+    assert summary.as_dict()["domains"] == [["unit.b_", 2.0]]
+    assert endpoint_summary(SDF, period_ns=1.5, domains=(("unit.c", 2.0),)).late == 2   # another prefix
+
+
 def test_nanosecond_timescale_and_packer_suffixes():
     assert endpoint_summary(SDF.replace("1ps", "1ns"), period_ns=2000.0).worst_ns == 1740.0
     assert register_name("unit.decode.fld_TRELLIS_FF_Q_38") == "unit.decode.fld"
