@@ -78,6 +78,7 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw.array import TileArray
 from somatile.hw.hccs import HCCS
+from somatile.hw.pipe import skid_buffer
 from somatile.hw.soc_map import (CODE_BASE, CPU_OPTIONS, DATA_BASE, DATA_RAMS, HCCS_FIELDS, HCCS_IN_FIFO, PERIPHERALS,
                                  REGISTERS, SPRAM_PAIR_BYTES, TILE_RX_FIFO, TILE_TX_FIFO, UART_RX_FIFO, cpu_sources)
 
@@ -293,8 +294,11 @@ def _tile_bridge(m: Module, core: Module, soc: Soc, bus: _CpuBus, array):
         core.submodules.tile_tx_fifo = tx = SyncFIFOBuffered(width=width + 1, depth=TILE_TX_FIFO)
     push, push_last = _register(bus, "TILE_TX"), _register(bus, "TILE_TX_LAST")
     core.d.comb += [tx.w_data.eq(Cat(bus.wdata, push_last)), tx.w_en.eq(push | push_last)]
-    m.d.comb += [array.s_axis_tdata.eq(tx.r_data[:width]), array.s_axis_tlast.eq(tx.r_data[width]),
-                 array.s_axis_tvalid.eq(tx.r_rdy), tx.r_en.eq(array.s_axis_tready)]
+    # A register slice between the FIFO and the array: the array's ready (a choice among its tiles) reached
+    # the FIFO's read port in one cycle, the ULX3S SoC's longest path (11.5 ns at 3be3c5a).
+    taken, beat_in_valid, beat_in = skid_buffer(m, tx.r_rdy, tx.r_data, array.s_axis_tready, "tile_in")
+    m.d.comb += [array.s_axis_tdata.eq(beat_in[:width]), array.s_axis_tlast.eq(beat_in[width]),
+                 array.s_axis_tvalid.eq(beat_in_valid), tx.r_en.eq(taken)]
     if crossing:
         rx = AsyncFIFOBuffered(width=width + 1, depth=TILE_RX_FIFO + 1, w_domain="sync", r_domain=soc.cpu_domain)
         m.submodules.tile_rx_fifo = rx
