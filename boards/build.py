@@ -42,7 +42,7 @@ from . import aie
 from . import config as board_config
 from .aie import AieError
 from .config import BoardConfig, BoardError
-from .harness import RESET_BUFFER, SOC_CORE
+from .harness import RESET_BUFFER
 from .timing import endpoint_summary, register_name
 from .vivado import VIVADO_NOTE, write_vivado_project
 
@@ -457,7 +457,7 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     """Synthesise, place and route the unit ``top`` of ``cfg`` in the board harness; parse the logs into a
     :class:`PnrResult`."""
     from .harness import ShiftHarness, SocBoard, port_bits
-    from .pll import pll_for
+    from .pll import SECONDARY_CLOCK, pll_for
     from .soc import soc_pll
 
     family = cfg.fpga["family"]
@@ -535,8 +535,8 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
                 result.cpu_fmax_mhz = parsed["fmax"][cpu][0] if cpu != parsed["clock"] else None
     sdf = work / f"{name}.sdf"
     if returncode == 0 and sdf.exists():
-        # An SoC's CPU side (hw/soc.py's core, in the SocBoard's soc) is timed against its own clock's period.
-        domains = (((f"{SOC_CORE}.", 1000.0 / pll.secondary_mhz),) if pll.secondary_mhz is not None else ())
+        # An SoC's CPU side (the registers the PLL's second output clocks) is timed against its own period.
+        domains = (((SECONDARY_CLOCK, 1000.0 / pll.secondary_mhz),) if pll.secondary_mhz is not None else ())
         result.late_endpoints = endpoint_summary(sdf.read_text(), 1000.0 / cfg.clock_mhz,
                                                  domains=domains).as_dict()
     bitstream = next((p for p in (work / f"{name}.bit", work / f"{name}.bin") if p.exists()), None)
@@ -713,7 +713,7 @@ def markdown_table(records: list[dict]) -> str:
             if late:
                 groups = "; ".join(f"`{g['start']}` -> `{g['end']}` {g['count']} (to {g['worst_ns']:.2f} ns)"
                                    for g in late["groups"][:5])
-                other = "".join(f" ({prefix}*: {period:.2f} ns)" for prefix, period in late.get("domains", ()))
+                other = "".join(f" (clock {net}: {period:.2f} ns)" for net, period in late.get("domains", ()))
                 lines.append(f"  - {late['late']:,} of {late['timed']:,} endpoints later than "
                              f"{late['period_ns']:.2f} ns{other}; most: {groups}")
     return "\n".join(lines) + "\n"

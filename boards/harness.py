@@ -25,9 +25,6 @@ CAPTURE_BITS = 10
 RESET_BUFFER = "reset_buffer"
 """The ECP5 harness's global buffer (DCCA) for the synchronised reset; nextpnr names its input net
 ``reset_buffer_CLKI``."""
-SOC_CORE = "soc.core"
-"""Where the netlist names the SoC's CPU side (:class:`SocBoard`'s ``soc``, hw/soc.py's ``core``): the registers
-of the CPU's clock domain where it has one of its own."""
 
 
 def port_bits(unit: wiring.Component) -> tuple[int, int]:

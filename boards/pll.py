@@ -128,6 +128,10 @@ def pll_for(family: str, osc_mhz: float, target_mhz: float, secondary_mhz: float
     return ecp5_pll(osc_mhz, target_mhz, secondary_mhz)
 
 
+# The second output's net (an SoC's CPU clock); nextpnr names its global buffer `$gbuf$clk_secondary`.
+SECONDARY_CLOCK = "clk_secondary"
+
+
 class Pll(Elaboratable):
     """The vendor PLL primitive fed from the board's oscillator pin (``clk_pin``: a platform port requested
     with ``dir="-"``). ``clk`` is the generated clock, ``locked`` its lock indicator.
@@ -140,7 +144,8 @@ class Pll(Elaboratable):
         self.setting = setting
         self.clk_pin = clk_pin
         self.clk = Signal()
-        self.clk_secondary = Signal()
+        # Named for the SDF: a build times the endpoints this net clocks against its period (build.py).
+        self.clk_secondary = Signal(name=SECONDARY_CLOCK)
         self.locked = Signal()
 
     def elaborate(self, platform):

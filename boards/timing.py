@@ -43,7 +43,7 @@ class EndpointSummary:
     late: int                       # of which later than the period
     worst_ns: float                 # latest arrival of all
     groups: tuple[EndpointGroup, ...] = field(default_factory=tuple)  # most late endpoints first
-    domains: tuple[tuple[str, float], ...] = ()  # (register-name prefix, its period) timed otherwise
+    domains: tuple[tuple[str, float], ...] = ()  # (clock net, its period) timed otherwise
 
     def as_dict(self) -> dict:
         return {"period_ns": self.period_ns, "timed": self.timed, "late": self.late, "worst_ns": self.worst_ns,
@@ -89,9 +89,11 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
                      domains: tuple[tuple[str, float], ...] = ()) -> EndpointSummary:
     """Latest arrival at every endpoint of the routed design in ``sdf_text``; the endpoints later than
     ``period_ns`` grouped by (start register, end register); the ``groups`` groups with the most late
-    endpoints are kept. ``domains``: (prefix, period) pairs for the registers of another clock domain, named
-    under ``prefix`` (an SoC's CPU side), whose endpoints are late beyond that period instead (the SDF names no
-    clock domains)."""
+    endpoints are kept. ``domains``: (clock net, period) pairs for the endpoints of another clock domain (an
+    SoC's CPU side), late beyond that period instead: an endpoint's domain is the net driving its cell's clock
+    pin (the pin its setup check names), found in the SDF's interconnects: the instance driving it, or NET for
+    nextpnr's global buffer of net NET (``$gbuf$NET``). Every other endpoint is timed against ``period_ns``.
+    Raises SdfError when a domain's clock drives no endpoint (a renamed net would time them all wrongly)."""
     tree = _parse(sdf_text)
     scale, divider = 1.0, "/"
     for item in tree[1:]:
@@ -107,6 +109,8 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
     setup: dict[str, float] = {}
     paths: list[tuple[str, str, str, float]] = []  # (instance, input, output, delay)
     clocks: dict[str, set[str]] = defaultdict(set)
+    endpoint_clock: dict[str, str] = {}   # endpoint pin -> its cell's clock pin
+    driver: dict[str, str] = {}           # pin -> the instance driving it (clock pins are looked up)
     for cell in tree[1:]:
         if not isinstance(cell, list) or cell[:1] != ["CELL"]:
             continue
@@ -124,6 +128,7 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
                         elif entry[:1] == ["INTERCONNECT"]:
                             a, b = (_unescape(p).rsplit(divider, 1) for p in entry[1:3])
                             edges[f"{a[0]}/{a[1]}"].append((f"{b[0]}/{b[1]}", _worst(entry[3:], scale)))
+                            driver[f"{b[0]}/{b[1]}"] = a[0]
             elif part[:1] == ["TIMINGCHECK"]:
                 for check in part[1:]:
                     if check[:1] in (["SETUP"], ["SETUPHOLD"]) and len(check) >= 4:
@@ -131,6 +136,7 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
                         clock = _unescape(check[2][-1] if isinstance(check[2], list) else check[2])
                         clocks[instance].add(clock)
                         key = f"{instance}/{pin}"
+                        endpoint_clock[key] = f"{instance}/{clock}"
                         setup[key] = max(setup.get(key, 0.0), _worst(check[3:4], scale))
     for instance, source, output, delay in paths:
         key = f"{instance}/{output}"
@@ -164,8 +170,16 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
             pin, seen = before[pin], seen + 1
         return pin
 
+    clocked: dict[str, float] = {}   # endpoint pin -> its period (ps) where a domain's clock drives it
+    for name, period in domains:
+        sources = (name, f"$gbuf${name}")
+        found = [pin for pin, clock in endpoint_clock.items() if driver.get(clock) in sources]
+        if not found:
+            raise SdfError(f"clock net {name!r} drives no endpoint (expected the {period:g} ns domain's registers)")
+        clocked.update(dict.fromkeys(found, 1000.0 * period))
+
     def period_ps(pin: str) -> float:
-        return 1000.0 * next((p for prefix, p in domains if pin.startswith(prefix)), period_ns)
+        return clocked.get(pin, 1000.0 * period_ns)
 
     late_groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     timed = late = 0
