@@ -403,8 +403,8 @@ def item_layout(params: TileParams) -> data.StructLayout:
 def row_layout(params: TileParams) -> data.StructLayout:
     """One logit of the decode row, as SCORES writes it: the write enable, the row's last slot, the slot, whether
     the slot holds a key (an empty slot's logit is 0 and masked) and the logit (int8, int16 in the wide
-    profile)."""
-    return data.StructLayout({"we": 1, "last": 1, "index": issue_shape(params), "valid": 1,
+    profile); ``end`` is ``we & last`` in a register of its own (it starts NORMALISE's counters)."""
+    return data.StructLayout({"we": 1, "last": 1, "end": 1, "index": issue_shape(params), "valid": 1,
                               "x": signed(element_bits(params))})
 
 
@@ -577,14 +577,23 @@ class ScoreStage(wiring.Component):
                                     unsigned(len(par["recency_int"]) + len(distance)))
         scaled = round_shift(m, split_mul(m, dot, parameter_operand(m, par, "score_mult"), "score_product"),
                              par["score_shift"], soma.INT_SHIFT_MAX, "scaled")
+        # The saturation's comparisons beside the subtraction, on its operands: logit > hi is scaled > recency
+        # + hi (the sums registered while recency waits for scaled), so row_x takes a multiplexer after
+        # registers; the comparisons of the registered logit in front of row_x were the ULX3S SoC's latest path.
+        lo, hi = LIMITS[p.profile]["logit"]
+        bounds = [reg(m, recency + bound, f"recency_{name}", signed(len(recency) + 2))
+                  for bound, name in ((hi, "hi"), (lo, "lo"))]
         recency = delay(m, recency, 1)
         logit = reg(m, scaled - recency, "logit", signed(len(scaled) + 1))
-        row_x = reg(m, Mux(delay(m, slot_valid, 6), saturate(logit, *LIMITS[p.profile]["logit"]), 0), "row_x",
+        above, below = reg(m, scaled > bounds[0], "logit_above"), reg(m, scaled < bounds[1], "logit_below")
+        row_x = reg(m, Mux(delay(m, slot_valid, 6), Mux(above, hi, Mux(below, lo, logit)), 0), "row_x",
                     self.row.x.shape())
-        row_tags = delay(m, Cat(dot_tags, slot_valid), 7, reset_less=False)
+        early_tags = delay(m, Cat(dot_tags, slot_valid), 6, reset_less=False)
+        row_tags = reg(m, early_tags, "row_tags", reset_less=False)
         s += 7
         assert s == self.depth(p)
         m.d.comb += [self.row.we.eq(row_tags[0]), self.row.last.eq(row_tags[1]),
+                     self.row.end.eq(reg(m, early_tags[0] & early_tags[1], "row_end", reset_less=False)),
                      self.row.index.eq(row_tags[2:2 + n_bits]), self.row.valid.eq(row_tags[-1]),
                      self.row.x.eq(row_x)]
         return m
@@ -1429,7 +1438,9 @@ class SomaDecode(wiring.Component):
         # RowNormaliser (norm); wide: every head through the wide normaliser (hw/wide.py). The query gate runs
         # beside either. The row unit serves the tile's HCCS command between steps (command).
         m.submodules.near_field = near_field = NearFieldFeed(p)
-        m.d.comb += [near_field.head.eq(par), near_field.row.eq(row)]
+        # NORMALISE's counters start from the row's end register alone (only SCORES writes the row): decoded
+        # with the state, the state register's routes to their copies were the ULX3S array's latest.
+        m.d.comb += [near_field.head.eq(par), near_field.row.eq(row), near_field.start.eq(row.end)]
         wiring.connect(m, wiring.flipped(self.command), near_field.command)
         m.submodules.gate = gate = GateStage(p)
         m.d.comb += [gate.head.eq(par), gate.accumulate_item.eq(item(2, PHASE_GATE)),
@@ -1536,10 +1547,10 @@ class SomaDecode(wiring.Component):
                         issue.next_row("k")
                     with m.Else():
                         m.d.sync += c_issue.eq(c_issue + 1)
-                with m.If(row.we & row.last):
+                with m.If(row.end):
                     m.d.sync += norm_busy.eq(1)
                     issue.begin(PHASE_GATE)
-                    m.d.comb += [gate.restart.eq(1), near_field.start.eq(1)]
+                    m.d.comb += gate.restart.eq(1)
                     if p.profile == "paper":
                         m.d.comb += norm.start.eq(use_exp)
                     m.next = "NORMALISE"

@@ -42,6 +42,8 @@ response streamer (:mod:`~somatile.hw.tile_response`), the HCCS command's rows
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -217,6 +219,7 @@ class _Sequencer:
         self.s_beat = tile.s_axis_tvalid
         m.d.comb += [front.beat.eq(self.s_beat & self.at_header), payload.beat.eq(self.s_beat & self.at_payload)]
         self.settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
+        self.here = None  # the state whose transitions are being written (see state and goto)
 
         # Registers.
         self.error_latched = Signal()
@@ -287,10 +290,24 @@ class _Sequencer:
         # The row's last element, padding included (the row unit takes the padding, masked).
         self.n_pad_last = reg(m, front.n_pad - 1, "n_pad_last", range(regmap.padded(p.n_max)))
 
+    # The intake flags and the states they stand for (see ``accepting``).
+    FLAG_STATES = {"at_header": ("HEADER",), "at_payload": ("PAYLOAD",), "accepting": ("HEADER", "PAYLOAD", "DRAIN")}
+
+    @contextmanager
+    def state(self, name: str):
+        """``m.State(name)``, remembering the state for :meth:`goto`."""
+        with self.m.State(name):
+            self.here = name
+            yield
+        self.here = None
+
     def goto(self, state: str):
-        """The state machine's next state, and the intake flags that go with it (see ``accepting``)."""
-        self.m.d.sync += [self.at_header.eq(state == "HEADER"), self.at_payload.eq(state == "PAYLOAD"),
-                          self.accepting.eq(state in ("HEADER", "PAYLOAD", "DRAIN"))]
+        """The state machine's next state, and the intake flags that go with it: a flag is written only where
+        the transition changes it (entering or leaving its states; it is low in the reset state CLEAR), so each
+        flag's next value depends on the few transitions that touch it, not on every state's."""
+        for flag, states in self.FLAG_STATES.items():
+            if (state in states) != (self.here in states):
+                self.m.d.sync += getattr(self, flag).eq(state in states)
         self.m.next = state
 
     def drive_rows(self, rd):
@@ -351,7 +368,7 @@ class _Sequencer:
         # ended with the header's last beat (tlast); in RESPOND_HEADER, the response presents its last header
         # beat.
         header_last = self.resp.header_last
-        with m.State("CLEAR"):
+        with self.state("CLEAR"):
             # After reset, and for RESET_STATE / a faulting LOAD_STATE: zero the sweep's range.
             m.d.comb += payload.clearing.eq(1)
             with m.If(payload.clear_last):
@@ -363,7 +380,7 @@ class _Sequencer:
                         self.fail_pending()
                     start_response()
 
-        with m.State("HEADER"):
+        with self.state("HEADER"):
             with m.If(self.s_beat):
                 with m.If(front.first_beat):
                     m.d.sync += self.cycles_run.eq(1)
@@ -377,12 +394,12 @@ class _Sequencer:
                     fail(ErrorCode.BAD_LENGTH, 0, echo=False)
                     start_response()
 
-        with m.State("SETTLE"):
+        with self.state("SETTLE"):
             m.d.sync += settle.eq(settle + 1)
             with m.If(settle == CHECK_SETTLE - 1):
                 self.goto("CHECK")
 
-        with m.State("CHECK"):
+        with self.state("CHECK"):
             m.d.sync += [self.resp_opcode.eq(front.header.opcode), self.resp_head.eq(front.header.head),
                          self.resp_error.eq(0), self.resp_result.eq(0)]
             m.d.comb += payload.begin.eq(1)
@@ -412,7 +429,7 @@ class _Sequencer:
                 with m.Else():
                     self.goto("PAYLOAD")
 
-        with m.State("PAYLOAD"):
+        with self.state("PAYLOAD"):
             with m.If(self.s_beat & tile.s_axis_tlast):
                 length_ok = payload.at_last_beat
                 with m.If(is_op[Opcode.LOAD_STATE]):
@@ -428,20 +445,20 @@ class _Sequencer:
                     fail(ErrorCode.BAD_LENGTH, expected)
                     start_response()
 
-        with m.State("LOAD_CHECK"):
+        with self.state("LOAD_CHECK"):
             with m.If(~self.load_length_ok | payload.counters_bad):
                 enter_clear(front.next_head_words,
                             Mux(self.load_length_ok, ErrorCode.BAD_ARGUMENT, ErrorCode.BAD_LENGTH))
             with m.Else():
                 self.goto("EXECUTE")
 
-        with m.State("CONFIG_SETTLE"):
+        with self.state("CONFIG_SETTLE"):
             m.d.sync += settle.eq(settle + 1)
             with m.If(settle == CONFIG_SETTLE - 1):
                 m.d.comb += self.heads.commit.eq(1)
                 self.goto("EXECUTE")
 
-        with m.State("DRAIN"):
+        with self.state("DRAIN"):
             with m.If(self.s_beat & tile.s_axis_tlast):
                 self.fail_pending()
                 start_response()
@@ -452,7 +469,7 @@ class _Sequencer:
         m, front, is_op, p, dec = self.m, self.front, self.is_op, self.p, self.dec
         start_response, set_length = self.start_response, self.set_length
         dw = p.head_dim // p.word_bytes
-        with m.State("EXECUTE"):
+        with self.state("EXECUTE"):
             with m.If(is_op[Opcode.INFO]):
                 set_length(self.resp.info_beats * p.stream_bytes, self.resp.info_beats > 0)
                 start_response()
@@ -490,7 +507,7 @@ class _Sequencer:
                 set_length(front.hccs_bytes * (self.out_bytes // regmap.element_bytes(p)), front.hccs_bytes_nonzero)
                 start_response()
 
-        with m.State("DECODE"):
+        with self.state("DECODE"):
             with m.If(dec.done):
                 m.d.sync += self.tokens.eq(self.tokens + 1)
                 with m.If(self.cur_is_last):
@@ -502,14 +519,14 @@ class _Sequencer:
                                  self.dec_stage_base.eq(self.dec_stage_base + 3 * dw),
                                  self.dec_out_base.eq(self.dec_out_base + output_words(p))]
                     self.goto("DECODE_NEXT")
-        with m.State("DECODE_NEXT"):
+        with self.state("DECODE_NEXT"):
             m.d.comb += self.dec_start.eq(1)
             self.goto("DECODE")
 
     def response_states(self):
         """The response's header, then its INFO or memory words (an HCCS response goes on in hccs_states)."""
         m, resp, finish = self.m, self.resp, self.finish
-        with m.State("RESPOND_HEADER"):
+        with self.state("RESPOND_HEADER"):
             m.d.comb += resp.send_header.eq(1)
             with m.If(resp.header_done):
                 with m.If(~self.resp_has_payload):
@@ -522,11 +539,11 @@ class _Sequencer:
                     self.goto("RESPOND_INFO")
                 with m.Else():
                     self.goto("RESPOND_WORDS")
-        with m.State("RESPOND_INFO"):
+        with self.state("RESPOND_INFO"):
             m.d.comb += resp.send_info.eq(1)
             with m.If(resp.info_done):
                 finish()
-        with m.State("RESPOND_WORDS"):
+        with self.state("RESPOND_WORDS"):
             m.d.comb += resp.send_words.eq(1)
             with m.If(resp.words_done):
                 finish()
@@ -536,7 +553,7 @@ class _Sequencer:
         the response's beats as the unit answers them, sent."""
         m, resp, rows = self.m, self.resp, self.rows
         row_index, fetch_elem, fetch_addr = self.row_index, self.fetch_elem, self.fetch_addr
-        with m.State("HCCS_LOAD"):
+        with self.state("HCCS_LOAD"):
             # Read the row's words from staging and hand its n_pad elements to the row unit, one a cycle (the
             # padding masked). fetch_elem is the element whose word (fetch_addr) is addressed this cycle; the
             # one consumed was addressed the cycle before (its lane in fetched_lane).
@@ -551,14 +568,14 @@ class _Sequencer:
                     # The unit answers the row as it comes: its elements are packed as they arrive.
                     m.d.comb += resp.pack_clear.eq(1)
                     self.goto("HCCS_PACK")
-        with m.State("HCCS_PACK"):
+        with self.state("HCCS_PACK"):
             # One element a cycle from the row unit; row_done: it was the row's last.
             m.d.comb += [rows.take.eq(1), resp.pack.eq(rows.out_valid), resp.value.eq(rows.value)]
             with m.If(rows.out_valid):
                 m.d.sync += self.row_done.eq(rows.final)
                 with m.If(resp.beat_full):
                     self.goto("HCCS_SEND")
-        with m.State("HCCS_SEND"):
+        with self.state("HCCS_SEND"):
             final = self.row_done & self.last_row
             m.d.comb += [resp.send_row.eq(1), resp.row_last.eq(final)]
             with m.If(resp.beat):
