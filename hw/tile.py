@@ -242,6 +242,7 @@ class _Sequencer:
         self.resp_has_payload = Signal()
         self.resp_result = Signal(32)
         self.pending_error = Signal(8)
+        self.header_cut = Signal()  # the frame ended inside its header (BAD_END answers without an echo)
         self.load_length_ok = Signal()
 
         # The decode loop over heads.
@@ -390,9 +391,8 @@ class _Sequencer:
                     m.d.sync += settle.eq(0)
                     self.goto("SETTLE")
                 with m.Elif(tile.s_axis_tlast):
-                    m.d.sync += [self.resp_opcode.eq(0), self.resp_head.eq(0)]
-                    fail(ErrorCode.BAD_LENGTH, 0, echo=False)
-                    start_response()
+                    m.d.sync += self.header_cut.eq(1)
+                    self.goto("BAD_END")
 
         with self.state("SETTLE"):
             m.d.sync += settle.eq(settle + 1)
@@ -400,6 +400,7 @@ class _Sequencer:
                 self.goto("CHECK")
 
         with self.state("CHECK"):
+            m.d.sync += self.header_cut.eq(0)
             m.d.sync += [self.resp_opcode.eq(front.header.opcode), self.resp_head.eq(front.header.head),
                          self.resp_error.eq(0), self.resp_result.eq(0)]
             m.d.comb += payload.begin.eq(1)
@@ -442,8 +443,8 @@ class _Sequencer:
                         m.d.sync += settle.eq(0)
                         self.goto("CONFIG_SETTLE")
                 with m.Else():
-                    fail(ErrorCode.BAD_LENGTH, expected)
-                    start_response()
+                    m.d.sync += self.pending_error.eq(ErrorCode.BAD_LENGTH)
+                    self.goto("BAD_END")
 
         with self.state("LOAD_CHECK"):
             with m.If(~self.load_length_ok | payload.counters_bad):
@@ -460,8 +461,18 @@ class _Sequencer:
 
         with self.state("DRAIN"):
             with m.If(self.s_beat & tile.s_axis_tlast):
+                self.goto("BAD_END")
+
+        with self.state("BAD_END"):
+            # The response to a frame that ended too early (inside the header: no opcode or head echoed) or
+            # late, a cycle after its last beat: answered from registers, the last beat's tlast reached the
+            # response's fields, the error latch and the streamer's start in one cycle (the ULX3S array's
+            # latest path, s_axis_tlast -> response.resp_beat).
+            with m.If(self.header_cut):
+                fail(ErrorCode.BAD_LENGTH, 0, echo=False)
+            with m.Else():
                 self.fail_pending()
-                start_response()
+            start_response()
 
     def execute_states(self, reg_value):
         """EXECUTE (a command's one cycle, or the start of its decode loop or clear sweep) and the decode loop;
