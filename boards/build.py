@@ -457,7 +457,7 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     """Synthesise, place and route the unit ``top`` of ``cfg`` in the board harness; parse the logs into a
     :class:`PnrResult`."""
     from .harness import ShiftHarness, SocBoard, port_bits
-    from .pll import SECONDARY_CLOCK, pll_for
+    from .pll import SECONDARY_OUTPUT, pll_for
     from .soc import soc_pll
 
     family = cfg.fpga["family"]
@@ -536,7 +536,7 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     sdf = work / f"{name}.sdf"
     if returncode == 0 and sdf.exists():
         # An SoC's CPU side (the registers the PLL's second output clocks) is timed against its own period.
-        domains = (((SECONDARY_CLOCK, 1000.0 / pll.secondary_mhz),) if pll.secondary_mhz is not None else ())
+        domains = (((SECONDARY_OUTPUT, 1000.0 / pll.secondary_mhz),) if pll.secondary_mhz is not None else ())
         result.late_endpoints = endpoint_summary(sdf.read_text(), 1000.0 / cfg.clock_mhz,
                                                  domains=domains).as_dict()
     bitstream = next((p for p in (work / f"{name}.bit", work / f"{name}.bin") if p.exists()), None)
@@ -713,7 +713,7 @@ def markdown_table(records: list[dict]) -> str:
             if late:
                 groups = "; ".join(f"`{g['start']}` -> `{g['end']}` {g['count']} (to {g['worst_ns']:.2f} ns)"
                                    for g in late["groups"][:5])
-                other = "".join(f" (clock {net}: {period:.2f} ns)" for net, period in late.get("domains", ()))
+                other = "".join(f" (clock {pin}: {period:.2f} ns)" for pin, period in late.get("domains", ()))
                 lines.append(f"  - {late['late']:,} of {late['timed']:,} endpoints later than "
                              f"{late['period_ns']:.2f} ns{other}; most: {groups}")
     return "\n".join(lines) + "\n"

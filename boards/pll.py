@@ -128,8 +128,9 @@ def pll_for(family: str, osc_mhz: float, target_mhz: float, secondary_mhz: float
     return ecp5_pll(osc_mhz, target_mhz, secondary_mhz)
 
 
-# The second output's net (an SoC's CPU clock); nextpnr names its global buffer `$gbuf$clk_secondary`.
-SECONDARY_CLOCK = "clk_secondary"
+# The ECP5 PLL's pin of the second output (an SoC's CPU clock): a build times the endpoints it clocks against
+# its period (boards/timing.py finds each endpoint's clock source in the SDF).
+SECONDARY_OUTPUT = "CLKOS"
 
 
 class Pll(Elaboratable):
@@ -144,8 +145,7 @@ class Pll(Elaboratable):
         self.setting = setting
         self.clk_pin = clk_pin
         self.clk = Signal()
-        # Named for the SDF: a build times the endpoints this net clocks against its period (build.py).
-        self.clk_secondary = Signal(name=SECONDARY_CLOCK)
+        self.clk_secondary = Signal()
         self.locked = Signal()
 
     def elaborate(self, platform):

@@ -43,7 +43,7 @@ class EndpointSummary:
     late: int                       # of which later than the period
     worst_ns: float                 # latest arrival of all
     groups: tuple[EndpointGroup, ...] = field(default_factory=tuple)  # most late endpoints first
-    domains: tuple[tuple[str, float], ...] = ()  # (clock net, its period) timed otherwise
+    domains: tuple[tuple[str, float], ...] = ()  # (clock source pin, its period) timed otherwise
 
     def as_dict(self) -> dict:
         return {"period_ns": self.period_ns, "timed": self.timed, "late": self.late, "worst_ns": self.worst_ns,
@@ -89,11 +89,13 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
                      domains: tuple[tuple[str, float], ...] = ()) -> EndpointSummary:
     """Latest arrival at every endpoint of the routed design in ``sdf_text``; the endpoints later than
     ``period_ns`` grouped by (start register, end register); the ``groups`` groups with the most late
-    endpoints are kept. ``domains``: (clock net, period) pairs for the endpoints of another clock domain (an
-    SoC's CPU side), late beyond that period instead: an endpoint's domain is the net driving its cell's clock
-    pin (the pin its setup check names), found in the SDF's interconnects: the instance driving it, or NET for
-    nextpnr's global buffer of net NET (``$gbuf$NET``). Every other endpoint is timed against ``period_ns``.
-    Raises SdfError when a domain's clock drives no endpoint (a renamed net would time them all wrongly)."""
+    endpoints are kept. ``domains``: (clock source, period) pairs for the endpoints of another clock domain (an
+    SoC's CPU side), late beyond that period instead. An endpoint's clock source is found from its cell's clock
+    pin (the pin its setup check names) back through the SDF's interconnects and through clock buffers (output
+    ``CLKO``, input ``CLKI``) to the pin that makes the clock, e.g. ``pll.pll/CLKOS``; a domain's
+    source matches that pin whole or by its pin name (``CLKOS``). Net names are not used: Yosys names a clock
+    net after any of its aliases, and nextpnr its buffer after the net. Every other endpoint is timed against
+    ``period_ns``. Raises SdfError when a domain's source clocks no endpoint."""
     tree = _parse(sdf_text)
     scale, divider = 1.0, "/"
     for item in tree[1:]:
@@ -110,7 +112,7 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
     paths: list[tuple[str, str, str, float]] = []  # (instance, input, output, delay)
     clocks: dict[str, set[str]] = defaultdict(set)
     endpoint_clock: dict[str, str] = {}   # endpoint pin -> its cell's clock pin
-    driver: dict[str, str] = {}           # pin -> the instance driving it (clock pins are looked up)
+    driver: dict[str, str] = {}           # pin -> the pin driving it (clock pins are looked up)
     for cell in tree[1:]:
         if not isinstance(cell, list) or cell[:1] != ["CELL"]:
             continue
@@ -128,7 +130,7 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
                         elif entry[:1] == ["INTERCONNECT"]:
                             a, b = (_unescape(p).rsplit(divider, 1) for p in entry[1:3])
                             edges[f"{a[0]}/{a[1]}"].append((f"{b[0]}/{b[1]}", _worst(entry[3:], scale)))
-                            driver[f"{b[0]}/{b[1]}"] = a[0]
+                            driver[f"{b[0]}/{b[1]}"] = f"{a[0]}/{a[1]}"
             elif part[:1] == ["TIMINGCHECK"]:
                 for check in part[1:]:
                     if check[:1] in (["SETUP"], ["SETUPHOLD"]) and len(check) >= 4:
@@ -170,12 +172,20 @@ def endpoint_summary(sdf_text: str, period_ns: float, groups: int = 8,
             pin, seen = before[pin], seen + 1
         return pin
 
-    clocked: dict[str, float] = {}   # endpoint pin -> its period (ps) where a domain's clock drives it
+    def clock_source(pin: str) -> str:
+        source, seen = driver.get(pin, ""), 0
+        while source.endswith("/CLKO") and seen < 16:  # through a clock buffer, CLKI to CLKO (the ECP5's DCCA)
+            source, seen = driver.get(f"{source[:-len('/CLKO')]}/CLKI", ""), seen + 1
+        return source
+
+    sources = {clock: clock_source(clock) for clock in set(endpoint_clock.values())} if domains else {}
+    clocked: dict[str, float] = {}   # endpoint pin -> its period (ps) where a domain's source clocks it
     for name, period in domains:
-        sources = (name, f"$gbuf${name}")
-        found = [pin for pin, clock in endpoint_clock.items() if driver.get(clock) in sources]
+        found = [pin for pin, clock in endpoint_clock.items()
+                 if name in (sources[clock], sources[clock].rsplit("/", 1)[-1])]
         if not found:
-            raise SdfError(f"clock net {name!r} drives no endpoint (expected the {period:g} ns domain's registers)")
+            raise SdfError(f"clock source {name!r} clocks no endpoint (expected the {period:g} ns domain's "
+                           f"registers)")
         clocked.update(dict.fromkeys(found, 1000.0 * period))
 
     def period_ps(pin: str) -> float:
