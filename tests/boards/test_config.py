@@ -7,6 +7,7 @@ import pytest
 
 import somatile.boards as boards
 from somatile.boards import BoardError
+from somatile.boards.config import SECTION_DEFAULTS
 
 
 def test_every_board_loads_and_default_comes_first():
@@ -188,12 +189,13 @@ def test_the_nextpnr_routers_default_to_router1_and_reach_the_build_script_of_th
         options = build.toolchain_options(cfg, top)
         assert f"--router {router}" in options["nextpnr_opts"], top
         assert "--tmg-ripup" not in options["nextpnr_opts"]  # icebreaker sets no further options
-    assert ice.fpga["tile_placer"] == "heap"  # the placer: nextpnr's default unless the board names another
+    # The placer: nextpnr's default (heap) unless the board names another; the iCEBreaker names static.
+    assert SECTION_DEFAULTS["fpga"]["tile_placer"] == "heap" and ice.fpga["tile_placer"] == "static"
     placed = boards.load(_write(tmp_path, "st", "extends: icebreaker\nfpga: {tile_placer: static}\n"))
     assert [("--placer static" in build.toolchain_options(placed, top)["nextpnr_opts"]) for top in
             ("hccs", "tile", "array", "soc")] == [False, True, True, True]
     ulx3s = boards.load("ulx3s_85f")
-    assert ulx3s.fpga["tile_nextpnr_opts"] == "--tmg-ripup" and ulx3s.fpga["tile_opts_budget_s"] == 1200.0
+    assert ulx3s.fpga["tile_nextpnr_opts"] == "--tmg-ripup" and ulx3s.fpga["tile_opts_budget_s"] == 2700.0
     assert [("--tmg-ripup" in build.toolchain_options(ulx3s, top)["nextpnr_opts"]) for top in
             ("hccs", "tile", "array")] == [False, True, True]
     unit = build.make_unit(cfg, "hccs")
