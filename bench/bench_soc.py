@@ -3,10 +3,10 @@ the tile, reached over the simulated UART's pty by the unchanged serial driver (
 
 The simulation is cycle-accurate at the UART pins, so its cycle counter is board time: tokens per second of
 the board = the CPU's clock / simulated CPU cycles per token (the sim board: CPU side at 50 MHz, the tile at
-100 MHz, 3.125 Mbit/s, one tile of 2 heads x 64). Rows: that figure; the wall-clock rate of the simulation (what a test waits); the wire bytes per token
-and the token rate a link of each FPGA board's ``soc.baud`` allows (bytes x 10 bits / baud: the UART bound,
-computed, not measured); and the share of the simulated cycles the UART's bits account for. Every output is
-checked against the model's integer decode.
+100 MHz, 3.125 Mbit/s, one tile of 2 heads x 64). Rows: that figure; the wall-clock rate of the simulation
+(what a test waits); the wire bytes per token and the token rate a link of each FPGA board's ``soc.baud``
+allows (bytes x 10 bits / baud: the UART bound, computed, not measured); and the share of the simulated cycles
+the UART's bits account for. Every output is checked against the model's integer decode.
 """
 
 from __future__ import annotations

@@ -209,8 +209,8 @@ class _Sequencer:
         # The states that take input beats (HEADER, PAYLOAD, DRAIN), as flags in registers kept beside the state
         # by goto: decoded from the state register, s_axis_tready and the header's and payload's beat enables
         # began paths to the write port's and the header's registers longer than the ULX3S clock period.
-        self.at_header, self.at_payload, self.accepting = (Signal(name=n) for n in ("at_header", "at_payload",
-                                                                                   "accepting"))
+        for flag in self.FLAG_STATES:
+            setattr(self, flag, Signal(name=flag))
         # A beat is taken in a state that accepts, so inside HEADER, PAYLOAD and DRAIN (and with at_header or
         # at_payload, which imply accepting) tvalid alone is the beat: accepting drives s_axis_tready only (as a
         # term of every beat enable it reached the payload writer's address and the header's registers, the
