@@ -441,12 +441,13 @@ def uses_tile_opts(cfg: BoardConfig, top: str) -> bool:
 def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True, placer: str | None = None) -> dict[str, str]:
     """The amaranth build options of an FPGA board for one ``top``: nextpnr's router from the board file
     (``fpga.router`` for the HCCS unit, ``fpga.tile_router``, ``fpga.tile_placer`` (or ``placer``) and
-    ``fpga.tile_nextpnr_opts`` for the tile, the array and the SoC) and
+    ``fpga.tile_nextpnr_opts`` for the tile, the array and the SoC), ``fpga.seed`` where it is not 0, and
     ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
     placer = "" if top == "hccs" else f" --placer {placer or cfg.fpga['tile_placer']}"
     more = " " + cfg.fpga["tile_nextpnr_opts"] if extra and uses_tile_opts(cfg, top) else ""
-    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{placer}{more}",
+    seed = f" --seed {cfg.fpga['seed']}" if cfg.fpga["seed"] else ""
+    options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{placer}{seed}{more}",
                "script_after_read": f"{REPLICA_SCRIPT}\n{FSM_SCRIPT}"}
     if cfg.fpga["device"].startswith("iCE40UP"):
         options["synth_opts"] = "-dsp"  # the UP5K's SB_MAC16 blocks are used only when asked for
@@ -752,7 +753,9 @@ To add a board: write `boards/NAME.yaml` with `extends: base` (or another board)
 differ (`boards/config.py`, `SCHEMA`, says what each means and allows). An open FPGA board has `kind: fpga`
 and an `fpga:` section naming an amaranth-boards platform class (`module:Class`) whose board has a `uart`
 resource and a PLL-capable default clock; `somatile build --board NAME` then builds it, and
-`--set KEY=VALUE` tries a variant without a new file.
+`--set KEY=VALUE` (or `--set SECTION.KEY=VALUE`, e.g. `fpga.seed=3`) tries a variant without a new file;
+`--sweep fpga.seed=1,2,3` builds one row per nextpnr seed, to show how much of a
+result is placement luck.
 """
 
 

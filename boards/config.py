@@ -87,7 +87,7 @@ def _nextpnr_options(v) -> str | None:
     return None
 
 
-_NEXTPNR_OWN = {"--placer": "fpga.tile_placer", "--router": "fpga.tile_router"}
+_NEXTPNR_OWN = {"--placer": "fpga.tile_placer", "--router": "fpga.tile_router", "--seed": "fpga.seed"}
 
 
 def _positive(v) -> str | None:
@@ -149,11 +149,15 @@ FPGA_SCHEMA: dict[str, Param] = {
                            "registers around the multiplier blocks: 'packed' moves plain ones into the ECP5 "
                            "MULT18X18D's own input/output registers after synthesis (boards/dsp_pack.py; ecp5 "
                            "only), 'fabric' keeps Yosys' netlist (optional, default fabric)"),
+    "seed": Param(int, _int_range(0, 2**31 - 1),
+                  "nextpnr's --seed for every top: the placer's random start, so a sweep of seeds "
+                  "(`somatile build --sweep fpga.seed=1,2,3`) shows how much of a timing result is placement "
+                  "luck; 0 passes no --seed (nextpnr's own start) (optional, default 0)"),
 }
 # Keys of a section that a board file may leave out.
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
                                                         "tile_placer": "heap", "dsp_registers": "fabric", "tile_nextpnr_opts": "",
-                                                        "tile_opts_budget_s": 1200.0},
+                                                        "tile_opts_budget_s": 1200.0, "seed": 0},
                                                "soc": {"peripheral": "tile_array", "data_ram": "block", "cpu_mhz": 0.0}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
@@ -297,17 +301,26 @@ class BoardConfig:
         return out
 
     def with_overrides(self, overrides: Mapping[str, Any], origin: str = "--set") -> "BoardConfig":
-        """A copy with top-level parameters replaced, each validated; ``origin`` names the source in errors."""
-        changes = {}
+        """A copy with parameters replaced, each validated; ``origin`` names the source in errors. A key is a
+        top-level parameter (``lanes``) or ``SECTION.KEY`` for a key of the board's ``fpga``, ``versal`` or
+        ``soc`` section (``fpga.seed``)."""
+        changes, sections = {}, {}
         for key, value in overrides.items():
+            section, dot, sub = key.partition(".")
+            if dot:
+                schema = _section_schema(self, origin, key, value)
+                changes[key] = _coerce(f"{origin} {key}={value!r} (board {self.name})", key, value, schema[sub])
+                sections.setdefault(section, dict(getattr(self, section)))[sub] = changes[key]
+                continue
             if key not in SCHEMA or key in ("kind",):
                 allowed = ", ".join(k for k in SCHEMA if k != "kind")
                 raise BoardError(f"{origin} {key}={value!r}: unknown or fixed parameter '{key}'; "
-                                 f"expected one of: {allowed}")
+                                 f"expected one of: {allowed} (or SECTION.KEY of the board's sections)")
             changes[key] = _coerce(f"{origin} {key}={value!r} (board {self.name})", key, value, SCHEMA[key])
         where = f"{origin} on board {self.name}"
         tile = _tile(where, {**self.array_kwargs(), **{k: v for k, v in changes.items() if k in TILE_PARAMS}})
-        new = dataclasses.replace(self, **{k: v for k, v in changes.items() if k not in TILE_PARAMS}, tile=tile,
+        top = {k: v for k, v in changes.items() if k not in TILE_PARAMS and "." not in k}
+        new = dataclasses.replace(self, **top, **{a: MappingProxyType(m) for a, m in sections.items()}, tile=tile,
                                   overrides=MappingProxyType({**self.overrides, **changes}))
         _check_consistency(new, where)
         return new
@@ -318,6 +331,20 @@ class BoardConfig:
             raise BoardError(f"{origin} on board {self.name}: the board has no soc section")
         soc = _check_section(f"{origin} on board {self.name}", "soc", {**self.soc, **changes}, SOC_SCHEMA)
         return dataclasses.replace(self, soc=soc)
+
+
+def _section_schema(cfg: BoardConfig, origin: str, key: str, value: Any) -> dict[str, Param]:
+    """The schema of the section an override ``SECTION.KEY`` names (a section is its BoardConfig attribute)."""
+    section, _, sub = key.partition(".")
+    schemas = {**dict(_SECTIONS.values()), "soc": SOC_SCHEMA}
+    present = [name for name in schemas if getattr(cfg, name) is not None]
+    if section not in present:
+        raise BoardError(f"{origin} {key}={value!r}: board {cfg.name} has no section '{section}'; its sections: "
+                         f"{', '.join(present) or 'none'}")
+    if sub not in schemas[section]:
+        raise BoardError(f"{origin} {key}={value!r}: unknown key '{sub}' of section '{section}'; expected one "
+                         f"of: {', '.join(schemas[section])}")
+    return schemas[section]
 
 
 def _tile_attribute(param: TileParam) -> property:

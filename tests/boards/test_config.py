@@ -77,11 +77,33 @@ def test_override_is_validated_and_recorded():
     ("n_max=8", "key 'n_max'"),
     ("head_dim=24", "key 'head_dim'"),
     ("profile=int4", "key 'profile': got 'int4', expected one of paper, wide"),
+    ("fpga.seed=1", "board sim has no section 'fpga'"),
 ])
 def test_bad_override_names_key_value_and_expectation(item, message):
     with pytest.raises(BoardError, match="--set") as exc:
         boards.load("sim", boards.parse_assignments([item]))
     assert message in str(exc.value)
+
+
+def test_a_section_key_is_overridden_validated_and_recorded():
+    """``SECTION.KEY`` replaces one key of a section (the seed sweep of a board's place and route)."""
+    from somatile.boards import build
+    cfg = boards.load("ulx3s_85f", boards.parse_assignments(["fpga.seed=7", "soc.cpu_mhz=70"]))
+    assert (cfg.fpga["seed"], cfg.soc["cpu_mhz"], dict(cfg.overrides)) == (7, 70.0, {"fpga.seed": 7,
+                                                                                   "soc.cpu_mhz": 70.0})
+    assert boards.load("ulx3s_85f").fpga["seed"] == 0 and cfg.fpga["tile_placer"] == "static"  # the rest kept
+    assert build.build_dir_name(cfg, "array") == "array-fpga.seed7-soc.cpu_mhz70.0"
+    for top in ("hccs", "array", "soc"):
+        assert "seed 7" in build.toolchain_options(cfg, top)["nextpnr_opts"].split(" --"), top
+    assert "--seed" not in build.toolchain_options(boards.load("ulx3s_85f"), "array")["nextpnr_opts"]
+    for item, message in (("fpga.seed=-1", "key 'fpga.seed': got -1, expected an integer from 0"),
+                          ("fpga.sed=1", "unknown key 'sed' of section 'fpga'; expected one of: platform"),
+                          ("aie.tiles=4", "board ulx3s_85f has no section 'aie'; its sections: fpga, soc"),
+                          ("soc.baud=fast", "key 'soc.baud': got 'fast' (str), expected an integer"),
+                          ("fpga.tile_nextpnr_opts=--seed 3", "other than --seed (set fpga.seed instead)")):
+        with pytest.raises(BoardError, match="--set") as exc:
+            boards.load("ulx3s_85f", boards.parse_assignments([item]))
+        assert message in str(exc.value), item
 
 
 def test_versal_memory_must_match_the_ai_engine_tile():
