@@ -652,7 +652,10 @@ class NearFieldFeed(wiring.Component):
             unit_params = [decode_cfg.params.code.eq(wide_code(par))]
         else:
             m.submodules.near_hccs = near_unit = hccs_unit.HCCS(config=unit_config)
-            feeds = ~head_choice(par, "normaliser", "exp_int")
+            # From a register: par is sampled at the step's start, hundreds of cycles before this start; as a
+            # comparison in front of cfg.valid it reached the unit's 29 head-parameter enables (the two-tile
+            # ULX3S array's widest group of endpoints after 9 ns).
+            feeds = reg(m, ~head_choice(par, "normaliser", "exp_int"), "feeds")
             decode_cfg = Signal(near_unit.cfg.payload.shape())
             unit_params = [decode_cfg.params.mode.eq(par["hccs_mode"]), decode_cfg.params.out.eq(hccs.OUT_UINT8)]
         hl, row_beats = unit_config.lanes, self.row_beats

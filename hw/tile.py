@@ -231,6 +231,15 @@ class _Sequencer:
         self.tokens = Signal(32)
         self.scratch = Signal(32)
         m.d.sync += self.cycles_run.eq(self.cycles_run + 1)
+        # finish() counts the command a cycle later, from this flag: cycles_last takes cycles_run then, which is
+        # the finishing cycle's cycles_run + 1 (a header's first beat in that cycle resets cycles_run after it is
+        # read). As enables decoded from the response's beat, the state register reached the 64 flip-flops of
+        # COMMANDS and CYCLES_LAST (the two-tile ULX3S array's second-widest late group). A register read sees
+        # them settled: it comes CHECK_SETTLE cycles after a header of several beats.
+        self.finished = Signal()
+        m.d.sync += self.finished.eq(0)
+        with m.If(self.finished):
+            m.d.sync += [self.cycles_last.eq(self.cycles_run), self.commands.eq(self.commands + 1)]
 
         # Response fields.
         self.resp_opcode = Signal(8)
@@ -356,7 +365,7 @@ class _Sequencer:
         self.goto("RESPOND_HEADER")
 
     def finish(self):
-        self.m.d.sync += [self.cycles_last.eq(self.cycles_run + 1), self.commands.eq(self.commands + 1)]
+        self.m.d.sync += self.finished.eq(1)
         self.m.d.comb += self.front.restart.eq(1)
         self.goto("HEADER")
 
