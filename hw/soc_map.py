@@ -46,9 +46,14 @@ the divider and the barrel shifter, or a small one without them (the compiler th
 multiplies and divides; a shift takes up to eight cycles), for a part with few LUTs."""
 CPU_MARCH = {"picorv32": "rv32im", "picorv32_rv32i": "rv32i"}
 """The ``-march`` the firmware is built with for each CPU."""
-CPU_OPTIONS = {"picorv32": {"ENABLE_MUL": 1, "ENABLE_DIV": 1, "BARREL_SHIFTER": 1},
+CPU_OPTIONS = {"picorv32": {"ENABLE_MUL": 1, "ENABLE_DIV": 1, "BARREL_SHIFTER": 1, "TWO_CYCLE_COMPARE": 1,
+                            "TWO_CYCLE_ALU": 1},
                "picorv32_rv32i": {"ENABLE_MUL": 0, "ENABLE_DIV": 0, "BARREL_SHIFTER": 0}}
-"""The PicoRV32 parameters that make each CPU (the others are the SoC's, hw/soc.py)."""
+"""The PicoRV32 parameters that make each CPU (the others are the SoC's, hw/soc.py). The RV32IM CPU registers
+its ALU's result and its branch comparison (PicoRV32's TWO_CYCLE_ALU and TWO_CYCLE_COMPARE: a cycle more for
+each ALU instruction and branch): without them its register file -> comparison -> next-fetch path was the
+ULX3S SoC's CPU-clock critical path (``reg_op2 -> mem_do_rinst``), met at 75 MHz in one placement and missed
+in another. The small CPU keeps one-cycle ones: on the full UP5K each register counts."""
 HCCS_DIV_BITS = 1
 """Quotient bits per cycle of the SoC's HCCS unit's reciprocal: one. The CPU hands it an element every couple
 of hundred cycles, so the divider's speed does not matter; its path does: at the unit's default of two the
