@@ -199,6 +199,9 @@ class RowNormaliser(wiring.Component):
                                      Mux(out16, intexp.INT16_NUMERATOR, intexp.UINT8_NUMERATOR),
                                      Mux(out16, hccs.INT16_NUMERATOR, hccs.UINT8_NUMERATOR)))
         clb_inv = reg(m, numerator >> log2_total, "clb_inv", unsigned(DIVIDER_BITS))
+        # The total is final from RECIPROCAL's first cycle on, read as zero at its end: a 32-bit comparison in
+        # front of the reciprocal's enables was a late group of the ULX3S SoC (norm.total -> norm.inv).
+        total_zero = reg(m, total == 0, "total_zero")
 
         # s11-s15 of the OUT pass: pre-shift, score * inv (split, operands registered), saturate, write.
         shifted = reg(m, Mux(use_exp, score >> pre_shift, score), "shifted", unsigned(17))      # s11
@@ -251,7 +254,7 @@ class RowNormaliser(wiring.Component):
                 with m.If(step == NORM_RECIPROCAL_PREP - 1):
                     m.d.sync += [remainder.eq(0), inv.eq(0), numerator_bits.eq(numerator)]
                 with m.Elif(step == NORM_RECIPROCAL_PREP + DIVIDER_BITS):
-                    with m.If(total == 0):
+                    with m.If(total_zero):
                         m.d.sync += inv.eq(0)
                     with m.Elif(~use_exp & clb):
                         m.d.sync += inv.eq(clb_inv)
