@@ -59,8 +59,6 @@ regress: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
-# One BLAS thread per process: on a 2-core machine threaded OpenBLAS slows the many small products down.
-eval: export OPENBLAS_NUM_THREADS ?= 1
 # The second text (the quality targets must hold beyond the committed excerpt) needs Debian's dict-devil.
 OTHER_TEXT_VARIANTS := default hccs int_hccs int_exp wide_exp_per_head wide_exp wide_pwl2_uncal wide_pwl2 \
                        wide_hccs wide_hccs_hybrid

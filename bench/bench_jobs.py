@@ -65,7 +65,7 @@ def _timed(model: str, options: list[str], jobs: int, out: Path) -> tuple[float,
     command = [str(Path(sys.executable).parent / "somatile"), "eval", model, *options, "--jobs", str(jobs),
                "--out", str(out)]
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    subprocess.run(command, check=True, capture_output=True)  # one BLAS thread: somatile eval sets it (eval/jobs.py)
     seconds = time.perf_counter() - started
     results = json.loads((out / "results.json").read_text())
     return seconds, _cpu_seconds() - cpu, _numbers(results["variants"])
