@@ -292,6 +292,7 @@ class PnrResult:
     lut_mapper: str = "abc9"
     nextpnr_opts: str | None = None  # set when tile_nextpnr_opts' run used its budget and was run without
     placer: str | None = None  # set when the board's placer's run was repeated with another (and why)
+    seed: int = 0  # nextpnr's --seed (fpga.seed; 0: none given)
     bitstream: str | None = None
     log: str | None = None
     error: str | None = None
@@ -441,12 +442,12 @@ def uses_tile_opts(cfg: BoardConfig, top: str) -> bool:
 def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True, placer: str | None = None) -> dict[str, str]:
     """The amaranth build options of an FPGA board for one ``top``: nextpnr's router from the board file
     (``fpga.router`` for the HCCS unit, ``fpga.tile_router``, ``fpga.tile_placer`` (or ``placer``) and
-    ``fpga.tile_nextpnr_opts`` for the tile, the array and the SoC), ``fpga.seed`` where it is not 0, and
-    ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
+    ``fpga.tile_nextpnr_opts`` for the tile, the array and the SoC), ``fpga.seed`` (``top``'s) where it is not
+    0, and ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
     placer = "" if top == "hccs" else f" --placer {placer or cfg.fpga['tile_placer']}"
     more = " " + cfg.fpga["tile_nextpnr_opts"] if extra and uses_tile_opts(cfg, top) else ""
-    seed = f" --seed {cfg.fpga['seed']}" if cfg.fpga["seed"] else ""
+    seed = f" --seed {cfg.nextpnr_seed(top)}" if cfg.nextpnr_seed(top) else ""
     options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{placer}{seed}{more}",
                "script_after_read": f"{REPLICA_SCRIPT}\n{FSM_SCRIPT}"}
     if cfg.fpga["device"].startswith("iCE40UP"):
@@ -474,7 +475,8 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     started = time.monotonic()
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
-                       cpu_target_mhz=pll.secondary_mhz, harness_ffs=in_bits + out_bits, log=str(log_path))
+                       cpu_target_mhz=pll.secondary_mhz, harness_ffs=in_bits + out_bits, log=str(log_path),
+                       seed=cfg.nextpnr_seed(top))
 
     mapper: dict[str, str] = {}  # Yosys options of the classic-ABC retry, once ABC9 has failed on this unit
 
@@ -684,6 +686,8 @@ def markdown_table(records: list[dict]) -> str:
                 status += f" (placed by {pnr['placer']})"
             if pnr.get("nextpnr_opts"):
                 status += f" ({pnr['nextpnr_opts']})"
+            if pnr.get("seed") and "fpga.seed" not in r.get("overrides", {}):
+                status += f" (nextpnr seed {pnr['seed']}: the board's fpga.seed)"
             if pnr.get("cpu_target_mhz"):
                 status += (f" (CPU clock: Fmax {_fmt(pnr.get('cpu_fmax_mhz'))} MHz, target "
                            f"{_fmt(pnr['cpu_target_mhz'])} MHz)")

@@ -114,6 +114,9 @@ class Param:
     doc: str
 
 
+FPGA_TOPS = ("hccs", "tile", "array", "soc")
+"""The tops ``somatile build`` places and routes on a board of kind fpga (boards/build.py)."""
+
 # Top-level parameters. Every board has all of them (base.yaml gives defaults); the tile's come from their
 # declaration in hw/tile_params.py.
 SCHEMA: dict[str, Param] = {
@@ -149,10 +152,12 @@ FPGA_SCHEMA: dict[str, Param] = {
                            "registers around the multiplier blocks: 'packed' moves plain ones into the ECP5 "
                            "MULT18X18D's own input/output registers after synthesis (boards/dsp_pack.py; ecp5 "
                            "only), 'fabric' keeps Yosys' netlist (optional, default fabric)"),
-    "seed": Param(int, _int_range(0, 2**31 - 1),
-                  "nextpnr's --seed for every top: the placer's random start, so a sweep of seeds "
-                  "(`somatile build --sweep fpga.seed=1,2,3`) shows how much of a timing result is placement "
-                  "luck; 0 passes no --seed (nextpnr's own start) (optional, default 0)"),
+    "seed": Param(dict, _int_range(0, 2**31 - 1),
+                  "nextpnr's --seed, the placer's random start: one integer for every top, or a mapping of "
+                  "tops (" + ", ".join(FPGA_TOPS) + ") to integers, e.g. the seed a sweep "
+                  "(`somatile build --sweep fpga.seed=1,2,3`, every seed's row in docs/boards.md) found to meet "
+                  "the clock for each; 0 or a top left out passes no --seed (nextpnr's own start) (optional, "
+                  "default 0)"),
 }
 # Keys of a section that a board file may leave out.
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
@@ -227,7 +232,21 @@ SOC_KINDS = ("sim", "fpga")
 
 
 def _coerce(where: str, key: str, value: Any, param: Param) -> Any:
-    """Check one value against its parameter; return it in the parameter's type."""
+    """Check one value against its parameter; return it in the parameter's type. A ``dict`` parameter is
+    per top: one value for every top (returned as it is) or a mapping of :data:`FPGA_TOPS` to values, each
+    checked as the parameter's ``int`` (returned as a dict)."""
+    if param.type is dict:
+        if isinstance(value, dict):
+            unknown = [t for t in value if t not in FPGA_TOPS]
+            if unknown:
+                raise BoardError(f"{where}: key '{key}': got top {unknown[0]!r}, expected a mapping of tops "
+                                 f"({', '.join(FPGA_TOPS)}) to integers")
+            return {t: _coerce(where, f"{key}.{t}", v, dataclasses.replace(param, type=int))
+                    for t, v in value.items()}
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise BoardError(f"{where}: key '{key}': got {value!r} ({type(value).__name__}), expected an "
+                             f"integer or a mapping of tops ({', '.join(FPGA_TOPS)}) to integers")
+        return _coerce(where, key, value, dataclasses.replace(param, type=int))
     expected = {int: "an integer", float: "a number", str: "a string"}[param.type]
     ok_type = (isinstance(value, param.type) and not isinstance(value, bool)) or (
         param.type is float and isinstance(value, int) and not isinstance(value, bool))
@@ -287,6 +306,11 @@ class BoardConfig:
         """Keyword arguments of the wide profile's row unit (``hw/wide.py``), the ``hccs`` top of a board with
         ``profile: wide``: ``hccs_lanes`` int16 lanes."""
         return {"lanes": self.hccs_lanes, "n_max": self.n_max, "heads": self.heads}
+
+    def nextpnr_seed(self, top: str) -> int:
+        """nextpnr's ``--seed`` for ``top`` from ``fpga.seed`` (0: none given)."""
+        seed = self.fpga["seed"]
+        return seed.get(top, 0) if isinstance(seed, Mapping) else seed
 
     def parameters(self) -> dict[str, Any]:
         """Every parameter as plain data (for manifests, the firmware header and the host ``info()``)."""

@@ -106,6 +106,17 @@ def test_a_section_key_is_overridden_validated_and_recorded():
         assert message in str(exc.value), item
 
 
+def test_a_seed_per_top_reaches_only_that_tops_nextpnr(tmp_path):
+    """``fpga.seed`` as a mapping: each top placed from its own seed (the one a sweep found), the others from
+    nextpnr's own start; an override ``fpga.seed=N`` still sets every top's."""
+    from somatile.boards import build
+    cfg = boards.load(_write(tmp_path, "mine", "extends: ulx3s_85f\nfpga: {seed: {soc: 5, array: 2}}\n"))
+    options = {top: build.toolchain_options(cfg, top)["nextpnr_opts"].split(" --") for top in ("tile", "array", "soc")}
+    assert ("seed 5" in options["soc"], "seed 2" in options["array"]) == (True, True)
+    assert not any(o.startswith("seed") for o in options["tile"])
+    assert cfg.with_overrides({"fpga.seed": 9}).nextpnr_seed("tile") == 9
+
+
 def test_versal_memory_must_match_the_ai_engine_tile():
     with pytest.raises(BoardError, match="local_memory_bytes.*aie.data_memory_bytes = 32768"):
         boards.load("vck190", {"local_memory_bytes": 65536})
@@ -158,6 +169,11 @@ def _write(tmp_path, name, text):
      "key 'fpga.platform': got 'os:system', expected an amaranth-boards platform class"),
     ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: '--seed 2 # and the rest'}\n",
      "key 'fpga.tile_nextpnr_opts': got '--seed 2 # and the rest', expected nextpnr options"),
+    ("extends: ulx3s_85f\nfpga: {seed: {sock: 2}}\n",
+     "key 'fpga.seed': got top 'sock', expected a mapping of tops (hccs, tile, array, soc) to integers"),
+    ("extends: ulx3s_85f\nfpga: {seed: {soc: -2}}\n", "key 'fpga.seed.soc': got -2, expected an integer from 0"),
+    ("extends: ulx3s_85f\nfpga: {seed: 1.5}\n",
+     "key 'fpga.seed': got 1.5 (float), expected an integer or a mapping of tops"),
     ("extends: base\ndescription: \"two\\nlines\"\n", "key 'description': got 'two\\nlines'"),
     # and YAML that reads one way to the eye and another to the loader
     ("extends: base\nlanes: 8\nlanes: 16\n", "key 'lanes' given twice in one mapping"),
