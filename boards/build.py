@@ -512,6 +512,10 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
             result.nextpnr_opts = (f"{cfg.fpga['tile_nextpnr_opts']} stopped after "
                                    f"{cfg.fpga['tile_opts_budget_s']:.0f} s; routed without")
             code = attempt(with_nextpnr(False), timeout_s)
+            if code is None:
+                result.nextpnr_opts = (f"{cfg.fpga['tile_nextpnr_opts']} stopped after "
+                                       f"{cfg.fpga['tile_opts_budget_s']:.0f} s; the run without it did not "
+                                       "finish in the time left")
         return code
 
     returncode = placed_by(None)
@@ -678,7 +682,9 @@ def markdown_table(records: list[dict]) -> str:
                       else "Verilog only" if r["kind"] == "fpga" else "Verilog (simulation board)")
             cells = [""] * 8
         else:
-            res = pnr["resources"]
+            final = pnr["status"] in ("ok", "timing-missed")  # else the log holds pre-route estimates only
+            # A build stopped before Yosys' report has no cell counts (zeros in the record): blank, not 0.
+            res = pnr["resources"] if final or any(pnr["resources"].values()) else {}
             status = pnr["status"] + (f": {pnr['error']}" if pnr.get("error") else "")
             if pnr.get("lut_mapper", "abc9") != "abc9":
                 status += f" (LUTs mapped by {pnr['lut_mapper']})"
@@ -688,10 +694,9 @@ def markdown_table(records: list[dict]) -> str:
                 status += f" ({pnr['nextpnr_opts']})"
             if pnr.get("seed") and "fpga.seed" not in r.get("overrides", {}):
                 status += f" (nextpnr seed {pnr['seed']}: the board's fpga.seed)"
-            if pnr.get("cpu_target_mhz"):
+            if pnr.get("cpu_target_mhz") and final:
                 status += (f" (CPU clock: Fmax {_fmt(pnr.get('cpu_fmax_mhz'))} MHz, target "
                            f"{_fmt(pnr['cpu_target_mhz'])} MHz)")
-            final = pnr["status"] in ("ok", "timing-missed")  # else the log holds pre-route estimates only
             # The iCE40 UltraPlus's SPRAM blocks (the iCEBreaker SoC's data memory) beside its block RAM.
             bram = _fmt(res.get("BRAM")) + (f" + {res['SPRAM']} SPRAM" if res.get("SPRAM") else "")
             cells = [_fmt(res.get("LUT")), _fmt(res.get("FF")), _fmt(res.get("DSP")), bram,

@@ -317,6 +317,24 @@ def test_a_tile_build_whose_extra_nextpnr_options_use_their_budget_is_run_again_
     assert "(--tmg-ripup stopped after 7 s; routed without)" in row
 
 
+def test_a_build_out_of_time_after_its_rip_up_budget_says_so_and_reports_no_figures(tmp_path, monkeypatch):
+    """Rip-up past its budget and the run without it past the timeout: the status says neither finished, and the
+    row has no CPU clock figure and no cell counts (a stopped build has none), rather than empty or zero ones."""
+    board = tmp_path / "b.yaml"
+    board.write_text("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 7}\n")
+    cfg = boards.load(board).with_overrides({"lanes": 4, "heads": 1, "head_dim": 32, "n_max": 128, "ring": 16,
+                                             "sinks": 2, "local_memory_bytes": 8192}, "test")
+    monkeypatch.setattr(build, "_run_plan", lambda plan, work, name, log_path, timeout_s: None)
+    result = build.place_and_route(cfg, "tile", tmp_path / "pnr", "somatile_tile", timeout_s=1000)
+    assert result.status == "timed-out"
+    assert result.nextpnr_opts == ("--tmg-ripup stopped after 7 s; the run without it did not finish in the time "
+                                   "left")
+    record = dataclasses.asdict(result) | {"met": False, "cpu_target_mhz": 75.0}
+    row = build.markdown_table([{"board": "b", "top": "soc", "kind": "fpga", "clock_mhz": 100.0,
+                                 "pnr": record}]).splitlines()[2]
+    assert "CPU clock" not in row and "| 0 |" not in row and "did not finish in the time left" in row, row
+
+
 def test_a_build_whose_placement_leaves_the_reset_buffer_unroutable_is_placed_again_by_the_heap_placer(
         tmp_path, monkeypatch):
     """Router2 may find no route to the ECP5 harness's reset buffer (DCCA) in the static placer's placement: the
