@@ -509,13 +509,11 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
         code = attempt(with_nextpnr(True), cfg.fpga["tile_opts_budget_s"] if extra else timeout_s)
         if code is None and extra and time.monotonic() - started < timeout_s:
             # The extra options' run (router2's rip-up may not stop) used its budget: the same build without.
-            result.nextpnr_opts = (f"{cfg.fpga['tile_nextpnr_opts']} stopped after "
-                                   f"{cfg.fpga['tile_opts_budget_s']:.0f} s; routed without")
+            stopped = f"{cfg.fpga['tile_nextpnr_opts']} stopped after {cfg.fpga['tile_opts_budget_s']:.0f} s"
+            result.nextpnr_opts = f"{stopped}; routed without"
             code = attempt(with_nextpnr(False), timeout_s)
             if code is None:
-                result.nextpnr_opts = (f"{cfg.fpga['tile_nextpnr_opts']} stopped after "
-                                       f"{cfg.fpga['tile_opts_budget_s']:.0f} s; the run without it did not "
-                                       "finish in the time left")
+                result.nextpnr_opts = f"{stopped}; the run without it did not finish in the time left"
         return code
 
     returncode = placed_by(None)

@@ -287,14 +287,19 @@ def test_the_hccs_top_of_a_wide_board_is_the_wide_row_unit(tmp_path):
     assert "module somatile_hccs" in (tmp_path / "sim_wide" / "hccs" / "somatile_hccs.v").read_text()
 
 
+def _small_tile(board="ulx3s_85f"):
+    """The board with a tile small enough to elaborate in seconds (the place-and-route tests fake the tools)."""
+    return boards.load(board).with_overrides({"lanes": 4, "heads": 1, "head_dim": 32, "n_max": 128, "ring": 16,
+                                              "sinks": 2, "local_memory_bytes": 8192}, "test")
+
+
 def test_a_tile_build_whose_extra_nextpnr_options_use_their_budget_is_run_again_without_them(tmp_path,
                                                                                               monkeypatch):
     """Router2's rip-up (``fpga.tile_nextpnr_opts``) may not stop: past ``fpga.tile_opts_budget_s`` the build
     runs again with the board's plain options, within what is left of the timeout, and the report says so."""
     board = tmp_path / "b.yaml"
     board.write_text("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 7}\n")
-    cfg = boards.load(board).with_overrides({"lanes": 4, "heads": 1, "head_dim": 32, "n_max": 128, "ring": 16,
-                                             "sinks": 2, "local_memory_bytes": 8192}, "test")
+    cfg = _small_tile(board)
     runs = []
 
     def fake_run(plan, work, name, log_path, timeout_s):
@@ -322,8 +327,7 @@ def test_a_build_out_of_time_after_its_rip_up_budget_says_so_and_reports_no_figu
     row has no CPU clock figure and no cell counts (a stopped build has none), rather than empty or zero ones."""
     board = tmp_path / "b.yaml"
     board.write_text("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 7}\n")
-    cfg = boards.load(board).with_overrides({"lanes": 4, "heads": 1, "head_dim": 32, "n_max": 128, "ring": 16,
-                                             "sinks": 2, "local_memory_bytes": 8192}, "test")
+    cfg = _small_tile(board)
     monkeypatch.setattr(build, "_run_plan", lambda plan, work, name, log_path, timeout_s: None)
     result = build.place_and_route(cfg, "tile", tmp_path / "pnr", "somatile_tile", timeout_s=1000)
     assert result.status == "timed-out"
@@ -340,8 +344,7 @@ def test_a_build_whose_placement_leaves_the_reset_buffer_unroutable_is_placed_ag
     """Router2 may find no route to the ECP5 harness's reset buffer (DCCA) in the static placer's placement: the
     build runs once more with the heap placer, the rest of the options unchanged, and the report says so. Any
     other routing failure is reported as it is."""
-    cfg = boards.load("ulx3s_85f").with_overrides({"lanes": 4, "heads": 1, "head_dim": 32, "n_max": 128,
-                                                   "ring": 16, "sinks": 2, "local_memory_bytes": 8192}, "test")
+    cfg = _small_tile()
     for net, runs_expected in ((f"{RESET_BUFFER}_CLKI", 2), ("unit.other", 1)):
         runs = []
 
