@@ -242,8 +242,10 @@ def _check_uart(cfg: BoardConfig) -> None:
                          f"--top soc needs the board's USB-serial pins") from None
 
 
-def open_platform(cfg: BoardConfig):
-    """The board's amaranth-boards platform, without the programming tools in ``required_tools``."""
+def open_platform(cfg: BoardConfig, margin_pct: int = 0):
+    """The board's amaranth-boards platform, without the programming tools in ``required_tools``; with
+    ``margin_pct``, its clock constraints (the oscillator's, from which nextpnr derives the PLL's outputs) that
+    much higher (``fpga.timing_margin_pct``)."""
     module_path, _, class_name = cfg.fpga["platform"].partition(":")
     try:
         base = getattr(importlib.import_module(module_path), class_name)
@@ -257,6 +259,9 @@ def open_platform(cfg: BoardConfig):
                          f"expected an amaranth-boards platform class")
 
     class BuildOnlyPlatform(base):
+        def add_clock_constraint(self, clock, frequency):
+            super().add_clock_constraint(clock, frequency * (1 + margin_pct / 100))
+
         @property
         def required_tools(self):
             return [t for t in super().required_tools if t not in PROGRAMMERS]
@@ -293,6 +298,7 @@ class PnrResult:
     nextpnr_opts: str | None = None  # set when tile_nextpnr_opts' run used its budget and was run without
     placer: str | None = None  # set when the board's placer's run was repeated with another (and why)
     seed: int = 0  # nextpnr's --seed (fpga.seed; 0: none given)
+    timing_margin_pct: int = 0  # nextpnr's clocks this much above the target (fpga.timing_margin_pct)
     bitstream: str | None = None
     log: str | None = None
     error: str | None = None
@@ -476,7 +482,7 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
     log_path = work / "toolchain.log"
     result = PnrResult(status="failed", seconds=0.0, target_mhz=cfg.clock_mhz, pll_mhz=pll.achieved_mhz,
                        cpu_target_mhz=pll.secondary_mhz, harness_ffs=in_bits + out_bits, log=str(log_path),
-                       seed=cfg.nextpnr_seed(top))
+                       seed=cfg.nextpnr_seed(top), timing_margin_pct=cfg.per_top("timing_margin_pct", top))
 
     mapper: dict[str, str] = {}  # Yosys options of the classic-ABC retry, once ABC9 has failed on this unit
 
@@ -487,7 +493,8 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
 
         def run() -> int | None:
             left = min(budget_s - (time.monotonic() - begun), timeout_s - (time.monotonic() - started))
-            plan = open_platform(cfg).prepare(wrapper, name=name, **{**opts, **mapper})
+            platform = open_platform(cfg, result.timing_margin_pct)
+            plan = platform.prepare(wrapper, name=name, **{**opts, **mapper})
             return _run_plan(plan, work, name, log_path, max(left, 1.0))
 
         code = run()
@@ -692,6 +699,9 @@ def markdown_table(records: list[dict]) -> str:
                 status += f" ({pnr['nextpnr_opts']})"
             if pnr.get("seed") and "fpga.seed" not in r.get("overrides", {}):
                 status += f" (nextpnr seed {pnr['seed']}: the board's fpga.seed)"
+            if pnr.get("timing_margin_pct") and "fpga.timing_margin_pct" not in r.get("overrides", {}):
+                status += (f" (placed and routed toward {_fmt(pnr['pll_mhz'] * (1 + pnr['timing_margin_pct'] / 100))}"
+                           f" MHz: the board's fpga.timing_margin_pct)")
             if pnr.get("cpu_target_mhz") and final:
                 status += (f" (CPU clock: Fmax {_fmt(pnr.get('cpu_fmax_mhz'))} MHz, target "
                            f"{_fmt(pnr['cpu_target_mhz'])} MHz)")

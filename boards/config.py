@@ -158,11 +158,19 @@ FPGA_SCHEMA: dict[str, Param] = {
                   "(`somatile build --sweep fpga.seed=1,2,3`, every seed's row in docs/boards.md) found to meet "
                   "the clock for each; 0 or a top left out passes no --seed (nextpnr's own start) (optional, "
                   "default 0)"),
+    "timing_margin_pct": Param(dict, _int_range(0, 50),
+                               "percent by which the clock nextpnr places and routes toward exceeds the board's "
+                               "(the oscillator's constraint scaled, so the PLL's outputs are derived from it): "
+                               "router2 judges a route's timing from estimates the final analysis exceeds by up to "
+                               "~0.15 ns (docs/hardware.md), so a route it finds met at the board's clock can miss "
+                               "it; Fmax is reported against clock_mhz as always. One integer for every top or a "
+                               "mapping of tops to integers, like seed (optional, default 0)"),
 }
 # Keys of a section that a board file may leave out.
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
                                                         "tile_placer": "heap", "dsp_registers": "fabric", "tile_nextpnr_opts": "",
-                                                        "tile_opts_budget_s": 1200.0, "seed": 0},
+                                                        "tile_opts_budget_s": 1200.0, "seed": 0,
+                                                        "timing_margin_pct": 0},
                                                "soc": {"peripheral": "tile_array", "data_ram": "block", "cpu_mhz": 0.0}}
 
 # Section for boards of kind "versal": facts of one AI Engine tile (notes/anchors.md section 3, AM020/UG1079).
@@ -307,10 +315,15 @@ class BoardConfig:
         ``profile: wide``: ``hccs_lanes`` int16 lanes."""
         return {"lanes": self.hccs_lanes, "n_max": self.n_max, "heads": self.heads}
 
+    def per_top(self, key: str, top: str) -> int:
+        """``top``'s value of the per-top ``fpga`` key ``key`` (one integer or a mapping of tops; 0 for a top
+        the mapping leaves out)."""
+        value = self.fpga[key]
+        return value.get(top, 0) if isinstance(value, Mapping) else value
+
     def nextpnr_seed(self, top: str) -> int:
         """nextpnr's ``--seed`` for ``top`` from ``fpga.seed`` (0: none given)."""
-        seed = self.fpga["seed"]
-        return seed.get(top, 0) if isinstance(seed, Mapping) else seed
+        return self.per_top("seed", top)
 
     def parameters(self) -> dict[str, Any]:
         """Every parameter as plain data (for manifests, the firmware header and the host ``info()``)."""

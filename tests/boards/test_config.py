@@ -268,3 +268,24 @@ def test_packed_dsp_registers_put_the_packing_step_between_yosys_and_nextpnr(tmp
     assert len(step) == 1 and yosys[0] < step[0] < nextpnr[0]
     assert not any("dsp_pack" in line for line in scripts["fabric"])
     assert boards.load("ulx3s_85f").fpga["dsp_registers"] == "packed"
+
+
+def test_timing_margin_raises_the_clock_nextpnr_is_given(tmp_path):
+    """``fpga.timing_margin_pct`` scales the oscillator's constraint in the LPF (nextpnr derives the PLL's
+    outputs from it) for the tops it names, and leaves the others' at the board's frequency."""
+    from somatile.boards import build
+    from somatile.boards.harness import ShiftHarness
+    from somatile.boards.pll import pll_for
+    cfg = boards.load(_write(tmp_path, "margin", "extends: ulx3s_85f\nfpga: {timing_margin_pct: {soc: 4}}\n"))
+    assert cfg.per_top("timing_margin_pct", "soc") == 4 and cfg.per_top("timing_margin_pct", "array") == 0
+    unit = build.make_unit(cfg, "hccs")
+    lpf = {}
+    for pct in (0, cfg.per_top("timing_margin_pct", "soc")):
+        plan = build.open_platform(cfg, pct).prepare(ShiftHarness(unit, pll_for("ecp5", 25.0, cfg.clock_mhz)),
+                                                     name="t", **build.toolchain_options(cfg, "hccs"))
+        lpf[pct] = [line for line in plan.files["t.lpf"].splitlines() if line.startswith("FREQUENCY")]
+    assert lpf[0] == ['FREQUENCY PORT "clk25_0__io" 25000000.0 HZ;']
+    assert lpf[4] == ['FREQUENCY PORT "clk25_0__io" 26000000.0 HZ;']
+    with pytest.raises(boards.BoardError, match=r"key 'fpga.timing_margin_pct.soc': got 80, expected an integer "
+                                                r"from 0 to 50"):
+        boards.load(_write(tmp_path, "wide", "extends: ulx3s_85f\nfpga: {timing_margin_pct: {soc: 80}}\n"))
