@@ -1288,13 +1288,14 @@ def final_overlaps(params: TileParams) -> bool:
     return params.mac_lanes <= params.slots
 
 
-def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
-    """Cycles of one head's decode step in :class:`SomaDecode`: from the cycle after the ``start`` pulse
-    through the cycle of the ``done`` pulse, for a head with this normaliser (and HCCS mode).
+def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> dict[str, int]:
+    """Cycles of each phase of one head's decode step in :class:`SomaDecode` (load, write, scores, normalise,
+    weighted, final, store, done; their sum is :func:`expected_cycles`), for a head with this normaliser (and
+    HCCS mode).
 
     Depends on ring, sinks, head_dim, lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory word
     ``max(16, mac_lanes)`` bytes), hccs_lanes, the profile and (paper) the normaliser only; not on the sequence
-    position or the fill level. The sum of its phases, each the latency its stage states: LOAD ``7 w + 5``
+    position or the fill level. Each phase is the latency its stage states: LOAD ``7 w + 5``
     (w = head_dim / word) and WRITE ``2 w`` (:meth:`StateMover.load_cycles`, :meth:`StateMover.write_cycles`),
     SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
     N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
@@ -1311,15 +1312,21 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
         row = NearFieldFeed.row_cycles(params, hccs_mode)
     else:
         row = normaliser_cycles(params.slots)
-    normalise = max(row, GateStage.cycles(params)) + 1
     final_issue = OutputStage.chunk_cycles(params)
     if final_overlaps(params):
         weighted = (chunks - 1) * params.slots + WeightedStage.cycles(params)
     else:  # each chunk's FINAL issue before the next chunk's weighted sum
         weighted = chunks * WeightedStage.cycles(params) + (chunks - 1) * final_issue
-    weighted += final_issue + FINAL_DEPTH
-    moves = StateMover.load_cycles(params) + StateMover.write_cycles(params) + StateMover.store_cycles(params)
-    return moves + ScoreStage.cycles(params) + normalise + weighted + 1
+    return {"load": StateMover.load_cycles(params), "write": StateMover.write_cycles(params),
+            "scores": ScoreStage.cycles(params), "normalise": max(row, GateStage.cycles(params)) + 1,
+            "weighted": weighted, "final": final_issue + FINAL_DEPTH, "store": StateMover.store_cycles(params),
+            "done": 1}
+
+
+def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
+    """Cycles of one head's decode step in :class:`SomaDecode`, from the cycle after the ``start`` pulse through
+    the cycle of the ``done`` pulse: the sum of :func:`decode_phases`."""
+    return sum(decode_phases(params, normaliser, hccs_mode).values())
 
 
 class SomaDecode(wiring.Component):

@@ -68,6 +68,18 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
+def decode_frame_phases(params: TileParams, configs) -> dict[str, int]:
+    """The parts of :func:`expected_decode_cycles`: ``intake`` (header beats, ``CHECK_SETTLE`` settle cycles
+    and a check cycle, payload beats), ``execute`` (one cycle and, per head, a start cycle), one entry per head
+    (``head0``, ...: :func:`somatile.hw.soma.expected_cycles` of its config) and ``respond`` (header and payload
+    beats, and the streamer's ``header_wait``)."""
+    sb, count = params.stream_bytes, len(configs)
+    header = regmap.HEADER_BYTES // sb
+    return {"intake": header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb, "execute": 1 + count,
+            **{f"head{h}": expected_cycles(params, c.normaliser, c.hccs_mode) for h, c in enumerate(configs)},
+            "respond": header + header_wait(params) + regmap.decode_out_bytes(params) * count // sb}
+
+
 def expected_decode_cycles(params: TileParams, configs) -> int:
     """Cycles of a DECODE frame for heads with these configs (anything with ``normaliser`` and
     ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
@@ -76,15 +88,9 @@ def expected_decode_cycles(params: TileParams, configs) -> int:
     head one start cycle and its decode step (``soma.expected_cycles`` of the profile), response header and
     payload beats (``regmap.decode_out_bytes`` a head: int8, or int16 in the wide profile; as CYCLES_LAST
     counts them: up to the last beat entering the output register slice, which presents it one cycle later; a
-    one-beat header waits for the first word's read, the streamer's ``header_wait``). Independent of the
-    sequence position."""
-    sb, count = params.stream_bytes, len(configs)
-    header = regmap.HEADER_BYTES // sb
-    intake = header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb
-    steps = sum(expected_cycles(params, c.normaliser, c.hccs_mode) for c in configs)
-    execute = 1 + steps + count
-    respond = header + header_wait(params) + regmap.decode_out_bytes(params) * count // sb
-    return intake + execute + respond
+    one-beat header waits for the first word's read, the streamer's ``header_wait``); the sum of
+    :func:`decode_frame_phases`. Independent of the sequence position."""
+    return sum(decode_frame_phases(params, configs).values())
 
 
 def hccs_out_bytes(params: TileParams) -> int:
