@@ -93,7 +93,7 @@ def test_a_section_key_is_overridden_validated_and_recorded():
                                                                                    "soc.cpu_mhz": 70.0})
     board = boards.load("ulx3s_85f")
     assert board.fpga["seed"] == {"array": 2, "soc": 3} and cfg.fpga["tile_placer"] == "static"  # the rest kept
-    assert board.fpga["timing_margin_pct"] == {"tile": 5, "soc": 3}
+    assert board.fpga["timing_margin_pct"] == {"tile": 5, "array": 5, "soc": 3}
     assert build.build_dir_name(cfg, "array") == "array-fpga.seed7-soc.cpu_mhz70.0"
     for top in ("hccs", "array", "soc"):
         assert "seed 7" in build.toolchain_options(cfg, top)["nextpnr_opts"].split(" --"), top
