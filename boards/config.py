@@ -158,7 +158,9 @@ FPGA_SCHEMA: dict[str, Param] = {
                   "(`somatile build --sweep fpga.seed=1,2,3`, every seed's row in docs/boards.md) found to meet "
                   "the clock for each; 0 or a top left out passes no --seed (nextpnr's own start) (optional, "
                   "default 0)"),
-    "timing_margin_pct": Param(dict, _int_range(0, 50),
+    # At most 10 %: the build finds the tile's and an SoC CPU's clocks in nextpnr's report by the constraint
+    # nearest each target (100 and 75 MHz on the ULX3S), which a larger margin could swap.
+    "timing_margin_pct": Param(dict, _int_range(0, 10),
                                "percent by which the clock nextpnr places and routes toward exceeds the board's "
                                "(the oscillator's constraint scaled, so the PLL's outputs are derived from it): "
                                "router2 judges a route's timing from estimates the final analysis exceeds by up to "
