@@ -43,13 +43,14 @@ def phases_note(params: TileParams, configs) -> str:
     head's MAC bound (scores and weighted sum, ``slots * head_dim / lanes`` cycles each)."""
     frame = decode_frame_phases(params, configs)
     steps = {(c.normaliser, c.hccs_mode) for c in configs}
-    heads = "; ".join(f"a {n}/{m} head {frame_cycles(decode_phases(params, n, m))}" for n, m in sorted(steps))
+    heads = "; ".join(f"a {n}/{m} head {step_text(decode_phases(params, n, m))}" for n, m in sorted(steps))
     mac_head = params.slots * params.head_dim / params.lanes
     return (f"intake {frame['intake']}, execute {frame['execute']}, response {frame['respond']}; {heads}; "
             f"MAC bound per head {2 * mac_head:.0f} ({mac_head:.0f} scores + {mac_head:.0f} weighted)")
 
 
-def frame_cycles(phases: dict[str, int]) -> str:
+def step_text(phases: dict[str, int]) -> str:
+    """One head's step: its total, then each phase's cycles."""
     return f"{sum(phases.values())} (" + ", ".join(f"{k} {v}" for k, v in phases.items()) + ")"
 
 

@@ -289,4 +289,4 @@ def test_timing_margin_raises_the_clock_nextpnr_is_given(tmp_path):
     assert lpf[4] == ['FREQUENCY PORT "clk25_0__io" 26000000.0 HZ;']
     with pytest.raises(boards.BoardError, match=r"key 'fpga.timing_margin_pct.soc': got 15, expected an integer "
                                                 r"from 0 to 10"):
-        boards.load(_write(tmp_path, "wide", "extends: ulx3s_85f\nfpga: {timing_margin_pct: {soc: 15}}\n"))
+        boards.load(_write(tmp_path, "too_much", "extends: ulx3s_85f\nfpga: {timing_margin_pct: {soc: 15}}\n"))
