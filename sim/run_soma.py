@@ -257,6 +257,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, default=None, help="heads of the tile (default: the board's)")
     parser.add_argument("--ring", type=int, default=None, help="ring slots per head (default: the board's)")
     parser.add_argument("--board", default="sim", help="board whose tile parameters to use (default: sim)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", dest="overrides",
+                        help="override one board parameter, validated like the YAML (repeatable; as in "
+                             "`somatile build`)")
     parser.add_argument("--profile", choices=("paper", "wide"), default=None,
                         help="integer profile of the tile (docs/numerics.md; default: the board's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sequence and the head options")
@@ -303,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("heads", args.heads), ("ring", args.ring), ("profile", args.profile))
                  if v is not None}
     try:
-        params = dataclasses.replace(TileParams.from_board(boards.load(args.board)), **overrides)
+        board = boards.load(args.board, boards.parse_assignments(getattr(args, "overrides", None)))
+        params = dataclasses.replace(TileParams.from_board(board), **overrides)
         regmap.check_fits(params)
     except ValueError as exc:
         raise SystemExit(f"somatile sim soma: {exc}") from None

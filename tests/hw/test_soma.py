@@ -197,12 +197,17 @@ def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(geometry, rng):
 
 
 def test_sim_command_runs_a_decode_sequence_in_either_profile(capsys):
-    """`somatile sim soma --profile NAME`: the tile RTL in Verilator against the integer model of that profile."""
+    """`somatile sim soma --profile NAME`: the tile RTL in Verilator against the integer model of that profile.
+    The tile is made small with ``--set``, as test_regmap's is, so that the two share their Verilator builds."""
     from somatile.host.cli import main
 
+    small = [f"--set={k}={v}" for k, v in (("local_memory_bytes", 8192), ("ring", 8), ("sinks", 2),
+                                           ("head_dim", 16), ("n_max", 32))]
     for profile in ("paper", "wide"):
-        assert main(["sim", "soma", "--tokens", "40", "--heads", "2", "--ring", "8", "--profile", profile]) == 0
+        assert main(["sim", "soma", "--tokens", "40", "--heads", "2", "--profile", profile, *small]) == 0
         out = capsys.readouterr().out
         assert f"profile='{profile}'" in out and "tokens 40 x heads 2: mismatches 0" in out
         measured, expected = re.search(r"measured (\d+), expected (\d+)", out).groups()
         assert measured == expected
+    with pytest.raises(SystemExit, match="head_dim"):
+        main(["sim", "soma", "--set", "head_dim=7"])
