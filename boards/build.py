@@ -242,6 +242,11 @@ def _check_uart(cfg: BoardConfig) -> None:
                          f"--top soc needs the board's USB-serial pins") from None
 
 
+def with_margin(mhz: float, margin_pct: int) -> float:
+    """The clock nextpnr is given for a target of ``mhz`` with ``fpga.timing_margin_pct`` = ``margin_pct``."""
+    return mhz * (1 + margin_pct / 100)
+
+
 def open_platform(cfg: BoardConfig, margin_pct: int = 0):
     """The board's amaranth-boards platform, without the programming tools in ``required_tools``; with
     ``margin_pct``, its clock constraints (the oscillator's, from which nextpnr derives the PLL's outputs) that
@@ -260,7 +265,7 @@ def open_platform(cfg: BoardConfig, margin_pct: int = 0):
 
     class BuildOnlyPlatform(base):
         def add_clock_constraint(self, clock, frequency):
-            super().add_clock_constraint(clock, frequency * (1 + margin_pct / 100))
+            super().add_clock_constraint(clock, with_margin(frequency, margin_pct))
 
         @property
         def required_tools(self):
@@ -700,8 +705,8 @@ def markdown_table(records: list[dict]) -> str:
             if pnr.get("seed") and "fpga.seed" not in r.get("overrides", {}):
                 status += f" (nextpnr seed {pnr['seed']}: the board's fpga.seed)"
             if pnr.get("timing_margin_pct") and "fpga.timing_margin_pct" not in r.get("overrides", {}):
-                status += (f" (placed and routed toward {_fmt(pnr['pll_mhz'] * (1 + pnr['timing_margin_pct'] / 100))}"
-                           f" MHz: the board's fpga.timing_margin_pct)")
+                toward = with_margin(pnr["pll_mhz"], pnr["timing_margin_pct"])
+                status += f" (placed and routed toward {_fmt(toward)} MHz: the board's fpga.timing_margin_pct)"
             if pnr.get("cpu_target_mhz") and final:
                 status += (f" (CPU clock: Fmax {_fmt(pnr.get('cpu_fmax_mhz'))} MHz, target "
                            f"{_fmt(pnr['cpu_target_mhz'])} MHz)")

@@ -64,14 +64,30 @@ NORM_RECIPROCAL_PREP = 4
 """Cycles between the final total and the divider's first step: leading one (2), pre-shift, divisor."""
 
 
-PASS_MAX, PASS_SUM, PASS_OUT = 0, 1, 2
+PASS_SUM, PASS_OUT = 1, 2
 
 
-def normaliser_cycles(n: int) -> int:
+def quotient_bits(exp_only: bool = False) -> int:
+    """Quotient bits of :class:`RowNormaliser`'s reciprocal, one a cycle: :data:`DIVIDER_BITS`, or in the
+    exp-only normaliser the bit length of its one numerator (``intexp.UINT8_NUMERATOR``: the restoring
+    division's steps over the numerator's leading zeros give zero quotient bits and leave the remainder 0)."""
+    return intexp.UINT8_NUMERATOR.bit_length() if exp_only else DIVIDER_BITS
+
+
+def normaliser_cycles(n: int, exp_only: bool = False) -> int:
     """Cycles of :class:`RowNormaliser` for a row of ``n`` entries, from the cycle after ``start`` through
-    the ``done`` pulse: start register 1, max ``n + 2``, sum ``n + NORM_SUM_DEPTH``, reciprocal
-    ``NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1``, output ``n + NORM_OUT_DEPTH``, done 1."""
-    return 1 + (n + 2) + (n + NORM_SUM_DEPTH) + (NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1) + (n + NORM_OUT_DEPTH) + 1
+    the ``done`` pulse: start register 1, sum ``n + NORM_SUM_DEPTH``, reciprocal
+    ``NORM_RECIPROCAL_PREP + quotient_bits(exp_only) + 1``, output ``n + NORM_OUT_DEPTH``, done 1 (the row's
+    maximum is taken as the row is written, before ``start``)."""
+    reciprocal = NORM_RECIPROCAL_PREP + quotient_bits(exp_only) + 1
+    return 1 + (n + NORM_SUM_DEPTH) + reciprocal + (n + NORM_OUT_DEPTH) + 1
+
+
+def normaliser_lead_cycles(n: int, exp_only: bool = False) -> int:
+    """Cycles of :class:`RowNormaliser` from the cycle after ``start`` through its ``first_out`` pulse, for a
+    row of ``n`` entries: :func:`normaliser_cycles` less the ``n - 1`` cycles in which the OUT pass writes the
+    row's other probabilities."""
+    return normaliser_cycles(n, exp_only) - (n - 1)
 
 
 class NormaliserSignature(wiring.Signature):
@@ -85,7 +101,7 @@ class NormaliserSignature(wiring.Signature):
         super().__init__({
             "start": In(1), "done": Out(1), "count": In(range(n_max + 1)), **hccs_ports, "exp_mult": In(16),
             "row_we": In(1), "row_index": In(range(n_max)), "row_x": In(signed(8)), "row_valid": In(1),
-            "prob_index": In(range(n_max)), "prob": Out(16),
+            "prob_index": In(range(n_max)), "prob": Out(16), "first_out": Out(1),
         })
 
 
@@ -111,11 +127,16 @@ class RowNormaliser(wiring.Component):
     heads use the tile's streaming row unit), without the HCCS ports or datapath.
 
     Bit-exact with ``hccs.hccs_row`` and ``intexp.intexp_row`` (masks included). The row is written through
-    ``row_we/row_index/row_x/row_valid`` before ``start``; the parameters (``count``, ``use_exp``, ``clb``,
+    ``row_we/row_index/row_x/row_valid`` before ``start``, in index order from 0 through ``count - 1`` (the
+    write of index 0 starts the row's running maximum, which each valid element's write updates: the row needs
+    no pass of its own for it); the parameters (``count``, ``use_exp``, ``clb``,
     ``out16``, ``B``, ``S``, ``dmax``, ``exp_mult``) are sampled in the ``start`` cycle. After ``done`` the
-    probabilities are read through ``prob_index -> prob`` with a one-cycle (synchronous) read. Passes: max,
-    sum, reciprocal, output, each streaming one element per cycle through a pipeline whose depth it adds
-    once (:func:`normaliser_cycles`). No register-to-register path holds more than one multiplier, one carry
+    probabilities are read through ``prob_index -> prob`` with a one-cycle (synchronous) read; or already
+    while the OUT pass writes them: ``first_out`` pulses a cycle after probability 0 is written, and from
+    ``i`` cycles after that pulse on probability ``i`` is (:func:`normaliser_lead_cycles`; a reader that
+    starts after the pulse and reads the row in index order at most one a cycle never overtakes the writes,
+    which come one a cycle). Passes: sum, reciprocal, output, each streaming one element per cycle through a
+    pipeline whose depth it adds once (:func:`normaliser_cycles`). No register-to-register path holds more than one multiplier, one carry
     chain or one barrel shifter.
     """
 
@@ -158,7 +179,14 @@ class RowNormaliser(wiring.Component):
         tags = TagLine(m, issuing, index == last_index, pass_code, [index], NORM_OUT_DEPTH, "norm_tag")
         at = tags.at  # (valid, last, index) of the element of a pass issued some cycles ago
 
-        row_max = Signal(signed(10))
+        # The row's maximum over its valid elements, kept as the row is written (see the docstring); -256 when
+        # none is valid (a fully masked row: every score is then masked to 0).
+        row_max = Signal(signed(10), init=-256)
+        with m.If(self.row_we):
+            with m.If(self.row_index == 0):
+                m.d.sync += row_max.eq(Mux(self.row_valid, self.row_x, -256))
+            with m.Elif(self.row_valid & (self.row_x > row_max)):
+                m.d.sync += row_max.eq(self.row_x)
         total = Signal(32)
         inv = Signal(32)
 
@@ -166,7 +194,6 @@ class RowNormaliser(wiring.Component):
         # on the ECP5); s2: in a register, before any arithmetic.
         x = reg(m, row_r.data[:8].as_signed(), "x")
         valid2 = reg(m, row_r.data[8], "x_valid")
-        max_candidate = valid2 & (x > row_max)  # MAX pass
         distance = reg(m, row_max - x, "distance", unsigned(9))                       # s3
         valid = delay(m, valid2, 1)
         capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s4
@@ -194,7 +221,8 @@ class RowNormaliser(wiring.Component):
         pre_shift = reg(m, Mux(use_exp & (log2_total > intexp.SUM_NORM_BITS - 1),
                                log2_total - (intexp.SUM_NORM_BITS - 1), 0), "pre_shift", range(32))
         divisor = reg(m, total >> pre_shift, "divisor", unsigned(32))
-        numerator = Signal(DIVIDER_BITS)
+        bits = quotient_bits(self.exp_only)
+        numerator = Signal(bits)
         m.d.comb += numerator.eq(Mux(use_exp,
                                      Mux(out16, intexp.INT16_NUMERATOR, intexp.UINT8_NUMERATOR),
                                      Mux(out16, hccs.INT16_NUMERATOR, hccs.UINT8_NUMERATOR)))
@@ -205,7 +233,7 @@ class RowNormaliser(wiring.Component):
 
         # s11-s15 of the OUT pass: pre-shift, score * inv (split, operands registered), saturate, write.
         shifted = reg(m, Mux(use_exp, score >> pre_shift, score), "shifted", unsigned(17))      # s11
-        product = split_mul(m, inv[:DIVIDER_BITS], shifted, "prob_product")                   # s14
+        product = split_mul(m, inv[:bits], shifted, "prob_product")                           # s14
         valid = delay(m, valid, 4)
         hccs_prob = Mux(out16, Mux(product > hccs.INT16_MAX, hccs.INT16_MAX, product),
                         Mux((product >> hccs.INV_SHIFT) > hccs.UINT8_MAX, hccs.UINT8_MAX,
@@ -215,8 +243,8 @@ class RowNormaliser(wiring.Component):
         m.d.comb += [prob_w.addr.eq(out_index), prob_w.data.eq(prob)]
 
         remainder = Signal(33)
-        numerator_bits = Signal(DIVIDER_BITS)
-        step = Signal(range(NORM_RECIPROCAL_PREP + DIVIDER_BITS + 1))
+        numerator_bits = Signal(bits)
+        step = Signal(range(NORM_RECIPROCAL_PREP + bits + 1))
 
         def next_pass(state, code):
             m.d.sync += [index.eq(0), issuing.eq(1), pass_code.eq(code)]
@@ -230,17 +258,11 @@ class RowNormaliser(wiring.Component):
         # The passes begin a cycle after `start`, from a register: in the tile `start` comes through the
         # selection between the decode unit and the HCCS command, whose select flag is far from here.
         started = reg(m, self.start, "started", reset_less=False)
-        m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
+        m.d.sync += [self.done.eq(0), self.first_out.eq(0)]  # pulses from registers
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(started):
-                    m.d.sync += [row_max.eq(-256), total.eq(0)]
-                    next_pass("MAX", PASS_MAX)
-            with m.State("MAX"):
-                v, last, _ = at(2, PASS_MAX)
-                with m.If(v & max_candidate):
-                    m.d.sync += row_max.eq(x)
-                with m.If(v & last):
+                    m.d.sync += total.eq(0)
                     next_pass("SUM", PASS_SUM)
             with m.State("SUM"):
                 v, last, _ = at(NORM_SUM_DEPTH, PASS_SUM)
@@ -253,7 +275,7 @@ class RowNormaliser(wiring.Component):
                 m.d.sync += step.eq(step + 1)
                 with m.If(step == NORM_RECIPROCAL_PREP - 1):
                     m.d.sync += [remainder.eq(0), inv.eq(0), numerator_bits.eq(numerator)]
-                with m.Elif(step == NORM_RECIPROCAL_PREP + DIVIDER_BITS):
+                with m.Elif(step == NORM_RECIPROCAL_PREP + bits):
                     with m.If(total_zero):
                         m.d.sync += inv.eq(0)
                     with m.Elif(~use_exp & clb):
@@ -269,6 +291,7 @@ class RowNormaliser(wiring.Component):
             with m.State("OUT"):
                 v, last, _ = at(NORM_OUT_DEPTH, PASS_OUT)
                 m.d.comb += prob_w.en.eq(v)
+                m.d.sync += self.first_out.eq(v & (out_index == 0))
                 with m.If(v & last):
                     m.d.sync += self.done.eq(1)
                     m.next = "DONE"
@@ -1299,7 +1322,8 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
     (w = head_dim / word) and WRITE ``2 w`` (:meth:`StateMover.load_cycles`, :meth:`StateMover.write_cycles`),
     SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
     N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
-    paper's HCCS heads; :func:`normaliser_cycles` for the paper's integer exp) and G the gate's
+    paper's HCCS heads; :func:`normaliser_lead_cycles` for the paper's integer exp, whose probabilities the
+    weighted sum reads behind the normaliser's writes) and G the gate's
     (:meth:`GateStage.cycles`), WEIGHTED SUM (where :func:`final_overlaps`, the chunks' slots issued back to
     back, then the last one's pipeline: ``chunks * slots + WEIGHTED_DEPTH``; else per chunk
     :meth:`WeightedStage.cycles` and, but for the last, its FINAL issue), then the last
@@ -1311,7 +1335,7 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
     if params.profile == "wide" or normaliser == "hccs_int":
         row = NearFieldFeed.row_cycles(params, hccs_mode)
     else:
-        row = normaliser_cycles(params.slots)
+        row = normaliser_lead_cycles(params.slots, exp_only=True)
     final_issue = OutputStage.chunk_cycles(params)
     if final_overlaps(params):
         weighted = (chunks - 1) * params.slots + WeightedStage.cycles(params)
@@ -1460,7 +1484,10 @@ class SomaDecode(wiring.Component):
                      gate.done_item.eq(item(GATE_DEPTH, PHASE_GATE))]
         rams.q.serve(gate.q)
         rams.gate_fld.serve(gate.gate_field)
-        norm_done = Mux(use_exp, norm.done, near_field.done) if paper else near_field.done
+        # An integer-exp row is done for WEIGHTED SUM as its first probability is written: the weighted sum
+        # reads the probabilities in slot order, one a cycle at most, behind the OUT pass's writes
+        # (RowNormaliser.first_out).
+        norm_done = Mux(use_exp, norm.first_out, near_field.done) if paper else near_field.done
 
         # WEIGHTED SUM over slots for chunk c (issue.c holds the chunk); then FINAL over its L elements.
         m.submodules.weighted = weighted = WeightedStage(p)

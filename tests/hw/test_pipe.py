@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from somatile.hw.pipe import (OffsetCounter, floor_log2, lut_mul, lut_mul_pipelined, round_shift, skid_buffer,
                               split_mul)
-from somatile.hw.soma import RowNormaliser, normaliser_cycles
+from somatile.hw.soma import RowNormaliser, normaliser_cycles, normaliser_lead_cycles
 from somatile.model import hccs, intexp, soma_int
 
 
@@ -155,29 +155,40 @@ def test_row_normaliser_is_bit_exact_in_normaliser_cycles(mode, rng):
             ctx.set(dut.start, 1)
             await ctx.tick()
             ctx.set(dut.start, 0)
-            cycles = 1
-            while not ctx.get(dut.done):
+            cycles, lead = 1, None
+            while not ctx.get(dut.first_out):
                 await ctx.tick()
                 cycles += 1
-            probs = []
+            lead = cycles
+            # Read as the decode unit does, behind the OUT pass's writes: index i from i cycles after first_out
+            # on (here exactly then: the earliest the contract allows), one a cycle.
+            probs, done_at = [], cycles if ctx.get(dut.done) else None   # a row of one: both pulses at once
             for i in range(len(x)):
                 ctx.set(dut.prob_index, i)
                 await ctx.tick()
+                cycles += 1
                 probs.append(ctx.get(dut.prob))   # one-cycle read
-            results.append((cycles, probs))
+                if ctx.get(dut.done):
+                    done_at = cycles
+            while done_at is None:
+                await ctx.tick()
+                cycles += 1
+                if ctx.get(dut.done):
+                    done_at = cycles
+            results.append((done_at, lead, probs))
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
-    for x, valid, (cycles, probs) in zip(rows, masks, results):
+    for x, valid, (cycles, lead, probs) in zip(rows, masks, results):
         want = np.zeros(len(x), np.int32)
         if mode == "exp":
             intexp.intexp_row(x, valid, mult, intexp.OUT_UINT8, want)
         else:
             hccs.hccs_row(x, valid, B, S, dmax, hccs.MODE_CODES[mode], hccs.OUT_UINT8, want)
         assert probs == want.tolist()
-        assert cycles == normaliser_cycles(len(x))
+        assert cycles == normaliser_cycles(len(x), exp_only) and lead == normaliser_lead_cycles(len(x), exp_only)
 
 
 def test_skid_buffer_passes_every_beat_once_in_order_under_random_stalls(rng):
