@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("heads", args.heads), ("ring", args.ring), ("profile", args.profile))
                  if v is not None}
     try:
-        board = boards.load(args.board, boards.parse_assignments(getattr(args, "overrides", None)))
+        board = boards.load(args.board, boards.parse_assignments(args.overrides))
         params = dataclasses.replace(TileParams.from_board(board), **overrides)
         regmap.check_fits(params)
     except ValueError as exc:

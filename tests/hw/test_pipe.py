@@ -155,26 +155,28 @@ def test_row_normaliser_is_bit_exact_in_normaliser_cycles(mode, rng):
             ctx.set(dut.start, 1)
             await ctx.tick()
             ctx.set(dut.start, 0)
-            cycles, lead = 1, None
-            while not ctx.get(dut.first_out):
+            cycles, done_at = 1, None
+
+            async def tick():
+                # One cycle on; remembers the cycle of the done pulse (a row of one: the same as first_out's).
+                nonlocal cycles, done_at
                 await ctx.tick()
                 cycles += 1
+                if ctx.get(dut.done):
+                    done_at = cycles
+
+            while not ctx.get(dut.first_out):
+                await tick()
             lead = cycles
             # Read as the decode unit does, behind the OUT pass's writes: index i from i cycles after first_out
             # on (here exactly then: the earliest the contract allows), one a cycle.
-            probs, done_at = [], cycles if ctx.get(dut.done) else None   # a row of one: both pulses at once
+            probs = []
             for i in range(len(x)):
                 ctx.set(dut.prob_index, i)
-                await ctx.tick()
-                cycles += 1
+                await tick()
                 probs.append(ctx.get(dut.prob))   # one-cycle read
-                if ctx.get(dut.done):
-                    done_at = cycles
             while done_at is None:
-                await ctx.tick()
-                cycles += 1
-                if ctx.get(dut.done):
-                    done_at = cycles
+                await tick()
             results.append((done_at, lead, probs))
 
     sim = Simulator(dut)

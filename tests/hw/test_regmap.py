@@ -17,9 +17,10 @@ from somatile.hw.regmap import ErrorCode, Opcode, TileParams
 from somatile.model import hccs, soma
 from somatile.sim import run_soma
 
-# The default board's tile, made small for quick tests.
-PARAMS = boards.load(boards.DEFAULT_BOARD, {"local_memory_bytes": 8192, "ring": 8, "sinks": 2, "head_dim": 16,
-                                            "n_max": 32}).tile
+# The default board's tile, made small for quick tests (test_soma's sim-command test sets the same, so that
+# the two share their Verilator builds).
+SMALL_BOARD = {"local_memory_bytes": 8192, "ring": 8, "sinks": 2, "head_dim": 16, "n_max": 32}
+PARAMS = boards.load(boards.DEFAULT_BOARD, SMALL_BOARD).tile
 
 
 def answer(model, frame):

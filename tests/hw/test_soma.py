@@ -14,6 +14,7 @@ from somatile.hw import tile_model
 from somatile.hw.tile import expected_decode_cycles
 from somatile.model import soma
 from somatile.sim import run_soma
+from tests.hw.test_regmap import SMALL_BOARD
 from tests.hw.test_tile import SMALL, WIDE
 
 
@@ -201,8 +202,7 @@ def test_sim_command_runs_a_decode_sequence_in_either_profile(capsys):
     The tile is made small with ``--set``, as test_regmap's is, so that the two share their Verilator builds."""
     from somatile.host.cli import main
 
-    small = [f"--set={k}={v}" for k, v in (("local_memory_bytes", 8192), ("ring", 8), ("sinks", 2),
-                                           ("head_dim", 16), ("n_max", 32))]
+    small = [f"--set={k}={v}" for k, v in SMALL_BOARD.items()]
     for profile in ("paper", "wide"):
         assert main(["sim", "soma", "--tokens", "40", "--heads", "2", "--profile", profile, *small]) == 0
         out = capsys.readouterr().out
