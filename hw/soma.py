@@ -136,8 +136,8 @@ class RowNormaliser(wiring.Component):
     ``i`` cycles after that pulse on probability ``i`` is (:func:`normaliser_lead_cycles`; a reader that
     starts after the pulse and reads the row in index order at most one a cycle never overtakes the writes,
     which come one a cycle). Passes: sum, reciprocal, output, each streaming one element per cycle through a
-    pipeline whose depth it adds once (:func:`normaliser_cycles`). No register-to-register path holds more than one multiplier, one carry
-    chain or one barrel shifter.
+    pipeline whose depth it adds once (:func:`normaliser_cycles`). No register-to-register path holds more than
+    one multiplier, one carry chain or one barrel shifter.
     """
 
     def __init__(self, n_max: int, exp_only: bool = False):
@@ -241,6 +241,10 @@ class RowNormaliser(wiring.Component):
         prob = reg(m, Mux(valid, Mux(use_exp, product >> 15, hccs_prob), 0), "prob", unsigned(16))  # s15
         _, _, out_index = at(NORM_OUT_DEPTH, PASS_OUT)
         m.d.comb += [prob_w.addr.eq(out_index), prob_w.data.eq(prob)]
+        # first_out from a reset-less register of the write enable, outside the state machine: set inside its
+        # OUT state (with a reset), the ULX3S tile's ABC9 LUT mapping hit a Yosys assertion in
+        # ABC_OPS_REINTEGRATE and the build fell back to classic abc (~1,200 LUTs more).
+        m.d.comb += self.first_out.eq(reg(m, prob_w.en & (out_index == 0), "first_out_r", reset_less=True))
 
         remainder = Signal(33)
         numerator_bits = Signal(bits)
@@ -258,7 +262,7 @@ class RowNormaliser(wiring.Component):
         # The passes begin a cycle after `start`, from a register: in the tile `start` comes through the
         # selection between the decode unit and the HCCS command, whose select flag is far from here.
         started = reg(m, self.start, "started", reset_less=False)
-        m.d.sync += [self.done.eq(0), self.first_out.eq(0)]  # pulses from registers
+        m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(started):
@@ -291,7 +295,6 @@ class RowNormaliser(wiring.Component):
             with m.State("OUT"):
                 v, last, _ = at(NORM_OUT_DEPTH, PASS_OUT)
                 m.d.comb += prob_w.en.eq(v)
-                m.d.sync += self.first_out.eq(v & (out_index == 0))
                 with m.If(v & last):
                     m.d.sync += self.done.eq(1)
                     m.next = "DONE"
