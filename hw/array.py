@@ -10,7 +10,7 @@ accepts the next frame as soon as the target tile is ready, while earlier tiles 
 
 Ports: as :class:`somatile.hw.tile.Tile` (``s_axis_*``, ``m_axis_*``, ``error`` = any tile's error).
 Throughput: one beat per cycle in and out; responses wait for the tiles in arrival order (a FIFO of up to
-``n_tiles`` frames in flight). Latency: a tile's own, plus one cycle in (each tile is fed through its own
+``FRAMES_PER_TILE * n_tiles`` frames in flight: a tile takes the next frame in while it computes). Latency: a tile's own, plus one cycle in (each tile is fed through its own
 register slice, hw/pipe.py ``skid_buffer``) and one cycle out (one register slice after the response
 multiplexer). Why: on the ULX3S two-tile array the input beat reached both tiles' header and write-data
 registers directly, a route across the die longer than a clock period; with a slice per tile, a copy of the
@@ -25,6 +25,9 @@ from amaranth.lib import wiring
 from somatile.hw.regmap import RTL_PROFILES, TileParams
 from somatile.hw.pipe import skid_buffer
 from somatile.hw.tile import Tile, stream_ports
+
+FRAMES_PER_TILE = 3
+"""Frames a tile holds at once, back to back: one whose response streams out, one computing, one taken in."""
 
 
 class TileArray(wiring.Component):
@@ -53,12 +56,13 @@ class TileArray(wiring.Component):
         m.d.comb += first_target.eq(Mux(global_head >= (n - 1) * heads, n - 1, global_head // heads))
         selected = Mux(in_frame, target, first_target)
 
-        # In-order response FIFO of tile indices (depth n_tiles).
-        order = Array(Signal(range(n), name=f"order{i}") for i in range(n))
-        count = Signal(range(n + 1))
-        read_at = Signal(range(n))
-        write_at = Signal(range(n))
-        full = count == n
+        # In-order response FIFO of tile indices.
+        depth = FRAMES_PER_TILE * n
+        order = Array(Signal(range(n), name=f"order{i}") for i in range(depth))
+        count = Signal(range(depth + 1))
+        read_at = Signal(range(depth))
+        write_at = Signal(range(depth))
+        full = count == depth
         starting = ~in_frame & self.s_axis_tvalid
         accept = Signal()
 
@@ -83,7 +87,7 @@ class TileArray(wiring.Component):
             with m.If(~in_frame):
                 m.d.sync += target.eq(first_target)
         with m.If(push):
-            m.d.sync += [order[write_at].eq(first_target), write_at.eq(Mux(write_at == n - 1, 0, write_at + 1))]
+            m.d.sync += [order[write_at].eq(first_target), write_at.eq(Mux(write_at == depth - 1, 0, write_at + 1))]
 
         # Output side: the oldest frame's tile drives m_axis until its tlast; its first beat gets the global head.
         out_first = Signal(init=1)
@@ -106,6 +110,6 @@ class TileArray(wiring.Component):
             m.d.sync += out_first.eq(tlast)
             m.d.comb += pop.eq(tlast)
         with m.If(pop):
-            m.d.sync += read_at.eq(Mux(read_at == n - 1, 0, read_at + 1))
+            m.d.sync += read_at.eq(Mux(read_at == depth - 1, 0, read_at + 1))
         m.d.sync += count.eq(count + push - pop)
         return m

@@ -135,7 +135,8 @@ GLOBAL_REGISTERS: tuple[tuple[str, str, str], ...] = (
     ("STATUS", "ro", "bit 0: an error is latched (cleared by CLEAR_ERROR)"),
     ("ERROR_CODE", "ro", "the first error code since the last CLEAR_ERROR (ErrorCode)"),
     ("ERROR_OPCODE", "ro", "the opcode byte of the frame that raised ERROR_CODE"),
-    ("CYCLES_LAST", "ro", "clock cycles of the last completed command, first header beat to last response beat"),
+    ("CYCLES_LAST", "ro", "clock cycles of the last completed command, first header beat (or the previous "
+                          "response's end, if later) to last response beat"),
     ("COMMANDS", "ro", "command frames completed (with or without error), modulo 2**32"),
     ("TOKENS", "ro", "head decode steps completed, modulo 2**32"),
     ("CONFIGURED", "ro", "bit h: head h has parameters from a successful CONFIGURE_HEAD"),
@@ -309,6 +310,15 @@ def staging_bytes(params: TileParams) -> int:
     for DECODE, or the rows of one HCCS command (at least one row of n_max)."""
     need = max(params.heads * (3 * params.head_dim + decode_out_bytes(params)), hccs_row_bytes(params, params.n_max))
     return -(-need // params.word_bytes) * params.word_bytes
+
+
+def ahead_bytes(params: TileParams) -> int:
+    """Local memory past the staging area for the next DECODE frame's q, k and v, received while the current
+    frame computes (hw/tile.py): ``heads * 3 * head_dim`` bytes where they fit beside the heads' state and the
+    staging area, else 0 (the tile then takes a DECODE frame's payload only once the previous one is done)."""
+    need = params.heads * 3 * params.head_dim
+    fits = params.heads * state_bytes(params) + staging_bytes(params) + need <= params.local_memory_bytes
+    return need if fits else 0
 
 
 def check_fits(params: TileParams) -> None:

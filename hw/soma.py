@@ -1120,7 +1120,7 @@ class StateMover(wiring.Component):
       (write_pos and fill only past the sinks, every count saturating as ``soma.COUNTER_MAX`` says).
     - STORE (:meth:`store_cycles`, ``store_done`` in the last): the field, the gate field (through ``field``,
       ``gate_field``) and the counters to consecutive state words from the field's, then the output (through
-      ``out``, :func:`output_words`) from ``out_base``.
+      ``out``, :func:`output_words`) from ``out_base``; ``wr_out`` marks the output's words.
 
     ``state_base`` and ``out_base`` are held from ``begin_load`` through STORE. The memory ports (``rd_addr``,
     ``wr_addr/wr_data/wr_en``) are the next values of the unit's port registers, 0 outside the phases;
@@ -1139,6 +1139,7 @@ class StateMover(wiring.Component):
             "state_base": In(range(mem_words)), "stage_base": In(range(mem_words)), "out_base": In(range(mem_words)),
             "rd_addr": Out(range(mem_words)), "rd_word": In(word_bits),
             "wr_addr": Out(range(mem_words)), "wr_data": Out(word_bits), "wr_en": Out(params.word_bytes),
+            "wr_out": Out(1),
             "counters": Out(COUNTERS_LAYOUT), "rows": Out(slot_regions_layout(mem_words)),
             "q_load": Out(word_write_layout(params, 8)), "k_load": Out(word_write_layout(params, 8)),
             "v_load": Out(word_write_layout(params, 8)), "field_load": Out(word_write_layout(params, 16)),
@@ -1301,6 +1302,7 @@ class StateMover(wiring.Component):
             with m.If(counter == len(store_sources) - 1):
                 m.d.sync += store_read.set(0)
                 m.d.comb += self.store_done.eq(1)
+        m.d.comb += self.wr_out.eq(self.storing & store_sel[3])
         # STORE's data: word `counter` of the stored sequence, from the source store_sel names.
         return list(zip(store_sel, store_groups))
 
@@ -1369,7 +1371,10 @@ class SomaDecode(wiring.Component):
     output, :func:`output_words` words); memory ports ``rd_addr -> rd_data`` (synchronous read: the word
     arrives the cycle after ``rd_addr``) and ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit per byte); all four
     outputs come from registers. ``busy`` is high from the cycle after ``start`` through the ``done`` cycle
-    (the last store is written in the done cycle); while it is high the unit owns the memory ports. ``head`` is
+    (the last store is written in the done cycle); while it is high the unit owns the read port, and the write
+    port in the cycles after those with ``writes`` high (a register: the step is in WRITE or STORE, the only
+    phases whose next cycle may write; the tile holds its payload's beats then); ``wr_out`` (beside
+    ``wr_en``) marks the writes of the output's words, :func:`output_words` a head in order from ``out_base``. ``head`` is
     sampled at ``start`` and may change from the cycle after it on. ``command`` (:func:`near_field_port`)
     lends the tile's one streaming row unit to the HCCS command while ``command.active`` is high, which the
     tile keeps low from ``start`` through ``done``.
@@ -1390,7 +1395,8 @@ class SomaDecode(wiring.Component):
             "state_base": In(range(mem_words)), "stage_base": In(range(mem_words)),
             "out_base": In(range(mem_words)),
             "rd_addr": Out(range(mem_words)), "rd_data": In(8 * word),
-            "wr_addr": Out(range(mem_words)), "wr_data": Out(8 * word), "wr_en": Out(word),
+            "wr_addr": Out(range(mem_words)), "wr_data": Out(8 * word), "wr_en": Out(word), "writes": Out(1),
+            "wr_out": Out(1),
         }
         ports["head"] = In(head_params_layout(params.profile))
         ports["command"] = Out(near_field_port(params))
@@ -1441,7 +1447,8 @@ class SomaDecode(wiring.Component):
         m.submodules.mover = mover = StateMover(p, self.mem_words)
         m.d.comb += [mover.state_base.eq(state_base), mover.stage_base.eq(self.stage_base),
                      mover.out_base.eq(out_base), mover.rd_word.eq(rd_word), rd_addr_next.eq(mover.rd_addr)]
-        m.d.sync += [self.wr_addr.eq(mover.wr_addr), self.wr_data.eq(mover.wr_data), self.wr_en.eq(mover.wr_en)]
+        m.d.sync += [self.wr_addr.eq(mover.wr_addr), self.wr_data.eq(mover.wr_data), self.wr_en.eq(mover.wr_en),
+                     self.wr_out.eq(mover.wr_out)]
         for ram, port in ((rams.k, mover.k), (rams.v, mover.v), (rams.fld, mover.field),
                           (rams.gate_fld, mover.gate_field), (rams.out, mover.out)):
             ram.serve(port)
@@ -1549,6 +1556,7 @@ class SomaDecode(wiring.Component):
             issue.begin_rows("k")
             issue.begin(PHASE_SCORES, rows=False)
             m.next = "SCORES"
+            m.d.sync += self.writes.eq(0)
 
         def enter_weighted():
             issue.begin_rows("v")
@@ -1558,6 +1566,8 @@ class SomaDecode(wiring.Component):
         def enter_move(begin, state: str):
             m.d.comb += begin.eq(1)
             m.next = state
+            # writes: the state is WRITE or STORE (a register beside the state; enter_scores and DONE clear it).
+            m.d.sync += self.writes.eq(state in ("WRITE", "STORE"))
 
         wrote = Signal()  # WRITE has run in this step (first when include_self, else after FINAL)
         chunk_wrap = Signal()
@@ -1652,7 +1662,7 @@ class SomaDecode(wiring.Component):
                         enter_move(mover.begin_write, "WRITE")
             with m.State("STORE"):
                 with m.If(mover.store_done):
-                    m.d.sync += self.done.eq(1)
+                    m.d.sync += [self.done.eq(1), self.writes.eq(0)]
                     m.next = "DONE"
             with m.State("DONE"):
                 m.next = "IDLE"

@@ -18,11 +18,18 @@ layer, its checks and its latencies are the same.
 
 Contract:
 
-- Latency and throughput: the tile works one frame at a time. It accepts the header and the payload at one
-  beat per cycle, executes, then sends the response at one beat per cycle; ``s_axis_tready`` is low while
-  it executes and responds. :func:`expected_decode_cycles` gives the cycles of a DECODE frame of ``count``
-  heads without stalls, first header beat to last response beat; it depends on the tile parameters and
-  ``count`` only (not on the sequence position).
+- Latency and throughput: the tile accepts a frame's header and payload at one beat per cycle, executes,
+  then sends the response at one beat per cycle. A DECODE frame runs as a job (its heads, then its response)
+  beside the intake: from its EXECUTE on, the tile takes the next frame in. A following DECODE frame that
+  passes its checks takes its payload at once (into a second q, k, v area where the local memory has room,
+  ``regmap.ahead_bytes``; else once the job is done) and executes as the job ends; any other frame waits at
+  its check, ``s_axis_tready`` low, until the job is done. Responses leave in frame order. While the decode
+  unit writes the local memory (its WRITE and STORE phases) ``s_axis_tready`` is low. CYCLES_LAST counts a
+  command's cycles from its first header beat, or from the cycle after the previous command's last response
+  beat if that is later, through its own last response beat. :func:`expected_decode_cycles` gives that count
+  for a DECODE frame of ``count`` heads without stalls, on its own or behind another DECODE frame (the
+  period of DECODE frames sent back to back); it depends on the tile parameters and the heads' normalisers
+  only (not on the sequence position).
 - Backpressure: ``m_axis_tready`` low holds the response beat; ``s_axis_tvalid`` low pauses the intake; both
   only add cycles. The response leaves through a register slice (every ``m_axis_*`` output is a register,
   one cycle of latency, full throughput).
@@ -68,29 +75,43 @@ def stream_ports(stream_width: int) -> dict:
             "m_axis_tready": In(1), "m_axis_tlast": Out(1), "error": Out(1)}
 
 
-def decode_frame_phases(params: TileParams, configs) -> dict[str, int]:
+def decode_frame_phases(params: TileParams, configs, *, behind: bool = False) -> dict[str, int]:
     """The parts of :func:`expected_decode_cycles`: ``intake`` (header beats, ``CHECK_SETTLE`` settle cycles
-    and a check cycle, payload beats), ``execute`` (one cycle and, per head, a start cycle), one entry per head
-    (``head0``, ...: :func:`somatile.hw.soma.expected_cycles` of its config) and ``respond`` (header and payload
-    beats, and the streamer's ``header_wait``)."""
+    and a check cycle, payload beats; ``behind`` a DECODE frame: only the part after that frame's job ended, 0
+    where the tile has the second q, k, v area of ``regmap.ahead_bytes``, else the check cycle and the payload
+    beats), ``execute`` (one cycle and, per head, a start cycle), one entry per head (``head0``, ...:
+    :func:`somatile.hw.soma.expected_cycles` of its config) and ``respond`` (header and payload beats, and the
+    streamer's ``header_wait``)."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
-    return {"intake": header + CHECK_SETTLE + 1 + 3 * params.head_dim * count // sb, "execute": 1 + count,
+    payload = 3 * params.head_dim * count // sb
+    if not behind:
+        intake = header + CHECK_SETTLE + 1 + payload
+    else:
+        intake = 0 if regmap.ahead_bytes(params) else 1 + payload
+    return {"intake": intake, "execute": 1 + count,
             **{f"head{h}": expected_cycles(params, c.normaliser, c.hccs_mode) for h, c in enumerate(configs)},
             "respond": header + header_wait(params) + regmap.decode_out_bytes(params) * count // sb}
 
 
-def expected_decode_cycles(params: TileParams, configs) -> int:
-    """Cycles of a DECODE frame for heads with these configs (anything with ``normaliser`` and
-    ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure, from the cycle
-    the first header beat is accepted through the cycle the last response beat is accepted: header beats,
-    ``CHECK_SETTLE`` settle cycles (the front end's) and a check cycle, payload beats, one execute cycle, per
-    head one start cycle and its decode step (``soma.expected_cycles`` of the profile), response header and
-    payload beats (``regmap.decode_out_bytes`` a head: int8, or int16 in the wide profile; as CYCLES_LAST
-    counts them: up to the last beat entering the output register slice, which presents it one cycle later; a
-    one-beat header waits for the first word's read, the streamer's ``header_wait``); the sum of
-    :func:`decode_frame_phases`. Independent of the sequence position."""
-    return sum(decode_frame_phases(params, configs).values())
+def expected_decode_cycles(params: TileParams, configs, *, behind: bool = False) -> int:
+    """CYCLES_LAST of a DECODE frame for heads with these configs (anything with ``normaliser`` and
+    ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure: the sum of
+    :func:`decode_frame_phases`. Independent of the sequence position.
+
+    A frame on its own (``behind`` False) counts from the cycle its first header beat is accepted through the
+    cycle its last response beat is accepted: header beats, ``CHECK_SETTLE`` settle cycles (the front end's)
+    and a check cycle, payload beats, one execute cycle, per head one start cycle and its decode step
+    (``soma.expected_cycles`` of the profile), response header and payload beats (``regmap.decode_out_bytes``
+    a head: int8, or int16 in the wide profile; up to the last beat entering the output register slice, which
+    presents it one cycle later; a one-beat header waits for the first word's read, the streamer's
+    ``header_wait``).
+
+    ``behind``: the frame follows a DECODE frame in the stream and was taken in while that frame's job ran (at
+    full rate it always is: a job outlasts a frame's intake). It counts from the cycle after the previous
+    response's last beat, so that back to back this is the tile's period per DECODE frame: the execute cycle,
+    the heads and the response, plus, without the second q, k, v area, the check cycle and the payload."""
+    return sum(decode_frame_phases(params, configs, behind=behind).values())
 
 
 def hccs_out_bytes(params: TileParams) -> int:
@@ -141,13 +162,15 @@ class Tile(wiring.Component):
                      heads.select.eq(self.s_axis_tdata[16:16 + heads.index_bits]), heads.block_we.eq(payload.block_we),
                      heads.cur.eq(seq.cur), dec.head.eq(heads.cur_params)]
         wiring.connect(m, front.length, payload.length)
-        m.d.comb += [payload.base.eq(Mux(seq.is_op[Opcode.LOAD_STATE], front.head_words, seq.stage_word)),
+        m.d.comb += [payload.base.eq(Mux(seq.is_op[Opcode.LOAD_STATE], front.head_words,
+                                         Mux(seq.is_op[Opcode.DECODE] & seq.area_next, seq.ahead_word, seq.stage_word))),
                      payload.data.eq(self.s_axis_tdata), payload.to_block.eq(seq.is_op[Opcode.CONFIGURE_HEAD]),
                      payload.check_counters.eq(seq.is_op[Opcode.LOAD_STATE]), payload.clear_from.eq(front.head_words)]
         m.d.comb += [resp.header.eq(Cat(Const(regmap.FRAME_MAGIC, 8), seq.resp_opcode, seq.resp_head, seq.resp_error,
                                         seq.resp_length, seq.resp_result, Const(0, 32))),
                      resp.has_payload.eq(seq.resp_has_payload), resp.rows.eq(seq.hccs_active),
-                     resp.info.eq(seq.is_op[Opcode.INFO]), resp.tlast.eq(self.s_axis_tlast), resp.rd_data.eq(rd.data),
+                     # (the job's DECODE response may stream while the next frame's header is decoded)
+                     resp.info.eq(seq.is_op[Opcode.INFO] & ~seq.job_busy), resp.rd_data.eq(rd.data),
                      resp.m_axis_tready.eq(self.m_axis_tready), self.m_axis_tdata.eq(resp.m_axis_tdata),
                      self.m_axis_tvalid.eq(resp.m_axis_tvalid), self.m_axis_tlast.eq(resp.m_axis_tlast),
                      self.error.eq(seq.error_latched)]
@@ -179,18 +202,25 @@ class Tile(wiring.Component):
         # Memory port defaults: the read address follows the response stream; writes come from the payload,
         # the clear sweep or the decode unit. The read address is selected by flags kept in registers beside
         # the state (the decode unit's busy, fetching HCCS rows, the response's own): decoded from the state and
-        # counters, the selection was in front of the block RAMs' address inputs.
+        # counters, the selection was in front of the block RAMs' address inputs. The next DECODE frame's
+        # payload may be written while the decode unit runs: never in a cycle the unit writes (the intake holds
+        # its beats while the unit is in a writing phase, seq.s_beat), so the write port goes to whichever
+        # writes, named by the payload writer's register.
         m.d.comb += [rd.addr.eq(Mux(dec.busy, dec.rd_addr, Mux(seq.fetching, seq.fetch_addr, resp.rd_addr))),
-                     wr.addr.eq(Mux(dec.busy, dec.wr_addr, payload.wr_addr)),
-                     wr.data.eq(Mux(dec.busy, dec.wr_data, payload.wr_data)),
-                     wr.en.eq(Mux(dec.busy, dec.wr_en, payload.wr_en))]
+                     wr.addr.eq(Mux(payload.writing, payload.wr_addr, dec.wr_addr)),
+                     wr.data.eq(Mux(payload.writing, payload.wr_data, dec.wr_data)),
+                     wr.en.eq(payload.wr_en | dec.wr_en)]
 
-        with m.FSM(init="CLEAR") as fsm:
-            m.d.comb += heads.decoding.eq(fsm.ongoing("DECODE") | fsm.ongoing("DECODE_NEXT"))
+        with m.FSM(init="CLEAR"):
             seq.intake_states()
             seq.execute_states(registers.value)
             seq.response_states()
             seq.hccs_states()
+        # The DECODE job (its heads and its response) runs beside the frame state machine, which meanwhile takes
+        # the next frame. Written after it: the job's end restarts cycles_run, also over a first header beat.
+        with m.FSM(name="job") as job:
+            m.d.comb += heads.decoding.eq(job.ongoing("DECODE") | job.ongoing("DECODE_NEXT"))
+            seq.job_states()
         return m
 
 
@@ -207,6 +237,11 @@ class _Sequencer:
         self.state_words = regmap.state_bytes(p) // W
         self.stage_word = p.heads * self.state_words
         mem_words = p.local_memory_bytes // W
+        # The next DECODE frame's q, k, v go past the staging area while a DECODE job runs, where they fit
+        # (regmap.ahead_bytes); DECODE frames alternate between the two areas (area_next: the next one's).
+        self.ahead = regmap.ahead_bytes(p) > 0
+        self.ahead_word = self.stage_word + regmap.staging_bytes(p) // W if self.ahead else self.stage_word
+        self.area_next = Signal()
         self.out_word = self.stage_word + 3 * p.heads * (p.head_dim // W)
         self.out_bytes = hccs_out_bytes(p)
         # Elements of a staging word (HCCS rows: int8, or int16 in the wide profile).
@@ -221,8 +256,10 @@ class _Sequencer:
         # at_payload, which imply accepting) tvalid alone is the beat: accepting drives s_axis_tready only (as a
         # term of every beat enable it reached the payload writer's address and the header's registers, the
         # ULX3S tile's worst routes without rip-up).
-        m.d.comb += tile.s_axis_tready.eq(self.accepting)
-        self.s_beat = tile.s_axis_tvalid
+        # While the decode unit is in a writing phase (dec.writes) the intake holds its beats: a payload beat's
+        # write would meet the unit's at the memory's one write port (a DECODE job runs beside the intake).
+        m.d.comb += tile.s_axis_tready.eq(self.accepting & ~dec.writes)
+        self.s_beat = tile.s_axis_tvalid & ~dec.writes
         m.d.comb += [front.beat.eq(self.s_beat & self.at_header), payload.beat.eq(self.s_beat & self.at_payload)]
         self.settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
         self.here = None  # the state whose transitions are being written (see state and goto)
@@ -244,8 +281,25 @@ class _Sequencer:
         # them settled: it comes CHECK_SETTLE cycles after a header of several beats.
         self.finished = Signal()
         m.d.sync += self.finished.eq(0)
-        with m.If(self.finished):
-            m.d.sync += [self.cycles_last.eq(self.cycles_run), self.commands.eq(self.commands + 1)]
+        # The DECODE job (job_states): busy from its EXECUTE through its response's last beat. It counts its
+        # own cycles (job_cycles, cycles_run's value had the frame state machine not moved on) and finishes
+        # through job_finished as finish() does through finished.
+        self.job_busy = Signal()
+        self.job_kick = Signal()
+        self.job_cycles = Signal(32)
+        self.job_finished = Signal()
+        self.out_words = Signal(range(mem_words + 1))  # the job's response words (the header's, at EXECUTE)
+        m.d.sync += [self.job_cycles.eq(self.job_cycles + 1), self.job_finished.eq(0)]
+        with m.If(self.finished | self.job_finished):
+            m.d.sync += [self.cycles_last.eq(Mux(self.job_finished, self.job_cycles, self.cycles_run)),
+                         self.commands.eq(self.commands + 1)]
+        # A frame other than a clean DECODE waits at its check (or its BAD_END) until the job is done and its
+        # counters are readable: job_busy, or a job that finished less than the register reader's latency ago.
+        tail = Signal(VALUE_LATENCY + 1)
+        m.d.sync += tail.eq(Cat(self.job_busy, tail[:-1]))
+        self.job_active = self.job_busy | reg(m, tail.any(), "job_tail")
+        # The header's last beat came with tlast (the frame has no payload), from HEADER to the check.
+        self.header_last = Signal()
 
         # Response fields.
         self.resp_opcode = Signal(8)
@@ -350,8 +404,9 @@ class _Sequencer:
         m = self.m
         m.d.sync += [self.resp_error.eq(code), self.resp_result.eq(detail)]
         self.set_length(0, 0)
-        if not echo:
-            m.d.sync += [self.resp_opcode.eq(0), self.resp_head.eq(0)]
+        # The echo from the header (a DECODE frame's check leaves the fields to its EXECUTE, see CHECK).
+        m.d.sync += [self.resp_opcode.eq(self.front.header.opcode if echo else 0),
+                     self.resp_head.eq(self.front.header.head if echo else 0)]
         with m.If(~self.error_latched):
             m.d.sync += [self.error_latched.eq(1), self.error_code.eq(code),
                          self.error_opcode.eq(self.front.header.opcode if echo else 0)]
@@ -380,10 +435,7 @@ class _Sequencer:
         m, tile, front, payload, is_op, settle = self.m, self.tile, self.front, self.payload, self.is_op, self.settle
         fail, start_response, enter_clear = self.fail, self.start_response, self.enter_clear
         expected = front.length.expected
-        # One register (resp.header_last), two roles that never overlap: from HEADER to the check, the frame
-        # ended with the header's last beat (tlast); in RESPOND_HEADER, the response presents its last header
-        # beat.
-        header_last = self.resp.header_last
+        header_last = self.header_last
         with self.state("CLEAR"):
             # After reset, and for RESET_STATE / a faulting LOAD_STATE: zero the sweep's range.
             m.d.comb += payload.clearing.eq(1)
@@ -402,8 +454,7 @@ class _Sequencer:
                     m.d.sync += self.cycles_run.eq(1)
                     m.d.comb += self.heads.select_we.eq(1)
                 with m.If(front.last_beat):
-                    m.d.comb += self.resp.capture_last.eq(1)
-                    m.d.sync += settle.eq(0)
+                    m.d.sync += [header_last.eq(tile.s_axis_tlast), settle.eq(0)]
                     self.goto("SETTLE")
                 with m.Elif(tile.s_axis_tlast):
                     m.d.sync += self.header_cut.eq(1)
@@ -416,34 +467,44 @@ class _Sequencer:
 
         with self.state("CHECK"):
             m.d.sync += self.header_cut.eq(0)
-            m.d.sync += [self.resp_opcode.eq(front.header.opcode), self.resp_head.eq(front.header.head),
-                         self.resp_error.eq(0), self.resp_result.eq(0)]
             m.d.comb += payload.begin.eq(1)
-            self.set_length(0, 0)
-            with m.If(front.check_failed):
-                with m.If(header_last):
-                    fail(front.check_error, Mux(front.check_error == ErrorCode.BAD_LENGTH, expected, 0))
-                    start_response()
-                with m.Else():
-                    m.d.sync += self.pending_error.eq(front.check_error)
-                    self.goto("DRAIN")
-            with m.Elif(header_last != front.no_payload):
-                # The frame ends where the payload should start, or carries one the opcode forbids.
-                with m.If(header_last):
-                    with m.If(is_op[Opcode.LOAD_STATE]):
-                        enter_clear(front.next_head_words, ErrorCode.BAD_LENGTH)
-                    with m.Else():
-                        fail(ErrorCode.BAD_LENGTH, expected)
-                        start_response()
-                with m.Else():
-                    m.d.sync += self.pending_error.eq(ErrorCode.BAD_LENGTH)
-                    self.goto("DRAIN")
-            with m.Else():
+            # A DECODE frame that passes its checks takes its payload at once, also while a DECODE job runs
+            # (into the other q, k, v area; without one, once the job is done); its EXECUTE waits for the job
+            # and sets the response's fields. Any other frame waits here until the job is done.
+            clean_decode = is_op[Opcode.DECODE] & ~front.check_failed & ~header_last & ~front.no_payload
+            ahead_ok = Const(1) if self.ahead else ~self.job_busy
+            with m.If(clean_decode & ahead_ok):
                 m.d.comb += payload.base_we.eq(1)
-                with m.If(header_last):
-                    self.goto("EXECUTE")
+                self.goto("PAYLOAD")
+            with m.Elif(~self.job_active):
+                # No job: the response's fields from the header; the payload, or a refusal.
+                m.d.sync += [self.resp_opcode.eq(front.header.opcode), self.resp_head.eq(front.header.head),
+                             self.resp_error.eq(0), self.resp_result.eq(0)]
+                self.set_length(0, 0)
+                with m.If(front.check_failed):
+                    with m.If(header_last):
+                        fail(front.check_error, Mux(front.check_error == ErrorCode.BAD_LENGTH, expected, 0))
+                        start_response()
+                    with m.Else():
+                        m.d.sync += self.pending_error.eq(front.check_error)
+                        self.goto("DRAIN")
+                with m.Elif(header_last != front.no_payload):
+                    # The frame ends where the payload should start, or carries one the opcode forbids.
+                    with m.If(header_last):
+                        with m.If(is_op[Opcode.LOAD_STATE]):
+                            enter_clear(front.next_head_words, ErrorCode.BAD_LENGTH)
+                        with m.Else():
+                            fail(ErrorCode.BAD_LENGTH, expected)
+                            start_response()
+                    with m.Else():
+                        m.d.sync += self.pending_error.eq(ErrorCode.BAD_LENGTH)
+                        self.goto("DRAIN")
                 with m.Else():
-                    self.goto("PAYLOAD")
+                    m.d.comb += payload.base_we.eq(1)
+                    with m.If(header_last):
+                        self.goto("EXECUTE")
+                    with m.Else():
+                        self.goto("PAYLOAD")
 
         with self.state("PAYLOAD"):
             with m.If(self.s_beat & tile.s_axis_tlast):
@@ -482,12 +543,13 @@ class _Sequencer:
             # The response to a frame that ended too early (inside the header: no opcode or head echoed) or
             # late, a cycle after its last beat: answered from registers, the last beat's tlast reached the
             # response's fields, the error latch and the streamer's start in one cycle (the ULX3S array's
-            # latest path, s_axis_tlast -> response.resp_beat).
-            with m.If(self.header_cut):
-                fail(ErrorCode.BAD_LENGTH, 0, echo=False)
-            with m.Else():
-                self.fail_pending()
-            start_response()
+            # latest path, s_axis_tlast -> response.resp_beat). It waits for a DECODE job's end, as CHECK does.
+            with m.If(~self.job_active):
+                with m.If(self.header_cut):
+                    fail(ErrorCode.BAD_LENGTH, 0, echo=False)
+                with m.Else():
+                    self.fail_pending()
+                start_response()
 
     def execute_states(self, reg_value):
         """EXECUTE (a command's one cycle, or the start of its decode loop or clear sweep) and the decode loop;
@@ -496,7 +558,9 @@ class _Sequencer:
         start_response, set_length = self.start_response, self.set_length
         dw = p.head_dim // p.word_bytes
         with self.state("EXECUTE"):
-            with m.If(is_op[Opcode.INFO]):
+            with m.If(self.job_busy):
+                pass   # a DECODE frame received while the previous DECODE job runs waits for its end
+            with m.Elif(is_op[Opcode.INFO]):
                 set_length(self.resp.info_beats * p.stream_bytes, self.resp.info_beats > 0)
                 start_response()
             with m.Elif(is_op[Opcode.REG_READ]):
@@ -521,11 +585,20 @@ class _Sequencer:
             with m.Elif(is_op[Opcode.RESET_STATE]):
                 self.enter_clear(front.end_head_words, 0)
             with m.Elif(is_op[Opcode.DECODE]):
-                # The decode unit samples its head's parameters at start: cur first.
+                # The job takes everything it needs from the header now (the next frame's replaces it): the
+                # decode unit samples its head's parameters at start, cur first; the response's fields. The
+                # frame state machine goes on to the next frame's header.
+                area = self.area_next
                 m.d.sync += [self.cur.eq(front.header.head), self.last.eq(front.head_end - 1),
-                             self.dec_state_base.eq(front.head_words), self.dec_stage_base.eq(self.stage_word),
-                             self.dec_out_base.eq(self.out_word)]
-                self.goto("DECODE_NEXT")
+                             self.dec_state_base.eq(front.head_words),
+                             self.dec_stage_base.eq(Mux(area, self.ahead_word, self.stage_word)),
+                             self.dec_out_base.eq(self.out_word), self.area_next.eq(~area if self.ahead else 0),
+                             self.resp_opcode.eq(Opcode.DECODE), self.resp_head.eq(front.header.head),
+                             self.resp_error.eq(0), self.resp_result.eq(0), self.out_words.eq(front.decode_out_words),
+                             self.job_busy.eq(1), self.job_cycles.eq(self.cycles_run + 1)]
+                set_length(front.decode_out_bytes, front.decode_out_nonzero)
+                m.d.comb += [self.job_kick.eq(1), front.restart.eq(1)]
+                self.goto("HEADER")
             with m.Elif(is_op[Opcode.HCCS]):
                 m.d.sync += [self.row.eq(0), self.hccs_active.eq(1)]
                 m.d.comb += self.hccs_configure.eq(1)
@@ -533,21 +606,47 @@ class _Sequencer:
                 set_length(front.hccs_bytes * (self.out_bytes // regmap.element_bytes(p)), front.hccs_bytes_nonzero)
                 start_response()
 
-        with self.state("DECODE"):
+    def job_states(self):
+        """The DECODE job: its heads one after the other through the decode unit, then its response (header and
+        output words). It starts in the frame's EXECUTE cycle (job_kick) and ends with the response's last
+        beat, restarting cycles_run: the next frame's CYCLES_LAST counts from the cycle after, or from its
+        first header beat if that is later."""
+        m, dec, p = self.m, self.dec, self.p
+        dw = p.head_dim // p.word_bytes
+        with m.State("IDLE"):
+            with m.If(self.job_kick):
+                m.next = "DECODE_NEXT"
+        with m.State("DECODE_NEXT"):
+            m.d.comb += self.dec_start.eq(1)
+            m.next = "DECODE"
+        with m.State("DECODE"):
             with m.If(dec.done):
                 m.d.sync += self.tokens.eq(self.tokens + 1)
                 with m.If(self.cur_is_last):
-                    set_length(front.decode_out_bytes, front.decode_out_nonzero)
-                    start_response(front.decode_out_words, self.out_word)
+                    m.d.comb += [self.resp.start.eq(1), self.resp.words.eq(self.out_words),
+                                 self.resp.base.eq(self.out_word)]
+                    m.next = "RESPOND_HEADER"
                 with m.Else():
                     m.d.sync += [self.cur.eq(self.cur_next),
                                  self.dec_state_base.eq(self.dec_state_base + self.state_words),
                                  self.dec_stage_base.eq(self.dec_stage_base + 3 * dw),
                                  self.dec_out_base.eq(self.dec_out_base + output_words(p))]
-                    self.goto("DECODE_NEXT")
-        with self.state("DECODE_NEXT"):
-            m.d.comb += self.dec_start.eq(1)
-            self.goto("DECODE")
+                    m.next = "DECODE_NEXT"
+        with m.State("RESPOND_HEADER"):
+            m.d.comb += self.resp.send_header.eq(1)
+            with m.If(self.resp.header_done):
+                with m.If(self.resp_has_payload):
+                    m.next = "RESPOND_WORDS"
+                with m.Else():
+                    self.job_finish()
+        with m.State("RESPOND_WORDS"):
+            m.d.comb += self.resp.send_words.eq(1)
+            with m.If(self.resp.words_done):
+                self.job_finish()
+
+    def job_finish(self):
+        self.m.d.sync += [self.job_finished.eq(1), self.job_busy.eq(0), self.cycles_run.eq(0)]
+        self.m.next = "IDLE"
 
     def response_states(self):
         """The response's header, then its INFO or memory words (an HCCS response goes on in hccs_states)."""

@@ -15,6 +15,8 @@ Contract:
   the range is every head's state and ``after_reset`` is high until the first ``clear_start``.
 - Memory: ``wr_addr``/``wr_data``/``wr_en`` are the memory write port's, :data:`WRITE_LATENCY` cycles after
   the beat or the sweep's cycle that makes them; nothing reads a word in the cycle after they write it.
+  ``writing`` (a register) is high exactly when ``wr_en`` is not zero: the tile selects the write port's
+  address and data with it.
 
 Why registers in front of the write port: the state, the opcode and the byte counter decoded in front of the
 block RAMs' write ports were the tile's longest paths. ``in_payload`` (byte_count < expected) is kept in a
@@ -53,7 +55,7 @@ class PayloadWriter(wiring.Component):
             "block_we": Out(BLOCK_BYTES // p.stream_bytes), "at_last_beat": Out(1), "counters_bad": Out(1),
             "clear_start": In(1), "clear_from": In(range(mem_words + 1)), "clear_to": In(range(mem_words + 1)),
             "clearing": In(1), "clear_last": Out(1), "after_reset": Out(1),
-            "wr_addr": Out(range(mem_words)), "wr_data": Out(8 * W), "wr_en": Out(W),
+            "wr_addr": Out(range(mem_words)), "wr_data": Out(8 * W), "wr_en": Out(W), "writing": Out(1),
         })
 
     def elaborate(self, platform):
@@ -69,6 +71,7 @@ class PayloadWriter(wiring.Component):
         m.d.comb += [port.eq(reg(m, value, f"host_{name}", reset_less=name != "en")) for name, value, port in
                      (("addr", host_addr, self.wr_addr), ("data", host_data, self.wr_data),
                       ("en", host_en, self.wr_en))]
+        m.d.comb += self.writing.eq(reg(m, host_en.any(), "host_writing"))
 
         byte_count = Signal(32)
         # byte_count < expected, kept in a register beside byte_count (it gates the memory's write port, where a

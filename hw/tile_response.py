@@ -16,9 +16,6 @@ Contract:
 - Backpressure: ``m_axis_tready`` low holds the beat; nothing is lost or repeated.
 - Memory: ``rd_addr`` is the address of the word to read next, ``rd_data`` the block RAM's output a cycle
   after its address (the tile chooses whose address reaches the block RAM).
-- ``header_last`` is one register with two roles that never overlap: from a header's intake to the tile's
-  check, ``capture_last`` writes ``tlast`` into it (the frame ended with the header's last beat); in the
-  header phase it marks the last header beat (set by ``start`` and the header beats).
 
 Why the word register: the response's memory words leave the block RAM into a register (the word whose beats
 are being sent) and the block RAM already holds the next one at its output: the beats are selected from a
@@ -62,7 +59,6 @@ class ResponseStreamer(wiring.Component):
         super().__init__({
             "header": In(8 * regmap.HEADER_BYTES), "has_payload": In(1), "rows": In(1), "info": In(1),
             "start": In(1), "words": In(range(mem_words + 1)), "base": In(range(mem_words + 1)),
-            "capture_last": In(1), "tlast": In(1), "header_last": Out(1),
             "send_header": In(1), "send_info": In(1), "send_words": In(1), "send_row": In(1), "row_last": In(1),
             "pack": In(1), "pack_clear": In(1), "value": In(8 * out_bytes), "beat_full": Out(1),
             "beat": Out(1), "header_done": Out(1), "info_done": Out(1), "words_done": Out(1),
@@ -86,10 +82,7 @@ class ResponseStreamer(wiring.Component):
         m_beat = resp_valid & resp_ready
         m.d.comb += self.beat.eq(m_beat)
 
-        header_last = Signal()
-        m.d.comb += self.header_last.eq(header_last)
-        with m.If(self.capture_last):
-            m.d.sync += header_last.eq(self.tlast)
+        header_last = Signal()   # the header phase's last beat is presented (set by start and the beats)
         resp_beat = Signal(range(HB + 1))
         resp_word = Signal(range(mem_words + 1))
         resp_last_word = Signal(signed(len(Const(mem_words)) + 1))

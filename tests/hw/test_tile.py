@@ -150,9 +150,12 @@ ONE_BEAT = TileParams(lanes=16, stream_width=128, local_memory_bytes=8192, heads
 @pytest.mark.parametrize("params", [SMALL, ONE_BEAT, pytest.param(WIDE, marks=pytest.mark.slow), WIDE_PROFILE],
                          ids=["32bit-8lanes", "128bit-16lanes", "128bit-32lanes", "wide-profile"])
 def test_every_command_fault_and_reset_matches_the_model(params, rng):
+    """The session's frames are sent back to back, without waiting for responses (the tile takes a frame in
+    while a DECODE job computes: every command, fault and register read behind a DECODE must still answer as
+    the model does, in order); then the reset session, frame by frame."""
     frames = session(params, rng)
     reset_frames, kinds = reset_session(params, rng)
-    result = run_frames(params, frames + reset_frames, [tb_tile.KIND_FRAME] * len(frames) + kinds)
+    result = run_frames(params, frames + reset_frames, [tb_tile.KIND_PIPELINED] * len(frames) + kinds)
     responses = [regmap.unpack_response(r) for r in tb_tile.unpack_responses(result.outputs)]
     assert len(responses) == len(frames) + len(reset_frames) - 1  # the frame cut by the reset has none
     after_reset = responses[len(frames) + params.heads + 2:]

@@ -92,8 +92,12 @@ def test_decode_tokens_are_bit_exact_and_cycle_exact(tile_sim, reference):
     assert result["cycles_ok"] and not result["timeout"] and result["error"] == 0
     rng = np.random.default_rng([3, 1])
     configs = [run_soma.random_config(rng, SMALL_TILE) for _ in range(SMALL_TILE.heads)]
-    per_frame = expected_decode_cycles(SMALL_TILE, configs) + run_soma.FRAME_SLICE_CYCLES
-    assert result["cycles"] == result["expected_cycles"] == 40 * per_frame
+    # A CYCLES_LAST read after every 10th token: tokens 0, 10, 20 and 30 on their own (behind a CONFIGURE_HEAD
+    # or a REG_READ), the other 36 behind a DECODE frame, taken in while it computed (SMALL_TILE has the room).
+    alone = expected_decode_cycles(SMALL_TILE, configs) + run_soma.FRAME_SLICE_CYCLES
+    behind = expected_decode_cycles(SMALL_TILE, configs, behind=True)
+    assert regmap.ahead_bytes(SMALL_TILE) > 0 and behind < alone
+    assert result["cycles"] == result["expected_cycles"] == 4 * alone + 36 * behind
 
 
 def test_decode_tokens_are_bit_exact_under_idles_and_backpressure(tile_sim):
