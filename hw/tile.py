@@ -22,8 +22,10 @@ Contract:
   then sends the response at one beat per cycle. A DECODE frame runs as a job (its heads, then its response)
   beside the intake: from its EXECUTE on, the tile takes the next frame in. A following DECODE frame that
   passes its checks takes its payload at once (into a second q, k, v area where the local memory has room,
-  ``regmap.ahead_bytes``; else once the job is done) and executes as the job ends; any other frame waits at
-  its check, ``s_axis_tready`` low, until the job is done. Responses leave in frame order. While the decode
+  ``regmap.ahead_bytes``; else once the job is done) and executes as the job's heads end and its response's
+  header has left: the response's payload streams from an output buffer while the next job computes. Any
+  other frame waits at its check, ``s_axis_tready`` low, until the job and its response are done. Responses
+  leave in frame order. While the decode
   unit writes the local memory (its WRITE and STORE phases) ``s_axis_tready`` is low. CYCLES_LAST counts a
   command's cycles from its first header beat, or from the cycle after the previous command's last response
   beat if that is later, through its own last response beat. :func:`expected_decode_cycles` gives that count
@@ -77,21 +79,27 @@ def stream_ports(stream_width: int) -> dict:
 
 def decode_frame_phases(params: TileParams, configs, *, behind: bool = False) -> dict[str, int]:
     """The parts of :func:`expected_decode_cycles`: ``intake`` (header beats, ``CHECK_SETTLE`` settle cycles
-    and a check cycle, payload beats; ``behind`` a DECODE frame: only the part after that frame's job ended, 0
-    where the tile has the second q, k, v area of ``regmap.ahead_bytes``, else the check cycle and the payload
-    beats), ``execute`` (one cycle and, per head, a start cycle), one entry per head (``head0``, ...:
-    :func:`somatile.hw.soma.expected_cycles` of its config) and ``respond`` (header and payload beats, and the
-    streamer's ``header_wait``)."""
+    and a check cycle, payload beats), ``execute`` (one cycle and, per head, a start cycle), one entry per head
+    (``head0``, ...: :func:`somatile.hw.soma.expected_cycles` of its config) and ``respond`` (header and
+    payload beats, and the streamer's ``header_wait``).
+
+    ``behind`` a DECODE frame, from the end of that frame's response: the frame executes once that frame's
+    heads are done and its response's header has left (the payload streams while this frame computes). With
+    the second q, k, v area of ``regmap.ahead_bytes`` the intake is done by then: ``intake`` 0 and
+    ``respond`` the header's cycles; without it the check cycle and the payload beats follow the heads'
+    end (``intake``), and the header's cycles count only as far as they outlast them (``respond``)."""
     sb, count = params.stream_bytes, len(configs)
     header = regmap.HEADER_BYTES // sb
     payload = 3 * params.head_dim * count // sb
+    respond = header + header_wait(params)
     if not behind:
-        intake = header + CHECK_SETTLE + 1 + payload
+        intake, respond = header + CHECK_SETTLE + 1 + payload, respond + regmap.decode_out_bytes(params) * count // sb
     else:
         intake = 0 if regmap.ahead_bytes(params) else 1 + payload
+        respond = max(respond - intake, 0)
     return {"intake": intake, "execute": 1 + count,
             **{f"head{h}": expected_cycles(params, c.normaliser, c.hccs_mode) for h, c in enumerate(configs)},
-            "respond": header + header_wait(params) + regmap.decode_out_bytes(params) * count // sb}
+            "respond": respond}
 
 
 def expected_decode_cycles(params: TileParams, configs, *, behind: bool = False) -> int:
@@ -110,7 +118,8 @@ def expected_decode_cycles(params: TileParams, configs, *, behind: bool = False)
     ``behind``: the frame follows a DECODE frame in the stream and was taken in while that frame's job ran (at
     full rate it always is: a job outlasts a frame's intake). It counts from the cycle after the previous
     response's last beat, so that back to back this is the tile's period per DECODE frame: the execute cycle,
-    the heads and the response, plus, without the second q, k, v area, the check cycle and the payload."""
+    the heads and the response's header (its payload streams out while the next frame computes); without the
+    second q, k, v area, the check cycle and the payload too (see :func:`decode_frame_phases`)."""
     return sum(decode_frame_phases(params, configs, behind=behind).values())
 
 
@@ -151,6 +160,13 @@ class Tile(wiring.Component):
         # The response (hw/tile_response.py): header beats, then memory words, the INFO words or HCCS rows.
         m.submodules.response = resp = ResponseStreamer(p, info, out_bytes)
         seq = _Sequencer(m, self, front, heads, payload, resp, dec, rows)
+        # The DECODE jobs' outputs, two halves used in turn: the decode unit's output words (dec.wr_out) go
+        # here as they go to local memory, and the job's response reads them here, so that it needs no local
+        # memory read while the next job computes.
+        obuf, obuf_rd = block_ram(m, "out_buffer", unsigned(8 * p.word_bytes), 2 * seq.obuf_half)
+        obuf_wr = obuf.write_port()
+        m.d.comb += [obuf_wr.addr.eq(seq.obuf_fill), obuf_wr.data.eq(dec.wr_data), obuf_wr.en.eq(dec.wr_out),
+                     obuf_rd.addr.eq(resp.rd_addr)]
 
         fields = front.header
         # The header head's parameters (the HCCS rule check reads three of them; the decode unit's parameters
@@ -170,7 +186,7 @@ class Tile(wiring.Component):
                                         seq.resp_length, seq.resp_result, Const(0, 32))),
                      resp.has_payload.eq(seq.resp_has_payload), resp.rows.eq(seq.hccs_active),
                      # (the job's DECODE response may stream while the next frame's header is decoded)
-                     resp.info.eq(seq.is_op[Opcode.INFO] & ~seq.job_busy), resp.rd_data.eq(rd.data),
+                     resp.info.eq(seq.is_op[Opcode.INFO] & ~seq.resp_busy), resp.rd_data.eq(Mux(seq.from_buffer, obuf_rd.data, rd.data)),
                      resp.m_axis_tready.eq(self.m_axis_tready), self.m_axis_tdata.eq(resp.m_axis_tdata),
                      self.m_axis_tvalid.eq(resp.m_axis_tvalid), self.m_axis_tlast.eq(resp.m_axis_tlast),
                      self.error.eq(seq.error_latched)]
@@ -216,11 +232,14 @@ class Tile(wiring.Component):
             seq.execute_states(registers.value)
             seq.response_states()
             seq.hccs_states()
-        # The DECODE job (its heads and its response) runs beside the frame state machine, which meanwhile takes
-        # the next frame. Written after it: the job's end restarts cycles_run, also over a first header beat.
+        # The DECODE job (its heads) and its response run beside the frame state machine, which meanwhile takes
+        # the next frame. Written after it: the response's end restarts cycles_run, also over a first header
+        # beat, and the next job's count.
         with m.FSM(name="job") as job:
             m.d.comb += heads.decoding.eq(job.ongoing("DECODE") | job.ongoing("DECODE_NEXT"))
             seq.job_states()
+        with m.FSM(name="job_response"):
+            seq.job_response_states()
         return m
 
 
@@ -284,20 +303,36 @@ class _Sequencer:
         # The DECODE job (job_states): busy from its EXECUTE through its response's last beat. It counts its
         # own cycles (job_cycles, cycles_run's value had the frame state machine not moved on) and finishes
         # through job_finished as finish() does through finished.
-        self.job_busy = Signal()
+        self.job_busy = Signal()    # the job's heads (EXECUTE through the hand-off to its response)
         self.job_kick = Signal()
         self.job_cycles = Signal(32)
-        self.job_finished = Signal()
         self.out_words = Signal(range(mem_words + 1))  # the job's response words (the header's, at EXECUTE)
-        m.d.sync += [self.job_cycles.eq(self.job_cycles + 1), self.job_finished.eq(0)]
-        with m.If(self.finished | self.job_finished):
-            m.d.sync += [self.cycles_last.eq(Mux(self.job_finished, self.job_cycles, self.cycles_run)),
+        # Its response: resp_busy from the hand-off through the last beat, resp_in_header while its header
+        # leaves (the next job's EXECUTE rewrites the response's fields, so it waits for the header), its
+        # own count (resp_cycles, job_cycles' at the hand-off), resp_finished as finished.
+        self.resp_busy, self.resp_in_header, self.resp_kick = Signal(), Signal(), Signal()
+        self.resp_cycles = Signal(32)
+        self.resp_finished = Signal()
+        # The output buffer: two halves of every head's output words; obuf_fill is where the decode unit's next
+        # output word goes, from_buffer: the streamer's words come from the buffer (a job's response).
+        self.obuf_half = p.heads * output_words(p)
+        self.obuf_fill = Signal(range(2 * self.obuf_half))
+        self.obuf_next = Signal()   # the half of the next job
+        self.obuf_base = Signal(range(2 * self.obuf_half))   # the running job's half
+        self.from_buffer = Signal()
+        with m.If(dec.wr_out):
+            m.d.sync += self.obuf_fill.eq(self.obuf_fill + 1)
+        m.d.sync += [self.job_cycles.eq(self.job_cycles + 1), self.resp_cycles.eq(self.resp_cycles + 1),
+                     self.resp_finished.eq(0)]
+        with m.If(self.finished | self.resp_finished):
+            m.d.sync += [self.cycles_last.eq(Mux(self.resp_finished, self.resp_cycles, self.cycles_run)),
                          self.commands.eq(self.commands + 1)]
-        # A frame other than a clean DECODE waits at its check (or its BAD_END) until the job is done and its
-        # counters are readable: job_busy, or a job that finished less than the register reader's latency ago.
+        # A frame other than a clean DECODE waits at its check (or its BAD_END) until the job and its response
+        # are done and the counters readable: busy, or done less than the register reader's latency ago.
+        busy = self.job_busy | self.resp_busy
         tail = Signal(VALUE_LATENCY + 1)
-        m.d.sync += tail.eq(Cat(self.job_busy, tail[:-1]))
-        self.job_active = self.job_busy | reg(m, tail.any(), "job_tail")
+        m.d.sync += tail.eq(Cat(busy, tail[:-1]))
+        self.job_active = busy | reg(m, tail.any(), "job_tail")
         # The header's last beat came with tlast (the frame has no payload), from HEADER to the check.
         self.header_last = Signal()
 
@@ -423,6 +458,7 @@ class _Sequencer:
 
     def start_response(self, words=0, base=0):
         self.m.d.comb += [self.resp.start.eq(1), self.resp.words.eq(words), self.resp.base.eq(base)]
+        self.m.d.sync += self.from_buffer.eq(0)
         self.goto("RESPOND_HEADER")
 
     def finish(self):
@@ -558,8 +594,8 @@ class _Sequencer:
         start_response, set_length = self.start_response, self.set_length
         dw = p.head_dim // p.word_bytes
         with self.state("EXECUTE"):
-            with m.If(self.job_busy):
-                pass   # a DECODE frame received while the previous DECODE job runs waits for its end
+            with m.If(self.job_busy | self.resp_in_header):
+                pass   # a DECODE frame taken in while the previous job ran waits for its heads and header
             with m.Elif(is_op[Opcode.INFO]):
                 set_length(self.resp.info_beats * p.stream_bytes, self.resp.info_beats > 0)
                 start_response()
@@ -595,7 +631,10 @@ class _Sequencer:
                              self.dec_out_base.eq(self.out_word), self.area_next.eq(~area if self.ahead else 0),
                              self.resp_opcode.eq(Opcode.DECODE), self.resp_head.eq(front.header.head),
                              self.resp_error.eq(0), self.resp_result.eq(0), self.out_words.eq(front.decode_out_words),
-                             self.job_busy.eq(1), self.job_cycles.eq(self.cycles_run + 1)]
+                             self.job_busy.eq(1), self.job_cycles.eq(self.cycles_run + 1),
+                             self.obuf_fill.eq(Mux(self.obuf_next, self.obuf_half, 0)),
+                             self.obuf_base.eq(Mux(self.obuf_next, self.obuf_half, 0)),
+                             self.obuf_next.eq(~self.obuf_next)]
                 set_length(front.decode_out_bytes, front.decode_out_nonzero)
                 m.d.comb += [self.job_kick.eq(1), front.restart.eq(1)]
                 self.goto("HEADER")
@@ -607,10 +646,9 @@ class _Sequencer:
                 start_response()
 
     def job_states(self):
-        """The DECODE job: its heads one after the other through the decode unit, then its response (header and
-        output words). It starts in the frame's EXECUTE cycle (job_kick) and ends with the response's last
-        beat, restarting cycles_run: the next frame's CYCLES_LAST counts from the cycle after, or from its
-        first header beat if that is later."""
+        """The DECODE job: its heads one after the other through the decode unit, then the hand-off of its
+        response to :meth:`job_response_states` (at once, or when the previous job's response is done). It
+        starts in the frame's EXECUTE cycle (job_kick)."""
         m, dec, p = self.m, self.dec, self.p
         dw = p.head_dim // p.word_bytes
         with m.State("IDLE"):
@@ -623,18 +661,41 @@ class _Sequencer:
             with m.If(dec.done):
                 m.d.sync += self.tokens.eq(self.tokens + 1)
                 with m.If(self.cur_is_last):
-                    m.d.comb += [self.resp.start.eq(1), self.resp.words.eq(self.out_words),
-                                 self.resp.base.eq(self.out_word)]
-                    m.next = "RESPOND_HEADER"
+                    with m.If(self.resp_busy):
+                        m.next = "HAND_OFF"
+                    with m.Else():
+                        self.hand_off()
                 with m.Else():
                     m.d.sync += [self.cur.eq(self.cur_next),
                                  self.dec_state_base.eq(self.dec_state_base + self.state_words),
                                  self.dec_stage_base.eq(self.dec_stage_base + 3 * dw),
                                  self.dec_out_base.eq(self.dec_out_base + output_words(p))]
                     m.next = "DECODE_NEXT"
+        with m.State("HAND_OFF"):
+            with m.If(~self.resp_busy):
+                self.hand_off()
+
+    def hand_off(self):
+        """The job's response starts (from its half of the output buffer); the job is done."""
+        m = self.m
+        m.d.comb += [self.resp.start.eq(1), self.resp.words.eq(self.out_words), self.resp.base.eq(self.obuf_base),
+                     self.resp_kick.eq(1)]
+        m.d.sync += [self.from_buffer.eq(1), self.job_busy.eq(0), self.resp_busy.eq(1), self.resp_in_header.eq(1),
+                     self.resp_cycles.eq(self.job_cycles + 1)]
+        m.next = "IDLE"
+
+    def job_response_states(self):
+        """A DECODE job's response (header and output words) while the next job may compute. Its last beat
+        restarts cycles_run and job_cycles: the next frame's CYCLES_LAST counts from the cycle after, or from
+        its first header beat if that is later."""
+        m = self.m
+        with m.State("IDLE"):
+            with m.If(self.resp_kick):
+                m.next = "RESPOND_HEADER"
         with m.State("RESPOND_HEADER"):
             m.d.comb += self.resp.send_header.eq(1)
             with m.If(self.resp.header_done):
+                m.d.sync += self.resp_in_header.eq(0)
                 with m.If(self.resp_has_payload):
                     m.next = "RESPOND_WORDS"
                 with m.Else():
@@ -645,7 +706,8 @@ class _Sequencer:
                 self.job_finish()
 
     def job_finish(self):
-        self.m.d.sync += [self.job_finished.eq(1), self.job_busy.eq(0), self.cycles_run.eq(0)]
+        self.m.d.sync += [self.resp_finished.eq(1), self.resp_busy.eq(0), self.resp_in_header.eq(0),
+                          self.cycles_run.eq(0), self.job_cycles.eq(0)]
         self.m.next = "IDLE"
 
     def response_states(self):

@@ -85,19 +85,36 @@ def decode_job(tile_sim, tokens, traffic=(0.0, 0.0), reference="spec"):
             "reference": reference, "build": tile_sim, "idle": traffic[0], "backpressure": traffic[1]}
 
 
-@pytest.mark.parametrize("reference", ["spec", "emu"])
-def test_decode_tokens_are_bit_exact_and_cycle_exact(tile_sim, reference):
-    result = run_soma.decode_job(decode_job(tile_sim, 40, reference=reference))
+def exact_decode_run(params, job) -> tuple[int, int, int]:
+    """Run a full-rate decode job on ``params``: bit-exact, cycle-exact, no timeout, error output low. Returns
+    its port cycles and the formula's per frame on its own and behind another DECODE frame."""
+    result = run_soma.decode_job(dict(job, params=dataclasses.asdict(params)))
     assert result["mismatches"] == 0, result["first"]
     assert result["cycles_ok"] and not result["timeout"] and result["error"] == 0
-    rng = np.random.default_rng([3, 1])
-    configs = [run_soma.random_config(rng, SMALL_TILE) for _ in range(SMALL_TILE.heads)]
+    assert result["cycles"] == result["expected_cycles"]
+    rng = np.random.default_rng(job["seed"])
+    configs = [run_soma.random_config(rng, params) for _ in range(params.heads)]
+    return (result["cycles"], expected_decode_cycles(params, configs) + run_soma.FRAME_SLICE_CYCLES,
+            expected_decode_cycles(params, configs, behind=True))
+
+
+@pytest.mark.parametrize("reference", ["spec", "emu"])
+def test_decode_tokens_are_bit_exact_and_cycle_exact(tile_sim, reference):
+    cycles, alone, behind = exact_decode_run(SMALL_TILE, decode_job(tile_sim, 40, reference=reference))
     # A CYCLES_LAST read after every 10th token: tokens 0, 10, 20 and 30 on their own (behind a CONFIGURE_HEAD
     # or a REG_READ), the other 36 behind a DECODE frame, taken in while it computed (SMALL_TILE has the room).
-    alone = expected_decode_cycles(SMALL_TILE, configs) + run_soma.FRAME_SLICE_CYCLES
-    behind = expected_decode_cycles(SMALL_TILE, configs, behind=True)
     assert regmap.ahead_bytes(SMALL_TILE) > 0 and behind < alone
-    assert result["cycles"] == result["expected_cycles"] == 4 * alone + 36 * behind
+    assert cycles == 4 * alone + 36 * behind
+
+
+def test_a_tile_without_room_for_a_second_qkv_area_is_cycle_exact_back_to_back():
+    """SMALL_TILE with a longer ring in 2 KiB: the heads' state and the staging area fit, a second q, k, v area
+    does not, so a DECODE frame behind another takes its payload only once that one's heads are done (the
+    other branch of the tile's check and of ``decode_frame_phases``)."""
+    params = dataclasses.replace(SMALL_TILE, ring=9, local_memory_bytes=2048)
+    assert regmap.ahead_bytes(params) == 0
+    cycles, alone, behind = exact_decode_run(params, decode_job(run_soma.harness_build(params), 12))
+    assert cycles == 2 * alone + 10 * behind   # tokens 0 and 10 on their own
 
 
 def test_decode_tokens_are_bit_exact_under_idles_and_backpressure(tile_sim):
