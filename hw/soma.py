@@ -10,7 +10,8 @@ It is built for the tile's profile (``TileParams.profile``, docs/numerics.md "Tw
 ``regmap.decode_out_bytes``); the wide profile changes steps 3, 4 and the output's saturation below and
 nothing else. One step, per head (docs/numerics.md, section Soma, is the contract):
 
-1. LOAD: q, k, v, the field and the gate field into LUT RAMs (ElementRam), the counters into registers.
+1. LOAD: q, k, v and the gate field into LUT RAMs (ElementRam), the counters into registers; the field (read
+   first in step 5) follows as step 4 begins, while the read port is idle.
 2. WRITE (first when ``include_self``, else after step 5): k and v into the next sink slot or the ring.
 3. SCORES: ``q . K[n]`` for every one of the ``sinks + ring`` slots, ``mac_lanes`` int8 MACs per cycle, then
    ``x = sat(rshift_round(score * score_mult, score_shift) - recency_int * distance)`` to int8 (wide: int16;
@@ -1112,9 +1113,11 @@ class StateMover(wiring.Component):
     phase's level (``loading``, ``writing``, ``storing``) through its last cycle, which the unit marks:
 
     - LOAD (:meth:`load_cycles`, ``load_done`` in the last): 3 w words of q, k, v from ``stage_base`` (sampled at
-      ``begin_load``), then the field, the gate field (2 w each) and the counters (one word) from the state's
-      field; each word goes, :data:`READ_LATENCY` cycles after its address, into its register file
-      (``q_load`` ... ``gate_field_load``, :func:`word_write_layout`) or into ``counters``.
+      ``begin_load``), then the gate field (2 w) and the counters (one word) from the state; each word goes,
+      :data:`READ_LATENCY` cycles after its address, into its register file (``q_load`` ... ``gate_field_load``,
+      :func:`word_write_layout`) or into ``counters``. The field's 2 w words follow ``begin_field`` (a pulse,
+      one word a cycle into ``field_load``) in a phase of their own: the sequencer sends it as NORMALISE begins,
+      when the read port is idle, and the field is first read in FINAL, after a weighted sum.
     - WRITE (:meth:`write_cycles`, ``write_last`` in the last): k and v (read through ``k``, ``v``) into the next
       sink slot while step < sinks, else the ring's slot ``write_pos``; the counters advance in the last cycle
       (write_pos and fill only past the sinks, every count saturating as ``soma.COUNTER_MAX`` says).
@@ -1133,7 +1136,7 @@ class StateMover(wiring.Component):
         self.params, self.mem_words = params, mem_words
         word_bits = 8 * params.word_bytes
         super().__init__({
-            "begin_load": In(1), "begin_write": In(1), "begin_store": In(1),
+            "begin_load": In(1), "begin_field": In(1), "begin_write": In(1), "begin_store": In(1),
             "loading": In(1), "writing": In(1), "storing": In(1),
             "load_done": Out(1), "write_last": Out(1), "store_done": Out(1),
             "state_base": In(range(mem_words)), "stage_base": In(range(mem_words)), "out_base": In(range(mem_words)),
@@ -1151,8 +1154,9 @@ class StateMover(wiring.Component):
 
     @staticmethod
     def load_cycles(params: TileParams) -> int:
-        """LOAD: 7 w + 1 addresses (w = head_dim / word), the last word's read, and the cycle that ends it."""
-        return 7 * (params.head_dim // params.word_bytes) + 2 + READ_LATENCY
+        """LOAD: 5 w + 1 addresses (w = head_dim / word), the last word's read, and the cycle that ends it (the
+        field's 2 w words are loaded during NORMALISE)."""
+        return 5 * (params.head_dim // params.word_bytes) + 2 + READ_LATENCY
 
     @staticmethod
     def write_cycles(params: TileParams) -> int:
@@ -1174,6 +1178,7 @@ class StateMover(wiring.Component):
             m.d.comb += self.rows[region].eq(reg(m, self.state_base + layout[region], f"{region}_row",
                                                  range(self.mem_words)))
         state_row = reg(m, self.state_base + layout["field"], "state_row", range(self.mem_words))
+        self.gate_row = reg(m, self.state_base + layout["gate_field"], "gate_row", range(self.mem_words))
         # LOAD's count ends at load_cycles - 1, STORE's after its last word at store_cycles.
         counter = Signal(range(max(self.load_cycles(p) - 1, self.store_cycles(p)) + 1))
         self.load(m, counter, state_row, (write_pos, fill, step))
@@ -1185,14 +1190,15 @@ class StateMover(wiring.Component):
         return m
 
     def load(self, m, counter, state_row, counters):
-        """LOAD reads two runs of consecutive addresses (from stage_base, then from the field's), so the address
-        advances in a register. The word addressed in cycle i arrives in cycle i + READ_LATENCY with a one-hot
-        tag naming its register file (None: the counters); each file's words arrive in order and are written at
-        load_word, which restarts at 0 after a file's last word."""
+        """LOAD reads two runs of consecutive addresses (from stage_base, then from the gate field's), so the
+        address advances in a register; the field's run follows begin_field. The word addressed in cycle i
+        arrives in cycle i + READ_LATENCY with a one-hot tag naming its register file (None: the counters); each
+        file's words arrive in order and are written at load_word, which restarts at 0 after a file's last
+        word."""
         words = self.params.head_dim // self.params.word_bytes
         targets = [(self.q_load, words), (self.k_load, words), (self.v_load, words), (self.field_load, 2 * words),
                    (self.gate_field_load, 2 * words), None]
-        load_targets = [0] * words + [1] * words + [2] * words + [3] * (2 * words) + [4] * (2 * words) + [5]
+        load_targets = [0] * words + [1] * words + [2] * words + [4] * (2 * words) + [5]
         load_addr = Signal(range(self.mem_words))
         load_word = Signal(range(2 * words))
         with m.If(self.begin_load):
@@ -1213,8 +1219,17 @@ class StateMover(wiring.Component):
                     with m.Case(i):
                         m.d.comb += [self.rd_addr.eq(load_addr), load_tag.eq(1 << target)]
             m.d.sync += [counter.eq(counter + 1),
-                         load_addr.eq(Mux(counter == 3 * words - 1, state_row, load_addr + 1))]
+                         load_addr.eq(Mux(counter == 3 * words - 1, self.gate_row, load_addr + 1))]
             m.d.comb += self.load_done.eq(counter == len(load_targets) + READ_LATENCY)
+        # The field's run: 2 w addresses from the field's first word, one a cycle, with its own count (LOAD's
+        # counter is STORE's too).
+        field_left = Signal(range(2 * words + 1))
+        field_addr = Signal(range(self.mem_words))
+        with m.If(self.begin_field):
+            m.d.sync += [field_left.eq(2 * words), field_addr.eq(state_row)]
+        with m.If(field_left != 0):
+            m.d.comb += [self.rd_addr.eq(field_addr), load_tag.eq(1 << 3)]
+            m.d.sync += [field_left.eq(field_left - 1), field_addr.eq(field_addr + 1)]
 
     def write(self, m, counters):
         """WRITE: the slot's addresses (both candidates and the comparison in registers, valid in WRITE: LOAD
@@ -1602,6 +1617,7 @@ class SomaDecode(wiring.Component):
                         m.d.sync += c_issue.eq(c_issue + 1)
                 with m.If(row.end):
                     m.d.sync += norm_busy.eq(1)
+                    m.d.comb += mover.begin_field.eq(1)
                     issue.begin(PHASE_GATE)
                     m.d.comb += gate.restart.eq(1)
                     if p.profile == "paper":
