@@ -1338,7 +1338,7 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
 
     Depends on ring, sinks, head_dim, lanes (``mac_lanes = min(lanes, head_dim)`` and the local-memory word
     ``max(16, mac_lanes)`` bytes), hccs_lanes, the profile and (paper) the normaliser only; not on the sequence
-    position or the fill level. Each phase is the latency its stage states: LOAD ``7 w + 5``
+    position or the fill level. Each phase is the latency its stage states: LOAD ``5 w + 5``
     (w = head_dim / word) and WRITE ``2 w`` (:meth:`StateMover.load_cycles`, :meth:`StateMover.write_cycles`),
     SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
     N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
