@@ -277,7 +277,8 @@ class _Sequencer:
         # ULX3S tile's worst routes without rip-up).
         # While the decode unit is in a writing phase (dec.writes) the intake holds its beats: a payload beat's
         # write would meet the unit's at the memory's one write port (a DECODE job runs beside the intake).
-        m.d.comb += tile.s_axis_tready.eq(self.accepting & ~dec.writes)
+        m.d.comb += [tile.s_axis_tready.eq(self.accepting & ~dec.writes),
+                     resp.send_header.eq(self.sending_header), resp.send_words.eq(self.sending_words)]
         self.s_beat = tile.s_axis_tvalid & ~dec.writes
         m.d.comb += [front.beat.eq(self.s_beat & self.at_header), payload.beat.eq(self.s_beat & self.at_payload)]
         self.settle = Signal(range(max(CHECK_SETTLE, CONFIG_SETTLE) + 1))
@@ -395,8 +396,12 @@ class _Sequencer:
         # The row's last element, padding included (the row unit takes the padding, masked).
         self.n_pad_last = reg(m, front.n_pad - 1, "n_pad_last", range(regmap.padded(p.n_max)))
 
-    # The intake flags and the states they stand for (see ``accepting``).
-    FLAG_STATES = {"at_header": ("HEADER",), "at_payload": ("PAYLOAD",), "accepting": ("HEADER", "PAYLOAD", "DRAIN")}
+    # The flags kept beside the state and the states they stand for: the intake's (see ``accepting``), and the
+    # response phases the streamer is told (the DECODE job's response machine sets them too: decoded from the
+    # two machines' states, they began the ULX3S tile's longest path without rip-up, through the streamer's
+    # done signals back into the frame state machine).
+    FLAG_STATES = {"at_header": ("HEADER",), "at_payload": ("PAYLOAD",), "accepting": ("HEADER", "PAYLOAD", "DRAIN"),
+                   "sending_header": ("RESPOND_HEADER",), "sending_words": ("RESPOND_WORDS",)}
 
     @contextmanager
     def state(self, name: str):
@@ -407,7 +412,7 @@ class _Sequencer:
         self.here = None
 
     def goto(self, state: str):
-        """The state machine's next state, and the intake flags that go with it: a flag is written only where
+        """The state machine's next state, and the flags that go with it: a flag is written only where
         the transition changes it (entering or leaving its states; it is low in the reset state CLEAR), so each
         flag's next value depends on the few transitions that touch it, not on every state's."""
         for flag, states in self.FLAG_STATES.items():
@@ -681,7 +686,7 @@ class _Sequencer:
         m.d.comb += [self.resp.start.eq(1), self.resp.words.eq(self.out_words), self.resp.base.eq(self.obuf_base),
                      self.resp_kick.eq(1)]
         m.d.sync += [self.from_buffer.eq(1), self.job_busy.eq(0), self.resp_busy.eq(1), self.resp_in_header.eq(1),
-                     self.resp_cycles.eq(self.job_cycles + 1)]
+                     self.resp_cycles.eq(self.job_cycles + 1), self.sending_header.eq(1)]
         m.next = "IDLE"
 
     def job_response_states(self):
@@ -693,28 +698,27 @@ class _Sequencer:
             with m.If(self.resp_kick):
                 m.next = "RESPOND_HEADER"
         with m.State("RESPOND_HEADER"):
-            m.d.comb += self.resp.send_header.eq(1)
             with m.If(self.resp.header_done):
-                m.d.sync += self.resp_in_header.eq(0)
+                m.d.sync += [self.resp_in_header.eq(0), self.sending_header.eq(0)]
                 with m.If(self.resp_has_payload):
+                    m.d.sync += self.sending_words.eq(1)
                     m.next = "RESPOND_WORDS"
                 with m.Else():
                     self.job_finish()
         with m.State("RESPOND_WORDS"):
-            m.d.comb += self.resp.send_words.eq(1)
             with m.If(self.resp.words_done):
                 self.job_finish()
 
     def job_finish(self):
         self.m.d.sync += [self.resp_finished.eq(1), self.resp_busy.eq(0), self.resp_in_header.eq(0),
-                          self.cycles_run.eq(0), self.job_cycles.eq(0)]
+                          self.sending_header.eq(0), self.sending_words.eq(0), self.cycles_run.eq(0),
+                          self.job_cycles.eq(0)]
         self.m.next = "IDLE"
 
     def response_states(self):
         """The response's header, then its INFO or memory words (an HCCS response goes on in hccs_states)."""
         m, resp, finish = self.m, self.resp, self.finish
         with self.state("RESPOND_HEADER"):
-            m.d.comb += resp.send_header.eq(1)
             with m.If(resp.header_done):
                 with m.If(~self.resp_has_payload):
                     finish()
@@ -731,7 +735,6 @@ class _Sequencer:
             with m.If(resp.info_done):
                 finish()
         with self.state("RESPOND_WORDS"):
-            m.d.comb += resp.send_words.eq(1)
             with m.If(resp.words_done):
                 finish()
 
