@@ -10,11 +10,12 @@ accepts the next frame as soon as the target tile is ready, while earlier tiles 
 
 Ports: as :class:`somatile.hw.tile.Tile` (``s_axis_*``, ``m_axis_*``, ``error`` = any tile's error).
 Throughput: one beat per cycle in and out; responses wait for the tiles in arrival order (a FIFO of up to
-``FRAMES_PER_TILE * n_tiles`` frames in flight: a tile takes the next frame in while it computes). Latency: a tile's own, plus one cycle in (each tile is fed through its own
-register slice, hw/pipe.py ``skid_buffer``) and one cycle out (one register slice after the response
-multiplexer). Why: on the ULX3S two-tile array the input beat reached both tiles' header and write-data
-registers directly, a route across the die longer than a clock period; with a slice per tile, a copy of the
-beat sits beside each tile, and no ready travels combinationally between the ports and a tile.
+``FRAMES_PER_TILE * n_tiles`` frames in flight: a tile takes the next frame in while it computes). Latency: a
+tile's own, plus one cycle in (each tile is fed through its own register slice, hw/pipe.py ``skid_buffer``)
+and one cycle out (one register slice after the response multiplexer). Why: on the ULX3S two-tile array the
+input beat reached both tiles' header and write-data registers directly, a route across the die longer than a
+clock period; with a slice per tile, a copy of the beat sits beside each tile, and no ready travels
+combinationally between the ports and a tile.
 """
 
 from __future__ import annotations

@@ -1388,8 +1388,8 @@ class SomaDecode(wiring.Component):
     outputs come from registers. ``busy`` is high from the cycle after ``start`` through the ``done`` cycle
     (the last store is written in the done cycle); while it is high the unit owns the read port, and the write
     port in the cycles after those with ``writes`` high (a register: the step is in WRITE or STORE, the only
-    phases whose next cycle may write; the tile holds its payload's beats then); ``wr_out`` (beside
-    ``wr_en``) marks the writes of the output's words, :func:`output_words` a head in order from ``out_base``. ``head`` is
+    phases whose next cycle may write; the tile holds its payload's beats then); ``wr_out`` (beside ``wr_en``)
+    marks the writes of the output's words, :func:`output_words` a head in order from ``out_base``. ``head`` is
     sampled at ``start`` and may change from the cycle after it on. ``command`` (:func:`near_field_port`)
     lends the tile's one streaming row unit to the HCCS command while ``command.active`` is high, which the
     tile keeps low from ``start`` through ``done``.

@@ -25,8 +25,8 @@ Contract:
   ``regmap.ahead_bytes``; else once the job is done) and executes as the job's heads end and its response's
   header has left: the response's payload streams from an output buffer while the next job computes. Any
   other frame waits at its check, ``s_axis_tready`` low, until the job and its response are done. Responses
-  leave in frame order. While the decode
-  unit writes the local memory (its WRITE and STORE phases) ``s_axis_tready`` is low. CYCLES_LAST counts a
+  leave in frame order. While the decode unit writes the local memory (its WRITE and STORE phases)
+  ``s_axis_tready`` is low. CYCLES_LAST counts a
   command's cycles from its first header beat, or from the cycle after the previous command's last response
   beat if that is later, through its own last response beat. :func:`expected_decode_cycles` gives that count
   for a DECODE frame of ``count`` heads without stalls, on its own or behind another DECODE frame (the
@@ -178,15 +178,16 @@ class Tile(wiring.Component):
                      heads.select.eq(self.s_axis_tdata[16:16 + heads.index_bits]), heads.block_we.eq(payload.block_we),
                      heads.cur.eq(seq.cur), dec.head.eq(heads.cur_params)]
         wiring.connect(m, front.length, payload.length)
-        m.d.comb += [payload.base.eq(Mux(seq.is_op[Opcode.LOAD_STATE], front.head_words,
-                                         Mux(seq.is_op[Opcode.DECODE] & seq.area_next, seq.ahead_word, seq.stage_word))),
+        decode_area = Mux(seq.is_op[Opcode.DECODE] & seq.area_next, seq.ahead_word, seq.stage_word)
+        m.d.comb += [payload.base.eq(Mux(seq.is_op[Opcode.LOAD_STATE], front.head_words, decode_area)),
                      payload.data.eq(self.s_axis_tdata), payload.to_block.eq(seq.is_op[Opcode.CONFIGURE_HEAD]),
                      payload.check_counters.eq(seq.is_op[Opcode.LOAD_STATE]), payload.clear_from.eq(front.head_words)]
         m.d.comb += [resp.header.eq(Cat(Const(regmap.FRAME_MAGIC, 8), seq.resp_opcode, seq.resp_head, seq.resp_error,
                                         seq.resp_length, seq.resp_result, Const(0, 32))),
                      resp.has_payload.eq(seq.resp_has_payload), resp.rows.eq(seq.hccs_active),
-                     # (the job's DECODE response may stream while the next frame's header is decoded)
-                     resp.info.eq(seq.is_op[Opcode.INFO] & ~seq.resp_busy), resp.rd_data.eq(Mux(seq.from_buffer, obuf_rd.data, rd.data)),
+                     # (a DECODE job's response may stream while the next frame's header is decoded)
+                     resp.info.eq(seq.is_op[Opcode.INFO] & ~seq.resp_busy),
+                     resp.rd_data.eq(Mux(seq.from_buffer, obuf_rd.data, rd.data)),
                      resp.m_axis_tready.eq(self.m_axis_tready), self.m_axis_tdata.eq(resp.m_axis_tdata),
                      self.m_axis_tvalid.eq(resp.m_axis_tvalid), self.m_axis_tlast.eq(resp.m_axis_tlast),
                      self.error.eq(seq.error_latched)]
@@ -301,9 +302,9 @@ class _Sequencer:
         # them settled: it comes CHECK_SETTLE cycles after a header of several beats.
         self.finished = Signal()
         m.d.sync += self.finished.eq(0)
-        # The DECODE job (job_states): busy from its EXECUTE through its response's last beat. It counts its
-        # own cycles (job_cycles, cycles_run's value had the frame state machine not moved on) and finishes
-        # through job_finished as finish() does through finished.
+        # The DECODE job (job_states) counts its own cycles (job_cycles, cycles_run's value had the frame state
+        # machine not moved on) and hands them to its response (job_response_states), which finishes the
+        # command through resp_finished as finish() does through finished.
         self.job_busy = Signal()    # the job's heads (EXECUTE through the hand-off to its response)
         self.job_kick = Signal()
         self.job_cycles = Signal(32)
