@@ -503,8 +503,8 @@ def test_wide_output_stage_writes_int16_outputs(params, case, rng):
 
 
 def run_state_mover(p, memory, bases, files):
-    """LOAD, WRITE and STORE through StateMover, each begun and held as the decode unit's sequencer does (the next
-    phase's begin in the done cycle), the register files' words for WRITE and STORE from ``files``: the words
+    """LOAD, the field's run, WRITE and STORE through StateMover, each begun and held as the decode unit's sequencer
+    does (the next phase's begin in the done cycle), the register files' words for WRITE and STORE from ``files``: the words
     LOAD writes {port: {address: word}}, the memory writes [(address, word, enables)], the counters after LOAD
     and after WRITE, the slot regions' rows and each phase's cycles (its level high through its done cycle)."""
     state_base, stage_base, out_base = bases
@@ -515,8 +515,13 @@ def run_state_mover(p, memory, bases, files):
         m.d.comb += port.data.eq(Array(words)[port.addr])
     loads = {name: {} for name in ("q_load", "k_load", "v_load", "field_load", "gate_field_load")}
     result = dict(loads=loads, writes=[], cycles={}, counters={})
-    phases = [(mover.begin_load, mover.loading, mover.load_done), (mover.begin_write, mover.writing, mover.write_last),
-              (mover.begin_store, mover.storing, mover.store_done)]
+    words = p.head_dim // p.word_bytes
+    # The field's run has no level: the sequencer pulses begin_field (as NORMALISE begins) and its 2 w words
+    # arrive READ_LATENCY cycles after their addresses.
+    field_cycles = 2 * words + READ_LATENCY
+    phases = [("load", mover.begin_load, mover.loading, mover.load_done), ("field", mover.begin_field, None, None),
+              ("write", mover.begin_write, mover.writing, mover.write_last),
+              ("store", mover.begin_store, mover.storing, mover.store_done)]
 
     async def bench(ctx):
         ctx.set(mover.state_base, state_base), ctx.set(mover.out_base, out_base)
@@ -524,15 +529,16 @@ def run_state_mover(p, memory, bases, files):
         await ctx.tick()
         ctx.set(mover.begin_load, 0)
         addresses = [None]
-        for i, (name, (_, level, done)) in enumerate(zip(("load", "write", "store"), phases)):
-            ctx.set(level, 1)
+        for i, (name, _, level, done) in enumerate(phases):
+            if level is not None:
+                ctx.set(level, 1)
             cycles, finished = 0, False
             while not finished:
                 assert cycles < 200, f"{name} never ends"
                 t = len(addresses)
                 if t >= READ_LATENCY and addresses[t - READ_LATENCY] is not None:
                     ctx.set(mover.rd_word, memory[addresses[t - READ_LATENCY]])
-                addresses.append(ctx.get(mover.rd_addr) if name == "load" else None)
+                addresses.append(ctx.get(mover.rd_addr) if name in ("load", "field") else None)
                 for port_name, words in loads.items():
                     port = getattr(mover, port_name)
                     if ctx.get(port.en):
@@ -540,13 +546,14 @@ def run_state_mover(p, memory, bases, files):
                 if ctx.get(mover.wr_en):
                     result["writes"].append((ctx.get(mover.wr_addr), ctx.get(mover.wr_data), ctx.get(mover.wr_en)))
                 cycles += 1
-                finished = bool(ctx.get(done))
+                finished = cycles == field_cycles if done is None else bool(ctx.get(done))
                 if finished and i + 1 < len(phases):
-                    ctx.set(phases[i + 1][0], 1)
+                    ctx.set(phases[i + 1][1], 1)
                 await ctx.tick()
-            ctx.set(level, 0)
+            if level is not None:
+                ctx.set(level, 0)
             if i + 1 < len(phases):
-                ctx.set(phases[i + 1][0], 0)
+                ctx.set(phases[i + 1][1], 0)
             result["cycles"][name] = cycles
             result["counters"][name] = {f: ctx.get(mover.counters[f]) for f in ("write_pos", "fill", "step")}
         result["rows"] = {r: ctx.get(mover.rows[r]) for r in ("sink_k", "ring_k", "sink_v", "ring_v")}
@@ -613,10 +620,10 @@ def test_state_mover_loads_writes_and_stores_the_state_in_its_cycles(params, cas
     expected += [(out_base + i, files["out"][i].value, every_byte) for i in range(output_words(p))]
     assert result["counters"]["write"] == after
     assert result["writes"] == expected
-    assert result["cycles"] == dict(load=StateMover.load_cycles(p), write=StateMover.write_cycles(p),
-                                    store=StateMover.store_cycles(p))
+    assert result["cycles"] == dict(load=StateMover.load_cycles(p), field=2 * words + READ_LATENCY,
+                                    write=StateMover.write_cycles(p), store=StateMover.store_cycles(p))
     assert (StateMover.load_cycles(p), StateMover.write_cycles(p), StateMover.store_cycles(p)) == \
-        (7 * words + 5, 2 * words, 4 * words + 1 + output_words(p))
+        (5 * words + 5, 2 * words, 4 * words + 1 + output_words(p))
 
 
 def word_of(values, dtype):
