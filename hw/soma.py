@@ -643,8 +643,8 @@ class NearFieldFeed(wiring.Component):
     the :class:`RowNormaliser` takes. The unit's own backpressure holds the feed; it never stalls the output.
     Latency from ``start`` through ``done``: :meth:`row_cycles`.
 
-    ``command`` (:func:`near_field_port`) lends the unit to the tile's HCCS command while ``command.active``
-    is high (never during a step): its beats go through the same register slice, ``cfg`` and ``o`` are the
+    ``command`` (:func:`near_field_port`) lends the unit to the tile's HCCS command from the cycle after
+    ``command.active`` rises until the cycle after it falls (never during a step): its beats go through the same register slice, ``cfg`` and ``o`` are the
     unit's own, and ``done`` and ``probs`` stay as they are.
     """
 
@@ -671,9 +671,12 @@ class NearFieldFeed(wiring.Component):
         m = Module()
         par, unit_config, command = self.head, self.config, self.command
         bits = element_bits(self.params)
-        active = command.active
-        # active a cycle late, beside the registers it gates (the step's probabilities and done): the unit's
-        # answers to a command come many cycles after active rises, a step's many cycles after it falls.
+        # The command's active a cycle late, in a register beside the feed's slice it selects (from the tile's
+        # sequencer it was the ULX3S tile's late path without rip-up at fa1df9c7, 9.2 ns of routing): the
+        # command configures the unit CONFIGURE_LATENCY (2) cycles after it raises active. lent, a cycle later
+        # still, sits beside the registers it gates (the step's probabilities and done): the unit's answers to
+        # a command come many cycles after active rises, a step's many cycles after it falls.
+        active = reg(m, command.active, "command_active", reset_less=False)
         lent = reg(m, active, "lent", reset_less=False)
         if self.params.profile == "wide":
             m.submodules.near_wide = near_unit = wide_unit.WideNormaliser(config=unit_config)

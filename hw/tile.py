@@ -234,8 +234,7 @@ class Tile(wiring.Component):
             seq.response_states()
             seq.hccs_states()
         # The DECODE job (its heads) and its response run beside the frame state machine, which meanwhile takes
-        # the next frame. Written after it: the response's end restarts cycles_run, also over a first header
-        # beat, and the next job's count.
+        # the next frame; the response's end restarts the counts through counts_restart, a cycle later.
         with m.FSM(name="job") as job:
             m.d.comb += heads.decoding.eq(job.ongoing("DECODE") | job.ongoing("DECODE_NEXT"))
             seq.job_states()
@@ -326,6 +325,16 @@ class _Sequencer:
             m.d.sync += self.obuf_fill.eq(self.obuf_fill + 1)
         m.d.sync += [self.job_cycles.eq(self.job_cycles + 1), self.resp_cycles.eq(self.resp_cycles + 1),
                      self.resp_finished.eq(0)]
+        # A job's response restarts cycles_run and job_cycles at its last beat, but a cycle late, from a register
+        # (counts_restart: as the reset, the response's handshake reached their 64 flip-flops, the ULX3S tile's
+        # late group without rip-up at fa1df9c7); in that cycle their readers see the 0 the restart left
+        # (cycles_now, job_cycles_now), and from the next on the counts are those of a restart in time.
+        self.counts_restart = Signal()
+        self.cycles_now = Mux(self.counts_restart, 0, self.cycles_run)
+        self.job_cycles_now = Mux(self.counts_restart, 0, self.job_cycles)
+        m.d.sync += self.counts_restart.eq(0)
+        with m.If(self.counts_restart):
+            m.d.sync += [self.cycles_run.eq(1), self.job_cycles.eq(1)]
         with m.If(self.finished | self.resp_finished):
             m.d.sync += [self.cycles_last.eq(Mux(self.resp_finished, self.resp_cycles, self.cycles_run)),
                          self.commands.eq(self.commands + 1)]
@@ -637,7 +646,7 @@ class _Sequencer:
                              self.dec_out_base.eq(self.out_word), self.area_next.eq(~area if self.ahead else 0),
                              self.resp_opcode.eq(Opcode.DECODE), self.resp_head.eq(front.header.head),
                              self.resp_error.eq(0), self.resp_result.eq(0), self.out_words.eq(front.decode_out_words),
-                             self.job_busy.eq(1), self.job_cycles.eq(self.cycles_run + 1),
+                             self.job_busy.eq(1), self.job_cycles.eq(self.cycles_now + 1),
                              self.obuf_fill.eq(Mux(self.obuf_next, self.obuf_half, 0)),
                              self.obuf_base.eq(Mux(self.obuf_next, self.obuf_half, 0)),
                              self.obuf_next.eq(~self.obuf_next)]
@@ -687,7 +696,7 @@ class _Sequencer:
         m.d.comb += [self.resp.start.eq(1), self.resp.words.eq(self.out_words), self.resp.base.eq(self.obuf_base),
                      self.resp_kick.eq(1)]
         m.d.sync += [self.from_buffer.eq(1), self.job_busy.eq(0), self.resp_busy.eq(1), self.resp_in_header.eq(1),
-                     self.resp_cycles.eq(self.job_cycles + 1), self.sending_header.eq(1)]
+                     self.resp_cycles.eq(self.job_cycles_now + 1), self.sending_header.eq(1)]
         m.next = "IDLE"
 
     def job_response_states(self):
@@ -712,8 +721,7 @@ class _Sequencer:
 
     def job_finish(self):
         self.m.d.sync += [self.resp_finished.eq(1), self.resp_busy.eq(0), self.resp_in_header.eq(0),
-                          self.sending_header.eq(0), self.sending_words.eq(0), self.cycles_run.eq(0),
-                          self.job_cycles.eq(0)]
+                          self.sending_header.eq(0), self.sending_words.eq(0), self.counts_restart.eq(1)]
         self.m.next = "IDLE"
 
     def response_states(self):

@@ -26,7 +26,7 @@ among the longest paths of the ECP5 tile.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2 as log2
@@ -72,6 +72,10 @@ class PayloadWriter(wiring.Component):
                      (("addr", host_addr, self.wr_addr), ("data", host_data, self.wr_data),
                       ("en", host_en, self.wr_en))]
         m.d.comb += self.writing.eq(reg(m, host_en.any(), "host_writing"))
+        # The data register takes the beat's data every cycle (the clear sweep's zeros aside): host_en alone says
+        # whether it is written, so no enable decoded from the handshake (the intake's valid, the decode unit's
+        # writes, the payload's position) reaches all of its bits (the two-tile array's late path at fa1df9c7).
+        m.d.comb += host_data.eq(Mux(self.clearing, 0, Cat(*[self.data] * beats_per_word)))
 
         byte_count = Signal(32)
         # byte_count < expected, kept in a register beside byte_count (it gates the memory's write port, where a
@@ -106,8 +110,7 @@ class PayloadWriter(wiring.Component):
                     lane = (byte_count >> log2(SB)) % beats_per_word if beats_per_word > 1 else 0
                     with m.If(lane == beats_per_word - 1):
                         m.d.sync += payload_addr.eq(payload_addr + 1)
-                    m.d.comb += [host_addr.eq(payload_addr), host_data.eq(Cat(*[self.data] * beats_per_word)),
-                                 host_en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
+                    m.d.comb += [host_addr.eq(payload_addr), host_en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
                 with m.If(self.check_counters & beat_counters_bad):
                     m.d.sync += counters_bad.eq(1)
 
@@ -123,6 +126,6 @@ class PayloadWriter(wiring.Component):
             m.d.sync += [clear_word.eq(self.clear_from), clear_end.eq(self.clear_to), after_reset.eq(0),
                          clear_last.eq(0)]
         with m.If(self.clearing):
-            m.d.comb += [host_addr.eq(clear_word), host_data.eq(0), host_en.eq((1 << W) - 1)]
+            m.d.comb += [host_addr.eq(clear_word), host_en.eq((1 << W) - 1)]
             m.d.sync += [clear_word.eq(clear_word + 1), clear_last.eq(clear_word + 2 >= clear_end)]
         return m

@@ -19,9 +19,9 @@ from somatile.hw.regmap import TileParams
 from somatile.hw.soma import head_params_layout, near_field_port, near_field_unit, wide_code
 from somatile.model import hccs
 
-CONFIGURE_LATENCY = 1
-"""Cycles from ``configure`` to the parameters' write into the unit (a register: the pulse comes from the
-command's state, far from the unit's head table)."""
+CONFIGURE_LATENCY = 2
+"""Cycles from ``configure`` to the parameters' write into the unit (registers: the pulse comes from the
+command's state, far from the unit's head table, and the unit takes ``active`` a cycle late)."""
 
 
 class CommandRows(wiring.Component):
@@ -36,8 +36,8 @@ class CommandRows(wiring.Component):
       never refuses it: a row starts only after the previous row's last probability was taken (every bank
       free), and inside a row the unit takes a beat every cycle.
     - Probabilities: the unit's beats go into a row buffer as they come (the unit is never stalled);
-      ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``, from the fourth cycle
-      after its beat arrived, from a register slice; ``take`` consumes it (one a cycle, any stalls);
+      ``value`` (the element's ``8 * out_bytes`` bits) is valid while ``out_valid``, from the fifth cycle
+      after its beat arrived, from two register slices; ``take`` consumes it (one a cycle, any stalls);
       ``final`` marks the row's ``n_last``-th (last) element. The unit's spare lanes beyond it are dropped.
     - ``refused`` (sticky until the next ``configure``): a beat was offered while the unit's ready was low,
       which the above says cannot happen; tests check it stays low, the tile leaves it unconnected.
@@ -63,9 +63,9 @@ class CommandRows(wiring.Component):
         bits = 8 * regmap.element_bytes(p)
         m.d.comb += unit.active.eq(self.active)
 
-        # The head's parameters, written a cycle after configure.
+        # The head's parameters, written CONFIGURE_LATENCY cycles after configure.
         cfg = unit.cfg.payload
-        m.d.sync += unit.cfg.valid.eq(self.configure)
+        m.d.comb += unit.cfg.valid.eq(delay(m, self.configure, CONFIGURE_LATENCY, "rows_configure", reset_less=False))
         m.d.comb += [cfg.head.eq(0), cfg.params.B.eq(self.head["hccs_B"]), cfg.params.S.eq(self.head["hccs_S"]),
                      cfg.params.dmax.eq(self.head["hccs_dmax"])]
         if p.profile == "wide":
@@ -140,7 +140,13 @@ class CommandRows(wiring.Component):
         beat_word = Signal.like(rd.data, name="rows_beat_word", reset_less=True)
         lane_values = [beat_word.word_select(j, out_bits) for j in range(lanes)]
         value = Array(lane_values)[out_lane] if lanes > 1 else lane_values[0]
-        slice_ready, slice_valid, slice_data = skid_buffer(m, offering, Cat(value, final), self.take, "rows_elem")
+        # Two slices in a row: the first beside the buffer, the second where the placer puts the response's
+        # packer, which takes from it (one slice left the response's take and valid on a path across the two-tile
+        # array: fa1df9c7, 12.6 ns).
+        near_ready = Signal()
+        slice_ready, near_valid, near_data = skid_buffer(m, offering, Cat(value, final), near_ready, "rows_elem")
+        ready_far, slice_valid, slice_data = skid_buffer(m, near_valid, near_data, self.take, "rows_out")
+        m.d.comb += near_ready.eq(ready_far)
         advance = slice_ready & offering
         m.d.sync += beat_word.eq(Mux(advance & lane_last, next_word, rd.data))
         step = Signal()
