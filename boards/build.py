@@ -446,8 +446,9 @@ def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 
 
 def uses_tile_opts(cfg: BoardConfig, top: str) -> bool:
-    """Whether a build of ``top`` passes ``fpga.tile_nextpnr_opts`` (the tile and the array do)."""
-    return top != "hccs" and bool(cfg.fpga["tile_nextpnr_opts"])
+    """Whether a build of ``top`` passes ``fpga.tile_nextpnr_opts`` (``top``'s: the tile, the array and the SoC
+    may have some)."""
+    return top != "hccs" and bool(cfg.per_top("tile_nextpnr_opts", top))
 
 
 def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True, placer: str | None = None) -> dict[str, str]:
@@ -457,7 +458,7 @@ def toolchain_options(cfg: BoardConfig, top: str, extra: bool = True, placer: st
     0, and ``--timing-allow-fail`` (a missed target is a result to report, with its critical path, not a crash)."""
     router = cfg.fpga["router" if top == "hccs" else "tile_router"]
     placer = "" if top == "hccs" else f" --placer {placer or cfg.fpga['tile_placer']}"
-    more = " " + cfg.fpga["tile_nextpnr_opts"] if extra and uses_tile_opts(cfg, top) else ""
+    more = " " + cfg.per_top("tile_nextpnr_opts", top) if extra and uses_tile_opts(cfg, top) else ""
     seed = f" --seed {cfg.nextpnr_seed(top)}" if cfg.nextpnr_seed(top) else ""
     options = {"nextpnr_opts": f"--timing-allow-fail --router {router}{placer}{seed}{more}",
                "script_after_read": f"{REPLICA_SCRIPT}\n{FSM_SCRIPT}"}
@@ -521,7 +522,7 @@ def place_and_route(cfg: BoardConfig, top: str, work: Path, name: str, timeout_s
         code = attempt(with_nextpnr(True), cfg.fpga["tile_opts_budget_s"] if extra else timeout_s)
         if code is None and extra and time.monotonic() - started < timeout_s:
             # The extra options' run (router2's rip-up may not stop) used its budget: the same build without.
-            stopped = f"{cfg.fpga['tile_nextpnr_opts']} stopped after {cfg.fpga['tile_opts_budget_s']:.0f} s"
+            stopped = f"{cfg.per_top('tile_nextpnr_opts', top)} stopped after {cfg.fpga['tile_opts_budget_s']:.0f} s"
             result.nextpnr_opts = f"{stopped}; routed without"
             code = attempt(with_nextpnr(False), timeout_s)
             if code is None:

@@ -108,10 +108,12 @@ _board_name = _pattern(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", "a board file name of let
 
 @dataclass(frozen=True)
 class Param:
-    """One board parameter: its type, its check and what it means (the docs table is generated from this)."""
+    """One board parameter: its type, its check and what it means (the docs table is generated from this). A
+    ``dict`` parameter is per top, each top's value an ``item`` (int or str) that ``check`` checks."""
     type: type
     check: Callable[[Any], str | None] | None
     doc: str
+    item: type = int
 
 
 FPGA_TOPS = ("hccs", "tile", "array", "soc")
@@ -141,10 +143,11 @@ FPGA_SCHEMA: dict[str, Param] = {
     "tile_placer": Param(str, _one_of("heap", "static"),
                          "nextpnr placer for the tile, the tile array and the SoC (optional, default heap; "
                          "static, the electrostatic placer, spreads a large design with fewer long routes)"),
-    "tile_nextpnr_opts": Param(str, _nextpnr_options,
-                               "further nextpnr options for the tile and the tile array, e.g. '--tmg-ripup' "
-                               "(router2 rips up timing-critical nets again; it may not stop: on the reduced "
-                               "ULX3S tile it ran past 1,000 iterations) (optional, default none)"),
+    "tile_nextpnr_opts": Param(dict, _nextpnr_options,
+                               "further nextpnr options for the tile, the tile array and the SoC, e.g. "
+                               "'--tmg-ripup' (router2 rips up timing-critical nets again; it may not stop: on the "
+                               "reduced ULX3S tile it ran past 1,000 iterations): one string for every top or a "
+                               "mapping of tops to strings, like seed (optional, default none)", item=str),
     "tile_opts_budget_s": Param(float, _positive,
                                 "seconds a tile or array build with tile_nextpnr_opts may run before it is "
                                 "stopped and run again without them (optional, default 1200)"),
@@ -170,7 +173,8 @@ FPGA_SCHEMA: dict[str, Param] = {
 }
 # Keys of a section that a board file may leave out.
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"fpga": {"router": "router1", "tile_router": "router1",
-                                                        "tile_placer": "heap", "dsp_registers": "fabric", "tile_nextpnr_opts": "",
+                                                        "tile_placer": "heap", "dsp_registers": "fabric",
+                                                        "tile_nextpnr_opts": "",
                                                         "tile_opts_budget_s": 1200.0, "seed": 0,
                                                         "timing_margin_pct": 0},
                                                "soc": {"peripheral": "tile_array", "data_ram": "block", "cpu_mhz": 0.0}}
@@ -241,23 +245,27 @@ _META_KEYS = ("extends", "abstract")
 SOC_KINDS = ("sim", "fpga")
 
 
+_EXPECTED = {int: "an integer", float: "a number", str: "a string"}
+
+
 def _coerce(where: str, key: str, value: Any, param: Param) -> Any:
     """Check one value against its parameter; return it in the parameter's type. A ``dict`` parameter is
     per top: one value for every top (returned as it is) or a mapping of :data:`FPGA_TOPS` to values, each
-    checked as the parameter's ``int`` (returned as a dict)."""
+    checked as the parameter's ``item`` (returned as a dict)."""
     if param.type is dict:
+        each = dataclasses.replace(param, type=param.item)
+        items = {int: "integers", str: "strings"}[param.item]
         if isinstance(value, dict):
             unknown = [t for t in value if t not in FPGA_TOPS]
             if unknown:
                 raise BoardError(f"{where}: key '{key}': got top {unknown[0]!r}, expected a mapping of tops "
-                                 f"({', '.join(FPGA_TOPS)}) to integers")
-            return {t: _coerce(where, f"{key}.{t}", v, dataclasses.replace(param, type=int))
-                    for t, v in value.items()}
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise BoardError(f"{where}: key '{key}': got {value!r} ({type(value).__name__}), expected an "
-                             f"integer or a mapping of tops ({', '.join(FPGA_TOPS)}) to integers")
-        return _coerce(where, key, value, dataclasses.replace(param, type=int))
-    expected = {int: "an integer", float: "a number", str: "a string"}[param.type]
+                                 f"({', '.join(FPGA_TOPS)}) to {items}")
+            return {t: _coerce(where, f"{key}.{t}", v, each) for t, v in value.items()}
+        if not isinstance(value, param.item) or isinstance(value, bool):
+            raise BoardError(f"{where}: key '{key}': got {value!r} ({type(value).__name__}), expected "
+                             f"{_EXPECTED[param.item]} or a mapping of tops ({', '.join(FPGA_TOPS)}) to {items}")
+        return _coerce(where, key, value, each)
+    expected = _EXPECTED[param.type]
     ok_type = (isinstance(value, param.type) and not isinstance(value, bool)) or (
         param.type is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok_type:
@@ -317,11 +325,11 @@ class BoardConfig:
         ``profile: wide``: ``hccs_lanes`` int16 lanes."""
         return {"lanes": self.hccs_lanes, "n_max": self.n_max, "heads": self.heads}
 
-    def per_top(self, key: str, top: str) -> int:
-        """``top``'s value of the per-top ``fpga`` key ``key`` (one integer or a mapping of tops; 0 for a top
-        the mapping leaves out)."""
+    def per_top(self, key: str, top: str) -> int | str:
+        """``top``'s value of the per-top ``fpga`` key ``key`` (one value or a mapping of tops; 0, or "" for a
+        string parameter, for a top the mapping leaves out)."""
         value = self.fpga[key]
-        return value.get(top, 0) if isinstance(value, Mapping) else value
+        return value.get(top, FPGA_SCHEMA[key].item()) if isinstance(value, Mapping) else value
 
     def nextpnr_seed(self, top: str) -> int:
         """nextpnr's ``--seed`` for ``top`` from ``fpga.seed`` (0: none given)."""

@@ -176,6 +176,15 @@ def _write(tmp_path, name, text):
     ("extends: ulx3s_85f\nfpga: {seed: {soc: -2}}\n", "key 'fpga.seed.soc': got -2, expected an integer from 0"),
     ("extends: ulx3s_85f\nfpga: {seed: 1.5}\n",
      "key 'fpga.seed': got 1.5 (float), expected an integer or a mapping of tops"),
+    ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: {tile: 3}}\n",
+     "key 'fpga.tile_nextpnr_opts.tile': got 3 (int), expected a string"),
+    ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: {array: '--tmg-ripup; id'}}\n",
+     "key 'fpga.tile_nextpnr_opts.array': got '--tmg-ripup; id', expected nextpnr options"),
+    ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: {tiles: ''}}\n",
+     "key 'fpga.tile_nextpnr_opts': got top 'tiles', expected a mapping of tops (hccs, tile, array, soc) to "
+     "strings"),
+    ("extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: 2}\n",
+     "key 'fpga.tile_nextpnr_opts': got 2 (int), expected a string or a mapping of tops"),
     ("extends: base\ndescription: \"two\\nlines\"\n", "key 'description': got 'two\\nlines'"),
     # and YAML that reads one way to the eye and another to the loader
     ("extends: base\nlanes: 8\nlanes: 16\n", "key 'lanes' given twice in one mapping"),
@@ -234,10 +243,17 @@ def test_the_nextpnr_routers_default_to_router1_and_reach_the_build_script_of_th
     placed = boards.load(_write(tmp_path, "st", "extends: icebreaker\nfpga: {tile_placer: static}\n"))
     assert [("--placer static" in build.toolchain_options(placed, top)["nextpnr_opts"]) for top in
             ("hccs", "tile", "array", "soc")] == [False, True, True, True]
+    # Further options per top: one string for every top but the HCCS unit, or a mapping of tops.
+    every = boards.load(_write(tmp_path, "every", "extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: --tmg-ripup}\n"))
+    assert [("--tmg-ripup" in build.toolchain_options(every, top)["nextpnr_opts"]) for top in
+            ("hccs", "tile", "array", "soc")] == [False, True, True, True]
+    some = boards.load(_write(tmp_path, "some",
+                              "extends: ulx3s_85f\nfpga: {tile_nextpnr_opts: {array: --tmg-ripup}}\n"))
+    assert [("--tmg-ripup" in build.toolchain_options(some, top)["nextpnr_opts"]) for top in
+            ("hccs", "tile", "array", "soc")] == [False, False, True, False]
+    assert not build.uses_tile_opts(some, "tile") and build.uses_tile_opts(some, "array")
     ulx3s = boards.load("ulx3s_85f")
-    assert ulx3s.fpga["tile_nextpnr_opts"] == "--tmg-ripup" and ulx3s.fpga["tile_opts_budget_s"] == 2700.0
-    assert [("--tmg-ripup" in build.toolchain_options(ulx3s, top)["nextpnr_opts"]) for top in
-            ("hccs", "tile", "array")] == [False, True, True]
+    assert ulx3s.fpga["tile_opts_budget_s"] == 2700.0
     unit = build.make_unit(cfg, "hccs")
     plan = build.open_platform(cfg).prepare(ShiftHarness(unit, pll_for("ice40", 12.0, cfg.clock_mhz)), name="t",
                                             **build.toolchain_options(cfg, "tile"))
