@@ -173,7 +173,7 @@ class Tile(wiring.Component):
         # are loaded from them for its first head).
         assert SELECT_LATENCY == PARAMS_DELAY
         m.d.comb += [front.data.eq(self.s_axis_tdata), front.configured.eq(heads.configured),
-                     front.head_params.eq(heads.header_params),
+                     front.head_params.eq(heads.header_params), front.header_last.eq(seq.header_last),
                      heads.head.eq(fields.head), heads.block_data.eq(self.s_axis_tdata),
                      heads.select.eq(self.s_axis_tdata[16:16 + heads.index_bits]), heads.block_we.eq(payload.block_we),
                      heads.cur.eq(seq.cur), dec.head.eq(heads.cur_params)]
@@ -522,9 +522,10 @@ class _Sequencer:
             # A DECODE frame that passes its checks takes its payload at once, also while a DECODE job runs
             # (into the other q, k, v area; without one, once the job is done); its EXECUTE waits for the job
             # and sets the response's fields. Any other frame waits here until the job is done.
-            clean_decode = is_op[Opcode.DECODE] & ~front.check_failed & ~header_last & ~front.no_payload
+            # The front end's action flags (exactly one of fail ... payload set) decide, each on its own.
+            action = front.action
             ahead_ok = Const(1) if self.ahead else ~self.job_busy
-            with m.If(clean_decode & ahead_ok):
+            with m.If(action.decode & ahead_ok):
                 m.d.comb += payload.base_we.eq(1)
                 self.goto("PAYLOAD")
             with m.Elif(~self.job_active):
@@ -532,30 +533,26 @@ class _Sequencer:
                 m.d.sync += [self.resp_opcode.eq(front.header.opcode), self.resp_head.eq(front.header.head),
                              self.resp_error.eq(0), self.resp_result.eq(0)]
                 self.set_length(0, 0)
-                with m.If(front.check_failed):
-                    with m.If(header_last):
-                        fail(front.check_error, Mux(front.check_error == ErrorCode.BAD_LENGTH, expected, 0))
-                        start_response()
-                    with m.Else():
-                        m.d.sync += self.pending_error.eq(front.check_error)
-                        self.goto("DRAIN")
-                with m.Elif(header_last != front.no_payload):
-                    # The frame ends where the payload should start, or carries one the opcode forbids.
-                    with m.If(header_last):
-                        with m.If(is_op[Opcode.LOAD_STATE]):
-                            enter_clear(front.next_head_words, ErrorCode.BAD_LENGTH)
-                        with m.Else():
-                            fail(ErrorCode.BAD_LENGTH, expected)
-                            start_response()
-                    with m.Else():
-                        m.d.sync += self.pending_error.eq(ErrorCode.BAD_LENGTH)
-                        self.goto("DRAIN")
-                with m.Else():
+                with m.If(action.fail):
+                    fail(front.check_error, Mux(front.check_error == ErrorCode.BAD_LENGTH, expected, 0))
+                    start_response()
+                # The frame ends where the payload should start (refuse, clear), or carries one the opcode
+                # forbids, or a check failed before its end (drain).
+                with m.If(action.refuse):
+                    fail(ErrorCode.BAD_LENGTH, expected)
+                    start_response()
+                with m.If(action.clear):
+                    enter_clear(front.next_head_words, ErrorCode.BAD_LENGTH)
+                with m.If(action.drain):
+                    m.d.sync += self.pending_error.eq(Mux(front.check_failed, front.check_error,
+                                                          ErrorCode.BAD_LENGTH))
+                    self.goto("DRAIN")
+                with m.If(action.execute | action.payload):
                     m.d.comb += payload.base_we.eq(1)
-                    with m.If(header_last):
-                        self.goto("EXECUTE")
-                    with m.Else():
-                        self.goto("PAYLOAD")
+                with m.If(action.execute):
+                    self.goto("EXECUTE")
+                with m.If(action.payload):
+                    self.goto("PAYLOAD")
 
         with self.state("PAYLOAD"):
             with m.If(self.s_beat & tile.s_axis_tlast):

@@ -13,7 +13,8 @@ Contract:
   parameters ``head_params`` (:func:`somatile.hw.soma.head_params_layout` of the profile; the paper's HCCS
   rules read ``hccs_B``/``hccs_S``/``hccs_dmax``) at most :data:`PARAMS_DELAY` cycles after the header's last beat.
   ``check_error`` is the model's error code of the first failing check (0: none; ``check_failed`` is
-  ``check_error != 0`` in a register of its own); ``length`` (:data:`PAYLOAD_LENGTH`, for the payload
+  ``check_error != 0`` in a register of its own, ``action`` what the tile does with the frame given the
+  ``header_last`` it holds, :data:`CHECK_ACTIONS`); ``length`` (:data:`PAYLOAD_LENGTH`, for the payload
   writer) holds the payload length the opcode expects (``expected``, the detail of a BAD_LENGTH).
 
 Why a pipeline: the header register fans out to every check, product and comparison below; each is
@@ -49,6 +50,14 @@ of the beat before the last."""
 PARAMS_DELAY = 1
 """Cycles after the header's last beat (at most) that the header head's parameters reach ``hccs_*``: the
 tile registers them from an index written with the header's first beat."""
+CHECK_ACTIONS = data.StructLayout({name: 1 for name in
+                                   ("fail", "execute", "clear", "refuse", "drain", "payload", "decode")})
+"""``action``: what the tile's CHECK state does with the frame (given ``header_last``, its register: the frame
+ended with the header), exactly one of the first six set: ``fail`` (a check failed: answer its error), ``execute``
+(no payload expected), ``clear`` (a LOAD_STATE without its payload: clear the head's state), ``refuse`` (any other
+command without the payload it expects: answer BAD_LENGTH), ``drain`` (the frame goes on though a check failed or
+no payload is expected: drain it), ``payload`` (take the payload); ``decode``: ``payload`` of a DECODE frame."""
+
 CHECK_SETTLE = PARAMS_DELAY + RULES_LATENCY + 1
 """Cycles between a header's last beat and the check result: the head parameters, the HCCS rules
 (RULES_LATENCY), the check result's register."""
@@ -74,6 +83,7 @@ class CommandFront(wiring.Component):
             "reg_ok": In(1), "configured": In(p.heads),
             "head_params": In(head_params_layout(p.profile)),
             "check_error": Out(8), "check_failed": Out(1), "is_op": Out(OPCODE_FLAGS), "no_payload": Out(1),
+            "header_last": In(1), "action": Out(CHECK_ACTIONS),
             "length": Out(PAYLOAD_LENGTH),
             "head_end": Out(9), "n_pad": Out(n_pad_shape), "rows_last": Out(signed(33)),
             "hccs_bytes": Out(hccs_bits + log2(regmap.FRAME_GRANULE)), "hccs_bytes_nonzero": Out(1),
@@ -147,6 +157,17 @@ class CommandFront(wiring.Component):
         for op in Opcode:
             m.d.comb += self.is_op[op.name.lower()].eq(reg(m, opcode == op, f"is_{op.name.lower()}"))
         m.d.comb += self.no_payload.eq(reg(m, expected == 0, "no_payload"))
+        # What the tile's CHECK does with the frame, one flag each, beside check_failed (the tile's decision
+        # from check_failed, header_last, no_payload and the opcode took up to seven LUTs in front of the
+        # response's fields: the ULX3S tile's late paths without rip-up at f864cce).
+        failed, no_payload, ended = check_error_now != 0, expected == 0, self.header_last
+        actions = {"fail": ended & failed, "execute": ended & ~failed & no_payload,
+                   "clear": ended & ~failed & ~no_payload & (opcode == Opcode.LOAD_STATE),
+                   "refuse": ended & ~failed & ~no_payload & (opcode != Opcode.LOAD_STATE),
+                   "drain": ~ended & (failed | no_payload), "payload": ~ended & ~failed & ~no_payload,
+                   "decode": ~ended & ~failed & ~no_payload & (opcode == Opcode.DECODE)}
+        for name, value in actions.items():
+            m.d.comb += self.action[name].eq(reg(m, value, f"action_{name}"))
         return m
 
     def capture(self, m):

@@ -72,9 +72,10 @@ class PayloadWriter(wiring.Component):
                      (("addr", host_addr, self.wr_addr), ("data", host_data, self.wr_data),
                       ("en", host_en, self.wr_en))]
         m.d.comb += self.writing.eq(reg(m, host_en.any(), "host_writing"))
-        # The data register takes the beat's data every cycle (the clear sweep's zeros aside): host_en alone says
-        # whether it is written, so no enable decoded from the handshake (the intake's valid, the decode unit's
-        # writes, the payload's position) reaches all of its bits (the two-tile array's late path at fa1df9c7).
+        # The address and data registers take the payload's next word and the beat's data every cycle (the clear
+        # sweep's aside): host_en alone says whether they are written, so no enable decoded from the handshake
+        # (the intake's valid, the decode unit's writes, the payload's position) reaches all of their bits (the
+        # two-tile array's s_axis_tvalid -> wr_data, wr_addr group at fa1df9c7).
         m.d.comb += host_data.eq(Mux(self.clearing, 0, Cat(*[self.data] * beats_per_word)))
 
         byte_count = Signal(32)
@@ -82,6 +83,8 @@ class PayloadWriter(wiring.Component):
         # 32-bit comparison in the same cycle was among the longest paths of the ECP5 tile).
         in_payload = Signal()
         payload_addr = Signal(range(mem_words + 1))   # word the next payload beat goes to
+        clear_word = Signal(range(mem_words + 1))
+        m.d.comb += host_addr.eq(Mux(self.clearing, clear_word, payload_addr))
         counters_bad = Signal()
         at_last_beat = Signal()
         m.d.comb += [self.at_last_beat.eq(at_last_beat), self.counters_bad.eq(counters_bad)]
@@ -110,14 +113,13 @@ class PayloadWriter(wiring.Component):
                     lane = (byte_count >> log2(SB)) % beats_per_word if beats_per_word > 1 else 0
                     with m.If(lane == beats_per_word - 1):
                         m.d.sync += payload_addr.eq(payload_addr + 1)
-                    m.d.comb += [host_addr.eq(payload_addr), host_en.eq(Const((1 << SB) - 1, W) << (lane * SB))]
+                    m.d.comb += host_en.eq(Const((1 << SB) - 1, W) << (lane * SB))
                 with m.If(self.check_counters & beat_counters_bad):
                     m.d.sync += counters_bad.eq(1)
 
         # clear_last (the word being cleared is the last one) is kept in a register: every sweep covers at
         # least one head's state, which is more than one word.
         assert regmap.state_bytes(p) // W >= 2
-        clear_word = Signal(range(mem_words + 1))
         clear_end = Signal(range(mem_words + 1), init=p.heads * regmap.state_bytes(p) // W)
         after_reset = Signal(init=1)
         clear_last = Signal()
@@ -126,6 +128,6 @@ class PayloadWriter(wiring.Component):
             m.d.sync += [clear_word.eq(self.clear_from), clear_end.eq(self.clear_to), after_reset.eq(0),
                          clear_last.eq(0)]
         with m.If(self.clearing):
-            m.d.comb += [host_addr.eq(clear_word), host_en.eq((1 << W) - 1)]
+            m.d.comb += host_en.eq((1 << W) - 1)
             m.d.sync += [clear_word.eq(clear_word + 1), clear_last.eq(clear_word + 2 >= clear_end)]
         return m
