@@ -298,7 +298,7 @@ def test_a_tile_build_whose_extra_nextpnr_options_use_their_budget_is_run_again_
     """Router2's rip-up (``fpga.tile_nextpnr_opts``) may not stop: past ``fpga.tile_opts_budget_s`` the build
     runs again with the board's plain options, within what is left of the timeout, and the report says so."""
     board = tmp_path / "b.yaml"
-    board.write_text("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 7}\n")
+    board.write_text("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 7, tile_nextpnr_opts: --tmg-ripup}\n")
     cfg = _small_tile(board)
     runs = []
 
@@ -326,7 +326,7 @@ def test_a_build_out_of_time_after_its_rip_up_budget_says_so_and_reports_no_figu
     """Rip-up past its budget and the run without it past the timeout: the status says neither finished, and the
     row has no CPU clock figure and no cell counts (a stopped build has none), rather than empty or zero ones."""
     board = tmp_path / "b.yaml"
-    board.write_text("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 7}\n")
+    board.write_text("extends: ulx3s_85f\nfpga: {tile_opts_budget_s: 7, tile_nextpnr_opts: --tmg-ripup}\n")
     cfg = _small_tile(board)
     monkeypatch.setattr(build, "_run_plan", lambda plan, work, name, log_path, timeout_s: None)
     result = build.place_and_route(cfg, "tile", tmp_path / "pnr", "somatile_tile", timeout_s=1000)
@@ -361,7 +361,8 @@ def test_a_build_whose_placement_leaves_the_reset_buffer_unroutable_is_placed_ag
         assert len(runs) == runs_expected, net
         nextpnr = [next(line for line in script.splitlines() if "NEXTPNR" in line and "--json" in line)
                    for script in runs]
-        assert "--placer static" in nextpnr[0] and "--tmg-ripup" in nextpnr[0]
+        # The ULX3S routes its lone tile without rip-up (fpga.tile_nextpnr_opts names the array and the SoC).
+        assert "--placer static" in nextpnr[0] and "--tmg-ripup" not in nextpnr[0]
         assert result.status == "failed" and net in result.error
         if runs_expected == 2:
             assert nextpnr[1] == nextpnr[0].replace("--placer static", "--placer heap")

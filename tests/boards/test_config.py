@@ -92,12 +92,14 @@ def test_a_section_key_is_overridden_validated_and_recorded():
     assert (cfg.fpga["seed"], cfg.soc["cpu_mhz"], dict(cfg.overrides)) == (7, 70.0, {"fpga.seed": 7,
                                                                                    "soc.cpu_mhz": 70.0})
     board = boards.load("ulx3s_85f")
-    assert board.fpga["seed"] == {"array": 2, "soc": 3} and cfg.fpga["tile_placer"] == "static"  # the rest kept
+    # the rest kept
+    assert board.fpga["seed"] == {"tile": 2, "array": 2, "soc": 3} and cfg.fpga["tile_placer"] == "static"
     assert board.fpga["timing_margin_pct"] == {"tile": 5, "array": 5, "soc": 3}
     assert build.build_dir_name(cfg, "array") == "array-fpga.seed7-soc.cpu_mhz70.0"
     for top in ("hccs", "array", "soc"):
         assert "seed 7" in build.toolchain_options(cfg, top)["nextpnr_opts"].split(" --"), top
-    assert "--seed" not in build.toolchain_options(board, "tile")["nextpnr_opts"]  # the board names no tile seed
+    assert "seed 2" in build.toolchain_options(board, "tile")["nextpnr_opts"].split(" --")  # the board's tile seed
+    assert "--seed" not in build.toolchain_options(board, "hccs")["nextpnr_opts"]  # and none for the HCCS unit
     for item, message in (("fpga.seed=-1", "key 'fpga.seed': got -1, expected an integer from 0"),
                           ("fpga.sed=1", "unknown key 'sed' of section 'fpga'; expected one of: platform"),
                           ("aie.tiles=4", "board ulx3s_85f has no section 'aie'; its sections: fpga, soc"),
