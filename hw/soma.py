@@ -644,8 +644,8 @@ class NearFieldFeed(wiring.Component):
     Latency from ``start`` through ``done``: :meth:`row_cycles`.
 
     ``command`` (:func:`near_field_port`) lends the unit to the tile's HCCS command from the cycle after
-    ``command.active`` rises until the cycle after it falls (never during a step): its beats go through the same register slice, ``cfg`` and ``o`` are the
-    unit's own, and ``done`` and ``probs`` stay as they are.
+    ``command.active`` rises until the cycle after it falls (never during a step): its beats go through the
+    same register slice, ``cfg`` and ``o`` are the unit's own, and ``done`` and ``probs`` stay as they are.
     """
 
     def __init__(self, params: TileParams):

@@ -503,10 +503,11 @@ def test_wide_output_stage_writes_int16_outputs(params, case, rng):
 
 
 def run_state_mover(p, memory, bases, files):
-    """LOAD, the field's run, WRITE and STORE through StateMover, each begun and held as the decode unit's sequencer
-    does (the next phase's begin in the done cycle), the register files' words for WRITE and STORE from ``files``: the words
-    LOAD writes {port: {address: word}}, the memory writes [(address, word, enables)], the counters after LOAD
-    and after WRITE, the slot regions' rows and each phase's cycles (its level high through its done cycle)."""
+    """LOAD, the field's run, WRITE and STORE through StateMover, each begun and held as the decode unit's
+    sequencer does (the next phase's begin in the done cycle), the register files' words for WRITE and STORE
+    from ``files``: the words LOAD writes {port: {address: word}}, the memory writes [(address, word,
+    enables)], the counters after LOAD and after WRITE, the slot regions' rows and each phase's cycles (its
+    level high through its done cycle)."""
     state_base, stage_base, out_base = bases
     m = Module()
     m.submodules.mover = mover = StateMover(p, p.local_memory_bytes // p.word_bytes)
@@ -515,10 +516,9 @@ def run_state_mover(p, memory, bases, files):
         m.d.comb += port.data.eq(Array(words)[port.addr])
     loads = {name: {} for name in ("q_load", "k_load", "v_load", "field_load", "gate_field_load")}
     result = dict(loads=loads, writes=[], cycles={}, counters={})
-    words = p.head_dim // p.word_bytes
     # The field's run has no level: the sequencer pulses begin_field (as NORMALISE begins) and its 2 w words
     # arrive READ_LATENCY cycles after their addresses.
-    field_cycles = 2 * words + READ_LATENCY
+    field_cycles = 2 * (p.head_dim // p.word_bytes) + READ_LATENCY
     phases = [("load", mover.begin_load, mover.loading, mover.load_done), ("field", mover.begin_field, None, None),
               ("write", mover.begin_write, mover.writing, mover.write_last),
               ("store", mover.begin_store, mover.storing, mover.store_done)]
