@@ -342,6 +342,7 @@ READ_LATENCY = 3
 """Cycles from an address chosen to its word at the unit: the address register, the memory's read, the
 registered word (``rd_word``)."""
 FEED_INDEX_COPIES = 4  # copies of the HCCS feed's beat index, each selecting a group of the beat's lanes
+ROW_WRITE_COPIES = 4  # copies of the decode row's write registers in NearFieldFeed, each for a group of beats
 FEED_LATENCY = 1
 """Cycles the decode row's beats spend in the register slice in front of the HCCS unit."""
 SAMPLE_COPIES = 4  # copies of the decode unit's idle flag, each enabling a share of the head parameter registers
@@ -701,9 +702,27 @@ class NearFieldFeed(wiring.Component):
         # The beat the unit returns next, one-hot: each word of prob_bits is enabled by one of its flip-flops
         # (decoded from a counter, the enables would not fit a cycle).
         drain_sel = Signal(row_beats)
-        with m.If(self.row.we):
-            m.d.sync += [row_bits.word_select(self.row.index, bits).eq(self.row.x),
-                         row_valid_bits.bit_select(self.row.index, 1).eq(self.row.valid)]
+        # SCORES's writes reach the row a cycle late, through copies of their registers, each beside the slots of
+        # a group of beats: one write enable for every slot's register was the two-tile ULX3S array's late path
+        # at 8cd4eb3 (row.we -> row_bits, 10.6 ns of routing). The last write (beside start: row.end) is in
+        # the row two cycles after start; the feed takes the last beat, the only one it reaches, row_beats
+        # cycles after start. A row of one beat is written directly.
+        copies = min(ROW_WRITE_COPIES, row_beats) if row_beats >= 2 else 0
+        if copies:
+            late = {name: Replicated(self.row[name].shape(), copies, f"row_{name}_late")
+                    for name in ("we", "index", "x", "valid")}
+            for name, copy in late.items():
+                m.d.sync += copy.eq(self.row[name])
+            per_copy = -(-row_beats // copies) * hl
+            for slot in range(hl * row_beats):
+                c = slot // per_copy
+                with m.If(late["we"].copy(c) & (late["index"].copy(c) == slot)):
+                    m.d.sync += [row_bits.word_select(slot, bits).eq(late["x"].copy(c)),
+                                 row_valid_bits[slot].eq(late["valid"].copy(c))]
+        else:
+            with m.If(self.row.we):
+                m.d.sync += [row_bits.word_select(self.row.index, bits).eq(self.row.x),
+                             row_valid_bits.bit_select(self.row.index, 1).eq(self.row.valid)]
         # The beats reach the unit through a register slice (FEED_LATENCY): the beat multiplexer, the
         # counter's comparisons and the choice between the step's row and the command's would otherwise sit in
         # front of the unit's first stage and its bank enables.
