@@ -9,8 +9,8 @@ The tile reads both once its header has been captured and has settled (``CHECK_S
 describe that header's address by then.
 
 Why a pipeline: the header's address reaches some 70 comparisons of 32 bits and a 70-way multiplexer; in
-one cycle that was among the tile's longest paths. The address is compared in halves (registered), the two
-halves' matches combined (registered) and encoded to an index; the value is selected by a multiplexer of 8
+one cycle that was among the tile's longest paths. The address is compared nibble by nibble (registered), the
+nibbles' matches combined (registered) and encoded to an index; the value is selected by a multiplexer of 8
 per group of 8 registers, each group with its own copy of the index (the registers are spread over the
 die), then the group's (both registered).
 """
@@ -24,11 +24,13 @@ from amaranth.lib.wiring import In, Out
 from somatile.hw.pipe import Replicated, reg
 
 OK_LATENCY = 3
-"""Cycles from ``address`` to ``ok``: the halves' matches, their AND, the OR of the matches."""
+"""Cycles from ``address`` to ``ok``: the nibbles' matches, their AND, the OR of the matches."""
 VALUE_LATENCY = 5
-"""Cycles from ``address`` to ``value``: the halves' matches, their AND, the index, the group, the value."""
+"""Cycles from ``address`` to ``value``: the nibbles' matches, their AND, the index, the group, the value."""
 GROUP = 8
 """Registers per first-level multiplexer."""
+NIBBLE = 4
+"""Address bits per first-level comparison (one LUT4)."""
 
 
 class RegisterReader(wiring.Component):
@@ -49,10 +51,14 @@ class RegisterReader(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         address, entries = self.address, self.entries
-        half = len(address) // 2
-        match_lo = reg(m, Cat(*[address[:half] == a % (1 << half) for a, _ in entries]), "reg_match_lo")
-        match_hi = reg(m, Cat(*[address[half:] == a >> half for a, _ in entries]), "reg_match_hi")
-        matches = list(reg(m, match_lo & match_hi, "reg_matches"))
+        # Each nibble of the address against the values it takes in the entries (one LUT each, registered),
+        # then an entry's match as the AND of its nibbles' flags: as a 16-bit comparison per half, the mapped
+        # chain in front of the match registers was six LUTs deep (the ULX3S tile's critical path at e554529).
+        nibbles = range(0, len(address), NIBBLE)
+        flags = {(k, v): reg(m, address[k:k + NIBBLE] == v, f"reg_nibble{k // NIBBLE}_{v:x}")
+                 for k in nibbles for v in sorted({a >> k & (1 << NIBBLE) - 1 for a, _ in entries})}
+        matches = [reg(m, Cat(*[flags[k, a >> k & (1 << NIBBLE) - 1] for k in nibbles]).all(), f"reg_match{i}")
+                   for i, (a, _) in enumerate(entries)]
         index_now = Cat(*[Cat(*[matches[i] for i in range(len(entries)) if i >> b & 1]).any()
                           for b in range(max(1, (len(entries) - 1).bit_length()))])
         m.d.comb += self.ok.eq(reg(m, Cat(*matches).any(), "reg_ok"))
