@@ -55,9 +55,13 @@ class RegisterReader(wiring.Component):
         # then an entry's match as the AND of its nibbles' flags: as a 16-bit comparison per half, the mapped
         # chain in front of the match registers was six LUTs deep (the ULX3S tile's critical path at e554529).
         nibbles = range(0, len(address), NIBBLE)
+
+        def nibble(a: int, k: int) -> int:
+            return a >> k & (1 << NIBBLE) - 1
+
         flags = {(k, v): reg(m, address[k:k + NIBBLE] == v, f"reg_nibble{k // NIBBLE}_{v:x}")
-                 for k in nibbles for v in sorted({a >> k & (1 << NIBBLE) - 1 for a, _ in entries})}
-        matches = [reg(m, Cat(*[flags[k, a >> k & (1 << NIBBLE) - 1] for k in nibbles]).all(), f"reg_match{i}")
+                 for k in nibbles for v in sorted({nibble(a, k) for a, _ in entries})}
+        matches = [reg(m, Cat(*[flags[k, nibble(a, k)] for k in nibbles]).all(), f"reg_match{i}")
                    for i, (a, _) in enumerate(entries)]
         index_now = Cat(*[Cat(*[matches[i] for i in range(len(entries)) if i >> b & 1]).any()
                           for b in range(max(1, (len(entries) - 1).bit_length()))])
