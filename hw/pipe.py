@@ -121,16 +121,25 @@ class TagLine:
     still draining down the line. One shift register of ``depth`` stages, every stage tapped."""
 
     def __init__(self, m, valid, last, phase, fields, depth: int, name: str):
-        self._phase_bits = len(phase)
+        # A constant phase (a line of one phase) is not delayed: its flip-flops would hold the constant from
+        # their first load but start from 0, so Yosys could not fold them, and opt_merge shared one tile's
+        # copies with the other's in a flattened array (tile0's FINAL tags drove tile1's field writes).
+        self._const_phase = phase.value if isinstance(phase, Const) else None
+        line_phase = [] if self._const_phase is not None else [phase]
+        self._phase_bits = sum(len(p) for p in line_phase)
         self._widths = [len(f) for f in fields]
         # With a reset: an item's valid bit must not outlive a reset.
-        self._line = delay_line(m, Cat(valid, last, phase, *fields), depth, name, reset_less=False)
+        self._line = delay_line(m, Cat(valid, last, *line_phase, *fields), depth, name, reset_less=False)
 
     def at(self, stage: int, code: int):
         """(valid for phase ``code``, last, *fields) of the item issued ``stage`` cycles ago."""
         t = self._line[stage]
         start = 2 + self._phase_bits
-        out = [t[0] & (t[2:start] == code), t[1]]
+        if self._const_phase is not None:
+            valid = t[0] if code == self._const_phase else Const(0)
+        else:
+            valid = t[0] & (t[2:start] == code)
+        out = [valid, t[1]]
         for width in self._widths:
             out.append(t[start:start + width])
             start += width

@@ -735,8 +735,13 @@ class NearFieldFeed(wiring.Component):
         beat_bits = [row_bits[bits * hl * b:bits * hl * (b + 1)] for b in range(row_beats)]
         feed_data = Cat(*[Array(beat[g * group_bits:(g + 1) * group_bits] for beat in beat_bits)[feed_index.copy(g)]
                           for g in range(groups)])
-        step_beat = Cat(feed_data, row_valid_bits.word_select(feed_beat, hl), feed_beat == 0,
-                        feed_beat == row_beats - 1)
+        # The mask in the same groups, each by its copy (by feed_beat, it was the ULX3S tile's late path
+        # feed_beat -> the slice's mask at 6db64c4).
+        group_lanes = hl // groups
+        valid_beats = [row_valid_bits[hl * b:hl * (b + 1)] for b in range(row_beats)]
+        feed_mask = Cat(*[Array(beat[g * group_lanes:(g + 1) * group_lanes] for beat in valid_beats)[feed_index.copy(g)]
+                          for g in range(groups)])
+        step_beat = Cat(feed_data, feed_mask, feed_beat == 0, feed_beat == row_beats - 1)
         given = command.i.payload
         command_beat = Cat(given.data.as_value(), given.mask, given.first, given.last)
         feed_ready, feed_valid, fed = skid_buffer(m, Mux(active, command.i.valid, feeding),

@@ -25,7 +25,9 @@ PAYLOAD, EXECUTE, RESPOND_HEADER in the tile) start from flip-flops.
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Shape, Signal, signed, unsigned
+import math
+
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2 as log2
@@ -62,6 +64,18 @@ CHECK_SETTLE = PARAMS_DELAY + RULES_LATENCY + 1
 """Cycles between a header's last beat and the check result: the head parameters, the HCCS rules
 (RULES_LATENCY), the check result's register."""
 
+
+
+def _minus_aligned(m, value, k: int, low: int, name: str, width: int, base: int = 0):
+    """``value - k`` (signed, ``width`` bits) for a ``value`` whose ``low`` low bits are the constant ``base``:
+    those of the result are a constant too (returned beside it) and only the high bits are registered (one
+    cycle)."""
+    a = 1 << low
+    borrow = -(-(k - base) // a)  # value - k = (hi - borrow) * a + rest, 0 <= rest < a
+    rest = base - k + borrow * a
+    top = value[low:].as_signed() if value.shape().signed else Cat(value[low:], 0).as_signed()
+    hi = reg(m, top - borrow, name, signed(width - low))
+    return Cat(Const(rest, low), hi).as_signed(), rest
 
 class CommandFront(wiring.Component):
     """The front end of a tile with :class:`~somatile.hw.regmap.TileParams` ``params``; the ports are listed
@@ -233,10 +247,17 @@ class CommandFront(wiring.Component):
                 m.d.comb += expected_now.eq(hccs_bytes)
         expected = out["expected"] = reg(m, expected_now, "expected")
         # byte_count of the payload's last beat; byte_count == last_beat_at is kept in a register (the tile's
-        # at_last_beat) beside byte_count, from these two.
-        last_beat_at = out["last_beat_at"] = reg(m, expected - SB, "last_beat_at", signed(34))
+        # at_last_beat) beside byte_count, from these two. Every expected length is a multiple of `align`, so
+        # their low bits are constants, outside the registers: registered, they would hold a nonzero constant
+        # from their first load but start from 0, and Yosys shared one tile's with the other's in a flattened
+        # array (tile0's last_beat_at drove tile1's payload comparisons).
+        align = math.gcd(regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS)), regmap.state_bytes(p), 3 * D,
+                         regmap.FRAME_GRANULE)
+        low = (align & -align).bit_length() - 1
+        last_beat_at, rest = _minus_aligned(m, expected, SB, low, "last_beat_at", 34)
+        out["last_beat_at"] = last_beat_at
         out["first_is_last"] = reg(m, last_beat_at == 0, "first_is_last")
-        out["before_last_beat"] = reg(m, last_beat_at - SB, "before_last_beat", signed(35))
+        out["before_last_beat"], _ = _minus_aligned(m, last_beat_at, SB, low, "before_last_beat", 35, rest)
         m.d.comb += [self.head_end.eq(out["head_end"]), self.n_pad.eq(n_pad),
                      self.rows_last.eq(out["rows_last"]), self.hccs_bytes.eq(hccs_bytes),
                      self.hccs_bytes_nonzero.eq(out["hccs_bytes_nonzero"]),
