@@ -38,7 +38,7 @@ from typing import Any
 from somatile.hw.pipe import REPLICA_ATTR
 from somatile.hw.tile_params import RTL_PROFILES
 
-from . import aie
+from . import aie, netlist
 from . import config as board_config
 from .aie import AieError
 from .config import BoardConfig, BoardError
@@ -615,6 +615,9 @@ def build(cfg: BoardConfig, top: str = DEFAULT_TOP, out: Path | str = "build/boa
         result = place_and_route(cfg, top, out_dir / "pnr", name, timeout_s)
         record["pnr"] = dataclasses.asdict(result)
         record["pnr"]["met"] = result.met
+        synthesised = out_dir / "pnr" / f"{name}.json"
+        if top == "array" and synthesised.exists():
+            record["pnr"]["cross_tile_inputs"] = len(netlist.cross_tile_inputs(synthesised, name))
         report = out_dir / "report.md"
         report.write_text(markdown_table([record]))
         (out_dir / "report.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -708,6 +711,8 @@ def markdown_table(records: list[dict]) -> str:
             if pnr.get("timing_margin_pct") and "fpga.timing_margin_pct" not in r.get("overrides", {}):
                 toward = with_margin(pnr["pll_mhz"], pnr["timing_margin_pct"])
                 status += f" (placed and routed toward {_fmt(toward)} MHz: the board's fpga.timing_margin_pct)"
+            if pnr.get("cross_tile_inputs"):
+                status += f" ({pnr['cross_tile_inputs']} cell inputs of a tile driven by another tile's cells)"
             if pnr.get("cpu_target_mhz") and final:
                 status += (f" (CPU clock: Fmax {_fmt(pnr.get('cpu_fmax_mhz'))} MHz, target "
                            f"{_fmt(pnr['cpu_target_mhz'])} MHz)")
