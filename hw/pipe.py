@@ -146,6 +146,21 @@ class TagLine:
         return tuple(out)
 
 
+def minus_aligned(m, value, k: int, low: int, name: str, shape, base: int = 0):
+    """``value - k`` of ``shape`` (wrapping like an assignment) for a ``value`` whose ``low`` low bits are the
+    constant ``base``; returns it and its low bits' constant. Only the high bits are registered (one cycle):
+    registered, the constant low bits would start from 0 and hold the constant from their first load, which
+    Yosys cannot fold, and in a flattened array it shared one tile's such flip-flops with the other's (one
+    tile's register driving the other's logic across the die)."""
+    shape = Shape.cast(shape)
+    borrow = -(-(k - base) // (1 << low))  # value - k = (high - borrow) * 2**low + rest, 0 <= rest < 2**low
+    rest = base - k + (borrow << low)
+    top = value[low:].as_signed() if value.shape().signed else Cat(value[low:], 0).as_signed()
+    high = reg(m, top - borrow, name, Shape(shape.width - low, shape.signed))
+    result = Cat(Const(rest, low), high)
+    return (result.as_signed() if shape.signed else result), rest
+
+
 def split_mul(m, a, b, name: str):
     """``a * b`` exactly, latency 3: ``a`` and ``b`` first pass through registers of their own, which the placer
     can put beside the DSP blocks (with the product between two distant fabric registers, the routing to and

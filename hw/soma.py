@@ -341,7 +341,8 @@ PHASE_SCORES, PHASE_GATE, PHASE_WEIGHTED, PHASE_FINAL = range(4)
 READ_LATENCY = 3
 """Cycles from an address chosen to its word at the unit: the address register, the memory's read, the
 registered word (``rd_word``)."""
-FEED_INDEX_COPIES = 4  # copies of the HCCS feed's beat index, each selecting a group of the beat's lanes
+FEED_INDEX_COPIES = 8  # copies of the HCCS feed's beat index, each selecting a group of the beat's lanes
+# (with 4 at 6db64c4, feed_index_r1 -> the unit's input data was a late path of the ULX3S tile)
 ROW_WRITE_COPIES = 4  # copies of the decode row's write registers in NearFieldFeed, each for a group of beats
 FEED_LATENCY = 1
 """Cycles the decode row's beats spend in the register slice in front of the HCCS unit."""

@@ -59,7 +59,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2 as log2
 
 from somatile.hw import regmap
-from somatile.hw.pipe import block_ram, delay, reg
+from somatile.hw.pipe import block_ram, delay, minus_aligned, reg
 from somatile.hw.regmap import PROFILE_HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import SomaDecode, expected_cycles, output_words
 from somatile.hw.tile_front import CHECK_SETTLE, PARAMS_DELAY, CommandFront
@@ -404,7 +404,10 @@ class _Sequencer:
         self.hccs_row_we = Signal()
         self.hccs_configure = Signal()
         # The row's last element, padding included (the row unit takes the padding, masked).
-        self.n_pad_last = reg(m, front.n_pad - 1, "n_pad_last", range(regmap.padded(p.n_max)))
+        # n_pad is a whole number of granules: the low bits of n_pad - 1 are constants (pipe.minus_aligned).
+        granule_bits = log2(regmap.FRAME_GRANULE // regmap.element_bytes(p))
+        self.n_pad_last, _ = minus_aligned(m, front.n_pad, 1, granule_bits, "n_pad_last",
+                                           range(regmap.padded(p.n_max)))
 
     # The flags kept beside the state and the states they stand for: the intake's (see ``accepting``), and the
     # response phases the streamer is told (the DECODE job's response machine sets them too: decoded from the
@@ -769,6 +772,13 @@ class _Sequencer:
             m.d.comb += [rows.take.eq(1), resp.pack.eq(rows.out_valid), resp.value.eq(rows.value)]
             with m.If(rows.out_valid):
                 m.d.sync += self.row_done.eq(rows.final)
+                # The next row's fetch from its first element, set with the row's last answer rather than with
+                # the beat HCCS_SEND sends (behind the beat's handshake, their enables were the ULX3S tile's late
+                # path send_row -> row_index, fetch_elem at 6db64c4): the row's fetch ended long before. After
+                # the last row they are unused (RESPOND_HEADER sets them for the next command).
+                with m.If(rows.final):
+                    m.d.sync += [row_index.eq(0), self.fetch_valid.eq(0), fetch_elem.eq(self.next_row_start),
+                                 fetch_addr.eq(self.next_row_addr)]
                 with m.If(resp.beat_full):
                     self.goto("HCCS_SEND")
         with self.state("HCCS_SEND"):
@@ -779,9 +789,7 @@ class _Sequencer:
                     m.d.sync += self.hccs_active.eq(0)
                     self.finish()
                 with m.Elif(self.row_done):
-                    m.d.sync += [self.row.eq(self.row + 1), row_index.eq(0), self.row_advance.eq(1),
-                                 self.fetch_valid.eq(0), fetch_elem.eq(self.next_row_start),
-                                 fetch_addr.eq(self.next_row_addr), self.fetching.eq(1)]
+                    m.d.sync += [self.row.eq(self.row + 1), self.row_advance.eq(1), self.fetching.eq(1)]
                     self.goto("HCCS_LOAD")
                 with m.Else():
                     self.goto("HCCS_PACK")

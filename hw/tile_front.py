@@ -34,7 +34,7 @@ from amaranth.utils import exact_log2 as log2
 
 from somatile.hw import regmap
 from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok
-from somatile.hw.pipe import lut_mul, lut_mul_pipelined, reg
+from somatile.hw.pipe import lut_mul, lut_mul_pipelined, minus_aligned, reg
 from somatile.hw.regmap import HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import head_params_layout
 from somatile.hw.tile_regs import OK_LATENCY
@@ -65,17 +65,6 @@ CHECK_SETTLE = PARAMS_DELAY + RULES_LATENCY + 1
 (RULES_LATENCY), the check result's register."""
 
 
-
-def _minus_aligned(m, value, k: int, low: int, name: str, width: int, base: int = 0):
-    """``value - k`` (signed, ``width`` bits) for a ``value`` whose ``low`` low bits are the constant ``base``:
-    those of the result are a constant too (returned beside it) and only the high bits are registered (one
-    cycle)."""
-    a = 1 << low
-    borrow = -(-(k - base) // a)  # value - k = (hi - borrow) * a + rest, 0 <= rest < a
-    rest = base - k + borrow * a
-    top = value[low:].as_signed() if value.shape().signed else Cat(value[low:], 0).as_signed()
-    hi = reg(m, top - borrow, name, signed(width - low))
-    return Cat(Const(rest, low), hi).as_signed(), rest
 
 class CommandFront(wiring.Component):
     """The front end of a tile with :class:`~somatile.hw.regmap.TileParams` ``params``; the ports are listed
@@ -254,10 +243,10 @@ class CommandFront(wiring.Component):
         align = math.gcd(regmap.padded(regmap.REGISTER_BYTES * len(HEAD_PARAMS)), regmap.state_bytes(p), 3 * D,
                          regmap.FRAME_GRANULE)
         low = (align & -align).bit_length() - 1
-        last_beat_at, rest = _minus_aligned(m, expected, SB, low, "last_beat_at", 34)
+        last_beat_at, rest = minus_aligned(m, expected, SB, low, "last_beat_at", signed(34))
         out["last_beat_at"] = last_beat_at
         out["first_is_last"] = reg(m, last_beat_at == 0, "first_is_last")
-        out["before_last_beat"], _ = _minus_aligned(m, last_beat_at, SB, low, "before_last_beat", 35, rest)
+        out["before_last_beat"], _ = minus_aligned(m, last_beat_at, SB, low, "before_last_beat", signed(35), rest)
         m.d.comb += [self.head_end.eq(out["head_end"]), self.n_pad.eq(n_pad),
                      self.rows_last.eq(out["rows_last"]), self.hccs_bytes.eq(hccs_bytes),
                      self.hccs_bytes_nonzero.eq(out["hccs_bytes_nonzero"]),
