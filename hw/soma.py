@@ -779,7 +779,7 @@ class NearFieldFeed(wiring.Component):
 
 
 class GateStage(wiring.Component):
-    """The query gate, in parallel with the normaliser: ``z = q . G`` over the head_dim elements, then
+    """The query gate, beside SCORES: ``z = q . G`` over the head_dim elements, then
     ``gate = sat(64 + rshift_round(z * gate_mult, gate_shift), 0, 128)``, 128 (:data:`soma.GATE_ONE`) when the
     head is ungated.
 
@@ -1368,11 +1368,11 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
     ``max(16, mac_lanes)`` bytes), hccs_lanes, the profile and (paper) the normaliser only; not on the sequence
     position or the fill level. Each phase is the latency its stage states: LOAD ``5 w + 5``
     (w = head_dim / word) and WRITE ``2 w`` (:meth:`StateMover.load_cycles`, :meth:`StateMover.write_cycles`),
-    SCORES (:meth:`ScoreStage.cycles`), NORMALISE ``max(N, G) + 1`` with
+    SCORES (:meth:`ScoreStage.cycles`, S), NORMALISE ``max(N, G - S) + 1`` with
     N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
     paper's HCCS heads; :func:`normaliser_lead_cycles` for the paper's integer exp, whose probabilities the
-    weighted sum reads behind the normaliser's writes) and G the gate's
-    (:meth:`GateStage.cycles`), WEIGHTED SUM (where :func:`final_overlaps`, the chunks' slots issued back to
+    weighted sum reads behind the normaliser's writes) and G the gate's (:meth:`GateStage.cycles`, issued from
+    SCORES's first cycle on), WEIGHTED SUM (where :func:`final_overlaps`, the chunks' slots issued back to
     back, then the last one's pipeline: ``chunks * slots + WEIGHTED_DEPTH``; else per chunk
     :meth:`WeightedStage.cycles` and, but for the last, its FINAL issue), then the last
     chunk's FINAL issue (:meth:`OutputStage.chunk_cycles`) and pipeline (:data:`FINAL_DEPTH`), STORE
@@ -1390,7 +1390,7 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
     else:  # each chunk's FINAL issue before the next chunk's weighted sum
         weighted = chunks * WeightedStage.cycles(params) + (chunks - 1) * final_issue
     return {"load": StateMover.load_cycles(params), "write": StateMover.write_cycles(params),
-            "scores": ScoreStage.cycles(params), "normalise": max(row, GateStage.cycles(params)) + 1,
+            "scores": ScoreStage.cycles(params), "normalise": max(row, GateStage.cycles(params) - ScoreStage.cycles(params)) + 1,
             "weighted": weighted, "final": final_issue + FINAL_DEPTH, "store": StateMover.store_cycles(params),
             "done": 1}
 
@@ -1497,20 +1497,21 @@ class SomaDecode(wiring.Component):
             ram.serve(port)
 
         issue = _Issue(m, p, self.mem_words, mover.rows)
-        fin = _FinalIssue(m, p)
-        stages = self._stages(m, par, rams, mover, issue, fin, rd_word, use_exp, norm)
+        fin = _CountIssue(m, p, p.mac_lanes, PHASE_FINAL, max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin")
+        gate_issue = _CountIssue(m, p, p.head_dim, PHASE_GATE, GATE_DEPTH + 1, "gate")
+        stages = self._stages(m, par, rams, mover, issue, fin, gate_issue, rd_word, use_exp, norm)
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
             m.d.sync += self.busy.eq(1)
         with m.If(self.done):
             m.d.sync += self.busy.eq(0)
-        self._sequence(m, par, mover, issue, fin, stages, rd_addr_next, use_exp, norm)
+        self._sequence(m, par, mover, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm)
         return m
 
-    def _stages(self, m, par, rams, mover, issue, fin, rd_word, use_exp, norm) -> SimpleNamespace:
-        """The datapath stages, each fed the tags of the item it holds (``issue.item``; FINAL's from its own
-        issue, ``fin.item``) and served by the register files; their FINAL element writes and LOAD's word writes
+    def _stages(self, m, par, rams, mover, issue, fin, gate_issue, rd_word, use_exp, norm) -> SimpleNamespace:
+        """The datapath stages, each fed the tags of the item it holds (``issue.item``; FINAL's and the gate's
+        from their own issues, ``fin.item`` and ``gate_issue.item``) and served by the register files; their FINAL element writes and LOAD's word writes
         into the register files."""
         p, item = self.params, issue.item
         paper = p.profile == "paper"
@@ -1526,15 +1527,15 @@ class SomaDecode(wiring.Component):
 
         # Paper: HCCS heads normalise through the streaming HCCS unit (hw/hccs.py), exp heads through the
         # RowNormaliser (norm); wide: every head through the wide normaliser (hw/wide.py). The query gate runs
-        # beside either. The row unit serves the tile's HCCS command between steps (command).
+        # beside SCORES (from q and the gate field, both loaded in LOAD) and is latched as NORMALISE ends. The row unit serves the tile's HCCS command between steps (command).
         m.submodules.near_field = near_field = NearFieldFeed(p)
         # NORMALISE's counters start from the row's end register alone (only SCORES writes the row): decoded
         # with the state, the state register's routes to their copies were the ULX3S array's latest.
         m.d.comb += [near_field.head.eq(par), near_field.row.eq(row), near_field.start.eq(row.end)]
         wiring.connect(m, wiring.flipped(self.command), near_field.command)
         m.submodules.gate = gate = GateStage(p)
-        m.d.comb += [gate.head.eq(par), gate.accumulate_item.eq(item(2, PHASE_GATE)),
-                     gate.done_item.eq(item(GATE_DEPTH, PHASE_GATE))]
+        m.d.comb += [gate.head.eq(par), gate.accumulate_item.eq(gate_issue.item(2)),
+                     gate.done_item.eq(gate_issue.item(GATE_DEPTH)), gate.advance.eq(gate_issue.issuing)]
         rams.q.serve(gate.q)
         rams.gate_fld.serve(gate.gate_field)
         # An integer-exp row is done for WEIGHTED SUM as its first probability is written: the weighted sum
@@ -1578,7 +1579,7 @@ class SomaDecode(wiring.Component):
         return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=output,
                                norm_done=norm_done)
 
-    def _sequence(self, m, par, mover, issue, fin, stages, rd_addr_next, use_exp, norm):
+    def _sequence(self, m, par, mover, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm):
         """The step's state machine: LOAD, WRITE (before SCORES when ``include_self``, else after FINAL),
         SCORES, NORMALISE, WEIGHTED per chunk (each chunk's FINAL issued by ``fin`` from its end; where
         :func:`final_overlaps` the chunks are issued back to back and FINAL runs beside the next chunk's WEIGHTED,
@@ -1598,6 +1599,10 @@ class SomaDecode(wiring.Component):
             m.d.sync += c_issue.eq(0)
             issue.begin_rows("k")
             issue.begin(PHASE_SCORES, rows=False)
+            # The gate's elements beside SCORES's items (q and the gate field are loaded; the gate has its own
+            # issue counter and reads q through a read port of its own).
+            gate_issue.begin()
+            m.d.comb += gate.restart.eq(1)
             m.next = "SCORES"
             m.d.sync += self.writes.eq(0)
 
@@ -1646,13 +1651,10 @@ class SomaDecode(wiring.Component):
                 with m.If(row.end):
                     m.d.sync += norm_busy.eq(1)
                     m.d.comb += mover.begin_field.eq(1)
-                    issue.begin(PHASE_GATE)
-                    m.d.comb += gate.restart.eq(1)
                     if p.profile == "paper":
                         m.d.comb += norm.start.eq(use_exp)
                     m.next = "NORMALISE"
             with m.State("NORMALISE"):
-                m.d.comb += gate.advance.eq(issue.issuing)
                 with m.If(stages.norm_done):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
@@ -1714,36 +1716,35 @@ class SomaDecode(wiring.Component):
                      mover.storing.eq(fsm.ongoing("STORE"))]
 
 
-class _FinalIssue:
-    """FINAL's issue counter over one chunk's ``mac_lanes`` elements (lane n of chunk c), one a cycle while
-    ``issuing``, with a tag line of its own (:meth:`item`): FINAL runs beside the next chunk's WEIGHTED SUM,
-    which holds the main issue counter."""
+class _CountIssue:
+    """An issue counter of its own over ``count`` items (n = 0 .. count - 1, of chunk c), one a cycle while
+    ``issuing``, with a tag line of its own (:meth:`item`) for phase ``phase``: FINAL's over one chunk's
+    ``mac_lanes`` elements (FINAL runs beside the next chunk's WEIGHTED SUM, which holds the main issue counter),
+    the gate's over head_dim elements (the gate runs beside SCORES)."""
 
-    def __init__(self, m, params: TileParams):
-        self.m = m
-        lanes = params.mac_lanes
-        self.n = Signal(issue_shape(params), name="fin_n")
-        self.c = Signal(range(params.head_dim // lanes + 1), name="fin_c")
-        self.issuing, self.last = Signal(name="fin_issuing"), Signal(name="fin_last")
-        m.d.comb += self.last.eq(self.n == lanes - 1)
+    def __init__(self, m, params: TileParams, count: int, phase: int, depth: int, name: str):
+        self.m, self.phase = m, phase
+        self.n = Signal(issue_shape(params), name=f"{name}_n")
+        self.c = Signal(range(params.head_dim // params.mac_lanes + 1), name=f"{name}_c")
+        self.issuing, self.last = Signal(name=f"{name}_issuing"), Signal(name=f"{name}_last")
+        m.d.comb += self.last.eq(self.n == count - 1)
         with m.If(self.issuing):
             m.d.sync += self.n.eq(self.n + 1)
             with m.If(self.last):
                 m.d.sync += self.issuing.eq(0)
-        self.tags = TagLine(m, self.issuing, self.last, Const(PHASE_FINAL, 2), [self.n, self.c],
-                            max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin_tag")
+        self.tags = TagLine(m, self.issuing, self.last, Const(phase, 2), [self.n, self.c], depth, f"{name}_tag")
 
     def item(self, stage: int):
-        """The tags (item_layout) of the element issued ``stage`` cycles ago."""
-        return Cat(*self.tags.at(stage, PHASE_FINAL))
+        """The tags (item_layout) of the item issued ``stage`` cycles ago."""
+        return Cat(*self.tags.at(stage, self.phase))
 
-    def begin(self, chunk):
-        """Issuing starts at lane 0 of ``chunk``."""
+    def begin(self, chunk=0):
+        """Issuing starts at item 0 of ``chunk``."""
         self.m.d.sync += [self.n.eq(0), self.c.eq(chunk), self.issuing.eq(1)]
 
 
 class _Issue:
-    """The decode step's issue counter over (slot n, chunk c) or (element n), one item per cycle while
+    """The decode step's issue counter over (slot n, chunk c), one item per cycle while
     ``issuing``; the tags (valid, last, phase, n, c) travel down a delay line (:class:`TagLine`) so that every
     pipeline stage knows which item it holds (:meth:`item`). Beside it the row address of slot n's K or V:
     slots are issued in order (sinks, then the ring), so it advances in a register (by a row's words, or to
@@ -1757,15 +1758,13 @@ class _Issue:
         self.sink_last = Signal(name="sink_last")  # n == sinks - 1, set with n (it steers the row address)
         self.c = Signal(range(params.head_dim // params.mac_lanes + 1), name="c_issue")
         self.issuing, self.last, self.phase = Signal(name="issuing"), Signal(name="last_issue"), Signal(2, name="phase")
-        max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH, GATE_DEPTH) + 1  # FINAL's: _FinalIssue
+        max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH) + 1  # FINAL's and the gate's: _CountIssue
         self.tags = TagLine(m, self.issuing, self.last, self.phase, [self.n, self.c], max_depth, "tag")
         # n counts by itself from the phase register: SCORES issues each slot's chunks in turn (the sequencer
-        # steps c) and its last item is slot slots - 1's last chunk; GATE's is element head_dim - 1, WEIGHTED
-        # SUM's slot slots - 1. n is 0 whenever nothing issues, so begin need not clear it: with the
+        # steps c) and its last item is slot slots - 1's last chunk; WEIGHTED SUM's is slot slots - 1. n is 0 whenever nothing issues, so begin need not clear it: with the
         # sequencer's begin conditions in its input, the fsm_state -> n path was the ULX3S tile's longest.
         slot_end = (self.phase != PHASE_SCORES) | (self.c == params.head_dim // params.mac_lanes - 1)
-        final = Mux(self.phase == PHASE_GATE, self.n == params.head_dim - 1, self.n == params.slots - 1)
-        m.d.comb += self.last.eq(final & slot_end)
+        m.d.comb += self.last.eq((self.n == params.slots - 1) & slot_end)
         with m.If(~self.issuing | self.last):
             m.d.sync += self.n.eq(0)
         with m.Elif(slot_end):
