@@ -71,9 +71,9 @@ class Replicated:
     def eq(self, value):
         return [copy.eq(value) for copy in self._copies]
 
-    def increment(self):
-        """Every copy counts up by one from its own value (a counter kept as copies)."""
-        return [copy.eq(copy + 1) for copy in self._copies]
+    def increment(self, by: int = 1):
+        """Every copy counts up by ``by`` from its own value (a counter kept as copies)."""
+        return [copy.eq(copy + by) for copy in self._copies]
 
     def copy(self, i: int):
         return self._copies[i]

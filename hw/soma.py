@@ -414,6 +414,15 @@ class ElementRam:
         self.m.d.comb += [self.wr.addr.eq(self.word_of(d)), self.wr.data.eq(value.replicate(self.per_word)),
                           self.wr.en.eq(Const(1, self.per_word) << d[:self._shift])]
 
+    def write_elements(self, d, values):
+        """Elements ``d`` .. ``d + len(values) - 1`` in one write (``d`` a multiple of ``len(values)``, which
+        divides the word's elements)."""
+        n = len(values)
+        assert self.per_word % n == 0
+        self.m.d.comb += [self.wr.addr.eq(self.word_of(d)),
+                          self.wr.data.eq(Cat(*values).replicate(self.per_word // n)),
+                          self.wr.en.eq(Const((1 << n) - 1, self.per_word) << d[:self._shift])]
+
 
 def tree_levels(lanes: int) -> int:
     """Registered adder levels that sum ``lanes`` products (one carry chain per stage)."""
@@ -968,11 +977,14 @@ class OutputStage(wiring.Component):
     operands, registered one cycle after the issue (``f_old``, ``g_old``, ``k_d``) and two (``src``: k or v,
     the head's field source). ``acc`` and ``gate`` are constant while a chunk's elements run. The tag line's
     items at ``FINAL_DEPTH - 1`` (``write_item``) and ``FINAL_DEPTH`` (``element_item``) steer the write;
-    ``end`` is high from the cycle the last chunk's last element is written. One element per cycle.
+    ``end`` is high from the cycle the last chunk's last element is written.
+
+    One element per cycle: element ``offset`` of each group of :func:`final_elements` issued together (the
+    decode unit has one stage per element of the group; the tags' n counts groups).
     """
 
-    def __init__(self, params: TileParams):
-        self.params = params
+    def __init__(self, params: TileParams, offset: int = 0):
+        self.params, self.offset = params, offset
         item = item_layout(params)
         super().__init__({
             "head": In(head_params_layout(params.profile)), "d_restart": In(1), "lane_restart": In(1),
@@ -987,8 +999,9 @@ class OutputStage(wiring.Component):
 
     @staticmethod
     def chunk_cycles(params: TileParams) -> int:
-        """FINAL's issue of one chunk's elements (their pipeline drains during the next chunk's weighted sum)."""
-        return params.mac_lanes
+        """FINAL's issue of one chunk's elements, :func:`final_elements` a cycle (their pipeline drains during the
+        next chunk's weighted sum)."""
+        return params.mac_lanes // final_elements(params)
 
     def elaborate(self, platform):
         m = Module()
@@ -999,14 +1012,15 @@ class OutputStage(wiring.Component):
         # copies carry nothing but the LUT RAM's address loads), and
         # the lane issued as a counter of its own: each addresses a few hundred LUT RAM cells
         # or a 32-bit multiplexer.
-        d_issue = Replicated(range(D + 1), 8, "d_issue")
+        group = final_elements(p)
+        d_issue = Replicated(range(D + group), 8, "d_issue")
         fin_lane = Signal(max(1, (L - 1).bit_length()))
         with m.If(self.d_restart):
-            m.d.sync += d_issue.eq(0)
+            m.d.sync += d_issue.eq(self.offset)
         with m.If(self.lane_restart):
-            m.d.sync += fin_lane.eq(0)
+            m.d.sync += fin_lane.eq(self.offset)
         with m.If(self.advance):
-            m.d.sync += [fin_lane.eq(fin_lane + 1), *d_issue.increment()]
+            m.d.sync += [fin_lane.eq(fin_lane + group), *d_issue.increment(group)]
         s = 0
         acc_sel = reg(m, Array(self.acc[l] for l in range(L))[fin_lane], "acc_sel")
         # Element d_issue of the fields, k and v: each word read is registered as it leaves the LUT RAM, and
@@ -1055,16 +1069,20 @@ class OutputStage(wiring.Component):
         # early; the element d = c * L + n of the item's tags (L a power of two: TileParams checks it).
         w = self.write_item
         m.d.comb += [self.out_write.en.eq(reg(m, w.valid, "out_write", reset_less=False)),
-                     self.out_write.element.eq(element_index(self.element_item, L)),
+                     self.out_write.element.eq(element_index(self.element_item, p, self.offset)),
                      self.out_write.value.eq(out_element),
                      self.end.eq(reg(m, w.valid & w.last & (w.c == p.head_dim // L - 1), "final_end",
                                      reset_less=False))]
         return m
 
 
-def element_index(item, lanes: int):
-    """The element d = c * L + n of a FINAL item's tags (L a power of two: TileParams checks it)."""
-    return Cat(item.n[:(lanes - 1).bit_length()], item.c)
+def element_index(item, params: TileParams, offset: int = 0):
+    """The element d = c * L + n * E + offset of a FINAL item's tags, E = :func:`final_elements` (the group n
+    of chunk c; L and E powers of two: TileParams checks L)."""
+    group = final_elements(params)
+    lane_bits = (params.mac_lanes // group - 1).bit_length()
+    parts = [Const(offset, (group - 1).bit_length())] if group > 1 else []
+    return Cat(*parts, item.n[:lane_bits], item.c)
 
 
 class FieldUpdate(wiring.Component):
@@ -1074,11 +1092,11 @@ class FieldUpdate(wiring.Component):
 
     The operands come from the :class:`OutputStage` (``f_old``, ``g_old`` and ``k_d`` one cycle after the
     element's issue, ``src`` two); ``write_item`` and ``element_item`` are the tag line at ``FIELD_DEPTH - 1``
-    and ``FIELD_DEPTH``. One element per cycle.
+    and ``FIELD_DEPTH``. One element per cycle: element ``offset`` of each group (:class:`OutputStage`).
     """
 
-    def __init__(self, params: TileParams):
-        self.params = params
+    def __init__(self, params: TileParams, offset: int = 0):
+        self.params, self.offset = params, offset
         item = item_layout(params)
         super().__init__({
             "head": In(head_params_layout(params.profile)), "f_old": In(signed(16)), "g_old": In(signed(16)),
@@ -1106,7 +1124,7 @@ class FieldUpdate(wiring.Component):
         assert 2 + 2 + 2 + 1 == FIELD_DEPTH  # the word's and f_old's registers, then the update's
         # The enables from registers set a stage early; the gate field's in a register of its own, gating
         # included (it steers the LUT RAM's write address between LOAD's words and FINAL's elements).
-        element = element_index(self.element_item, self.params.mac_lanes)
+        element = element_index(self.element_item, self.params, self.offset)
         m.d.comb += [self.field_write.en.eq(reg(m, self.write_item.valid, "fin_write", reset_less=False)),
                      self.gate_write.en.eq(reg(m, self.write_item.valid & head_choice(self.head, "gating", "query"),
                                                "gate_write", reset_less=False)),
@@ -1350,13 +1368,25 @@ class StateMover(wiring.Component):
         return list(zip(store_sel, store_groups))
 
 
+FINAL_LANES_PER_ELEMENT = 8
+"""FINAL issues one element a cycle per this many MAC lanes (:func:`final_elements`)."""
+
+
+def final_elements(params: TileParams) -> int:
+    """Elements FINAL issues a cycle: one per :data:`FINAL_LANES_PER_ELEMENT` MAC lanes, so that a chunk's FINAL
+    (``mac_lanes`` elements, each about five multiplications) takes at most 8 cycles however wide the MAC array:
+    one :class:`OutputStage` and :class:`FieldUpdate` per element, side by side (one at 8 lanes or fewer; eight,
+    64 multipliers or so, at the Versal boards' 64)."""
+    return max(1, params.mac_lanes // FINAL_LANES_PER_ELEMENT)
+
+
 def final_overlaps(params: TileParams) -> bool:
     """Whether the chunks' WEIGHTED SUMs run back to back, each chunk's FINAL beside the next chunk's weighted
     sum: a chunk's first slot is issued in the cycle after the previous chunk's last, so the next chunk's sums
-    replace a chunk's ``sinks + ring`` cycles after its end, and FINAL's ``mac_lanes`` element issues (one a
-    cycle, reading the chunk's sums in ``WeightedStage.acc``) must fit in them. Otherwise each chunk's weighted
-    sum waits for the previous chunk's sums and its FINAL issue."""
-    return params.mac_lanes <= params.slots
+    replace a chunk's ``sinks + ring`` cycles after its end, and FINAL's issues of the chunk's ``mac_lanes``
+    elements (:meth:`OutputStage.chunk_cycles`, reading the chunk's sums in ``WeightedStage.acc``) must fit in
+    them. Otherwise each chunk's weighted sum waits for the previous chunk's sums and its FINAL issue."""
+    return OutputStage.chunk_cycles(params) <= params.slots
 
 
 def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> dict[str, int]:
@@ -1390,7 +1420,8 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
     else:  # each chunk's FINAL issue before the next chunk's weighted sum
         weighted = chunks * WeightedStage.cycles(params) + (chunks - 1) * final_issue
     return {"load": StateMover.load_cycles(params), "write": StateMover.write_cycles(params),
-            "scores": ScoreStage.cycles(params), "normalise": max(row, GateStage.cycles(params) - ScoreStage.cycles(params)) + 1,
+            "scores": ScoreStage.cycles(params),
+            "normalise": max(row, GateStage.cycles(params) - ScoreStage.cycles(params)) + 1,
             "weighted": weighted, "final": final_issue + FINAL_DEPTH, "store": StateMover.store_cycles(params),
             "done": 1}
 
@@ -1497,7 +1528,7 @@ class SomaDecode(wiring.Component):
             ram.serve(port)
 
         issue = _Issue(m, p, self.mem_words, mover.rows)
-        fin = _CountIssue(m, p, p.mac_lanes, PHASE_FINAL, max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin")
+        fin = _CountIssue(m, p, OutputStage.chunk_cycles(p), PHASE_FINAL, max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin")
         gate_issue = _CountIssue(m, p, p.head_dim, PHASE_GATE, GATE_DEPTH + 1, "gate")
         stages = self._stages(m, par, rams, mover, issue, fin, gate_issue, rd_word, use_exp, norm)
 
@@ -1511,8 +1542,8 @@ class SomaDecode(wiring.Component):
 
     def _stages(self, m, par, rams, mover, issue, fin, gate_issue, rd_word, use_exp, norm) -> SimpleNamespace:
         """The datapath stages, each fed the tags of the item it holds (``issue.item``; FINAL's and the gate's
-        from their own issues, ``fin.item`` and ``gate_issue.item``) and served by the register files; their FINAL element writes and LOAD's word writes
-        into the register files."""
+        from their own issues, ``fin.item`` and ``gate_issue.item``) and served by the register files; their
+        FINAL element writes and LOAD's word writes into the register files."""
         p, item = self.params, issue.item
         paper = p.profile == "paper"
         m.submodules.scores = scores = ScoreStage(p)
@@ -1527,7 +1558,8 @@ class SomaDecode(wiring.Component):
 
         # Paper: HCCS heads normalise through the streaming HCCS unit (hw/hccs.py), exp heads through the
         # RowNormaliser (norm); wide: every head through the wide normaliser (hw/wide.py). The query gate runs
-        # beside SCORES (from q and the gate field, both loaded in LOAD) and is latched as NORMALISE ends. The row unit serves the tile's HCCS command between steps (command).
+        # beside SCORES (from q and the gate field, both loaded in LOAD) and is latched as NORMALISE ends. The
+        # row unit serves the tile's HCCS command between steps (command).
         m.submodules.near_field = near_field = NearFieldFeed(p)
         # NORMALISE's counters start from the row's end register alone (only SCORES writes the row): decoded
         # with the state, the state register's routes to their copies were the ULX3S array's latest.
@@ -1553,30 +1585,46 @@ class SomaDecode(wiring.Component):
                      weighted.probs.eq(near_field.probs), weighted.v_word.eq(rd_word)]
         if paper:
             m.d.comb += [norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(norm.prob)]
-        m.submodules.output = output = OutputStage(p)
-        m.d.comb += [output.head.eq(par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
-                     output.write_item.eq(fin.item(FINAL_DEPTH - 1)), output.element_item.eq(fin.item(FINAL_DEPTH)),
-                     output.advance.eq(fin.issuing)]
-        for ram, port in ((rams.fld, output.field), (rams.gate_fld, output.gate_field), (rams.k, output.k),
-                          (rams.v, output.v)):
-            ram.serve(port)
-        m.submodules.field_update = field_update = FieldUpdate(p)
-        m.d.comb += [field_update.head.eq(par), field_update.f_old.eq(output.f_old),
-                     field_update.g_old.eq(output.g_old), field_update.k_d.eq(output.k_d),
-                     field_update.src.eq(output.src),
-                     field_update.write_item.eq(fin.item(FIELD_DEPTH - 1)),
-                     field_update.element_item.eq(fin.item(FIELD_DEPTH))]
+        # FINAL: one OutputStage and FieldUpdate per element of a group issued together (final_elements); the
+        # sequencer drives the first's restarts, the others follow them.
+        group = final_elements(p)
+        outputs, updates = [], []
+        for e in range(group):
+            suffix = str(e) if group > 1 else ""
+            m.submodules["output" + suffix] = output = OutputStage(p, e)
+            m.d.comb += [output.head.eq(par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
+                         output.write_item.eq(fin.item(FINAL_DEPTH - 1)),
+                         output.element_item.eq(fin.item(FINAL_DEPTH)), output.advance.eq(fin.issuing)]
+            if e:
+                m.d.comb += [output.d_restart.eq(outputs[0].d_restart),
+                             output.lane_restart.eq(outputs[0].lane_restart)]
+            for ram, port in ((rams.fld, output.field), (rams.gate_fld, output.gate_field), (rams.k, output.k),
+                              (rams.v, output.v)):
+                ram.serve(port)
+            m.submodules["field_update" + suffix] = field_update = FieldUpdate(p, e)
+            m.d.comb += [field_update.head.eq(par), field_update.f_old.eq(output.f_old),
+                         field_update.g_old.eq(output.g_old), field_update.k_d.eq(output.k_d),
+                         field_update.src.eq(output.src),
+                         field_update.write_item.eq(fin.item(FIELD_DEPTH - 1)),
+                         field_update.element_item.eq(fin.item(FIELD_DEPTH))]
+            outputs.append(output)
+            updates.append(field_update)
         # FINAL's element writes follow LOAD's word writes, so they take a register file's write port when both
         # ask (the phases never overlap).
         for ram, write in ((rams.q, mover.q_load), (rams.k, mover.k_load), (rams.v, mover.v_load),
                            (rams.fld, mover.field_load), (rams.gate_fld, mover.gate_field_load)):
             with m.If(write.en):
                 ram.write_word(write.addr, write.data)
-        for ram, write in ((rams.fld, field_update.field_write), (rams.gate_fld, field_update.gate_write),
-                           (rams.out, output.out_write)):
-            with m.If(write.en):
-                ram.write_element(write.element, write.value)
-        return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=output,
+        # A group's elements are written together (their enables are equal): the first's element and enable.
+        for ram, writes in ((rams.fld, [u.field_write for u in updates]),
+                            (rams.gate_fld, [u.gate_write for u in updates]),
+                            (rams.out, [o.out_write for o in outputs])):
+            with m.If(writes[0].en):
+                if group == 1:
+                    ram.write_element(writes[0].element, writes[0].value)
+                else:
+                    ram.write_elements(writes[0].element, [w.value for w in writes])
+        return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=outputs[0],
                                norm_done=norm_done)
 
     def _sequence(self, m, par, mover, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm):
@@ -1761,8 +1809,9 @@ class _Issue:
         max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH) + 1  # FINAL's and the gate's: _CountIssue
         self.tags = TagLine(m, self.issuing, self.last, self.phase, [self.n, self.c], max_depth, "tag")
         # n counts by itself from the phase register: SCORES issues each slot's chunks in turn (the sequencer
-        # steps c) and its last item is slot slots - 1's last chunk; WEIGHTED SUM's is slot slots - 1. n is 0 whenever nothing issues, so begin need not clear it: with the
-        # sequencer's begin conditions in its input, the fsm_state -> n path was the ULX3S tile's longest.
+        # steps c) and its last item is slot slots - 1's last chunk; WEIGHTED SUM's is slot slots - 1. n is 0
+        # whenever nothing issues, so begin need not clear it: with the sequencer's begin conditions in its
+        # input, the fsm_state -> n path was the ULX3S tile's longest.
         slot_end = (self.phase != PHASE_SCORES) | (self.c == params.head_dim // params.mac_lanes - 1)
         m.d.comb += self.last.eq((self.n == params.slots - 1) & slot_end)
         with m.If(~self.issuing | self.last):

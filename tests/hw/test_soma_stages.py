@@ -15,7 +15,7 @@ from somatile.hw.pipe import TagLine
 from somatile.hw.soma import (FIELD_DEPTH, FINAL_DEPTH, GATE_DEPTH, HEAD_PARAMS_LAYOUT, PHASE_FINAL, PHASE_GATE,
                               PHASE_SCORES, PHASE_WEIGHTED, READ_LATENCY, WEIGHTED_DEPTH, FieldUpdate, GateStage,
                               NearFieldFeed, OutputStage, ScoreStage, StateMover, WeightedStage, element_bits,
-                              head_params_layout, issue_shape, output_words)
+                              final_elements, head_params_layout, issue_shape, output_words)
 from somatile.hw import regmap
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, PROFILE_HEAD_PARAMS
 from somatile.model import hccs, soma_int, wide
@@ -384,44 +384,54 @@ def test_wide_weighted_stage_sums_q15_p_times_v(params, case, rng):
 
 
 def run_final(p, F, G, k, v, acc, gate, head):
-    """OutputStage and FieldUpdate over every element: their writes {element: (value, cycle)} and FINAL's end."""
-    L, D, chunks = p.mac_lanes, p.head_dim, p.head_dim // p.mac_lanes
+    """OutputStage and FieldUpdate over every element, one pair per element of a group issued together
+    (final_elements, as the decode unit builds them): their writes {element: (value, cycle)} and FINAL's end."""
+    L, D, chunks, E = p.mac_lanes, p.head_dim, p.head_dim // p.mac_lanes, final_elements(p)
     m = Module()
-    m.submodules.output = output = OutputStage(p)
-    m.submodules.update = update = FieldUpdate(p)
     issuer = Issuer(m, p, FINAL_DEPTH + 1)
     k_words, v_words = ram_words(k, np.int8, p), ram_words(v, np.int8, p)
-    m.d.comb += [output.write_item.eq(issuer.item(FINAL_DEPTH - 1, PHASE_FINAL)),
-                 output.element_item.eq(issuer.item(FINAL_DEPTH, PHASE_FINAL)),
-                 update.write_item.eq(issuer.item(FIELD_DEPTH - 1, PHASE_FINAL)),
-                 update.element_item.eq(issuer.item(FIELD_DEPTH, PHASE_FINAL)),
-                 output.field.data.eq(Array(ram_words(F, np.int16, p))[output.field.addr]),
-                 output.gate_field.data.eq(Array(ram_words(G, np.int16, p))[output.gate_field.addr]),
-                 output.k.data.eq(Array(k_words)[output.k.addr]), output.v.data.eq(Array(v_words)[output.v.addr]),
-                 update.f_old.eq(output.f_old), update.g_old.eq(output.g_old), update.k_d.eq(output.k_d),
-                 update.src.eq(output.src)]
+    pairs = []
+    for e in range(E):
+        m.submodules[f"output{e}"] = output = OutputStage(p, e)
+        m.submodules[f"update{e}"] = update = FieldUpdate(p, e)
+        m.d.comb += [output.write_item.eq(issuer.item(FINAL_DEPTH - 1, PHASE_FINAL)),
+                     output.element_item.eq(issuer.item(FINAL_DEPTH, PHASE_FINAL)),
+                     update.write_item.eq(issuer.item(FIELD_DEPTH - 1, PHASE_FINAL)),
+                     update.element_item.eq(issuer.item(FIELD_DEPTH, PHASE_FINAL)),
+                     output.field.data.eq(Array(ram_words(F, np.int16, p))[output.field.addr]),
+                     output.gate_field.data.eq(Array(ram_words(G, np.int16, p))[output.gate_field.addr]),
+                     output.k.data.eq(Array(k_words)[output.k.addr]), output.v.data.eq(Array(v_words)[output.v.addr]),
+                     update.f_old.eq(output.f_old), update.g_old.eq(output.g_old), update.k_d.eq(output.k_d),
+                     update.src.eq(output.src)]
+        pairs.append((output, update))
     writes = {"out": {}, "field": {}, "gate": {}, "end": []}
     layout = head_params_layout(p.profile)
 
     async def bench(ctx):
-        ctx.set(output.head, layout.const(head)), ctx.set(update.head, layout.const(head))
-        ctx.set(output.gate, gate), ctx.set(output.d_restart, 1), ctx.set(output.lane_restart, 1)
+        for output, update in pairs:
+            ctx.set(output.head, layout.const(head)), ctx.set(update.head, layout.const(head))
+            ctx.set(output.gate, gate), ctx.set(output.d_restart, 1), ctx.set(output.lane_restart, 1)
         await ctx.tick()
-        ctx.set(output.d_restart, 0), ctx.set(output.lane_restart, 0)
-        issued = [(e, c) for c in range(chunks) for e in range(L)]
+        for output, _ in pairs:
+            ctx.set(output.d_restart, 0), ctx.set(output.lane_restart, 0)
+        issued = [(g, c) for c in range(chunks) for g in range(L // E)]
         for t in range(len(issued) + FINAL_DEPTH + 2):
             if t < len(issued):
-                e, c = issued[t]
-                issuer.issue(ctx, e, c, e == L - 1, PHASE_FINAL)
-                ctx.set(output.advance, 1)
-                ctx.set(output.acc, [int(a) for a in acc[c * L:(c + 1) * L]])
+                g, c = issued[t]
+                issuer.issue(ctx, g, c, g == L // E - 1, PHASE_FINAL)
             else:
-                ctx.set(issuer.valid, 0), ctx.set(output.advance, 0)
-            for name, port in (("out", output.out_write), ("field", update.field_write),
-                               ("gate", update.gate_write)):
-                if ctx.get(port.en):
-                    writes[name][ctx.get(port.element)] = (ctx.get(port.value), t)
-            if ctx.get(output.end):
+                ctx.set(issuer.valid, 0)
+            for output, update in pairs:
+                ctx.set(output.advance, t < len(issued))
+                if t < len(issued):
+                    ctx.set(output.acc, [int(a) for a in acc[c * L:(c + 1) * L]])
+                for name, port in (("out", output.out_write), ("field", update.field_write),
+                                   ("gate", update.gate_write)):
+                    if ctx.get(port.en):
+                        element = ctx.get(port.element)
+                        assert element not in writes[name], (name, element)
+                        writes[name][element] = (ctx.get(port.value), t)
+            if ctx.get(pairs[0][0].end):
                 writes["end"].append(t)
             await ctx.tick()
 
@@ -438,15 +448,16 @@ def check_final(p, F, G, k, v, acc, gate, head, field_of_keys, gated):
     out = soma.saturate(near + far, *soma_int.LIMITS[p.profile]["out"])
     new_f = soma.field_update(F, k if field_of_keys else v, head["gamma_q15"])
     new_g = soma.field_update(G, k, head["gamma_q15"])
+    E = final_elements(p)  # element d is issued in cycle d // E, with its group
     for d in range(D):
-        assert writes["out"][d] == (int(out[d]), d + FINAL_DEPTH), d
-        assert writes["field"][d] == (int(new_f[d]) & 0xFFFF, d + FIELD_DEPTH), d
+        assert writes["out"][d] == (int(out[d]), d // E + FINAL_DEPTH), d
+        assert writes["field"][d] == (int(new_f[d]) & 0xFFFF, d // E + FIELD_DEPTH), d
         if gated:
-            assert writes["gate"][d] == (int(new_g[d]) & 0xFFFF, d + FIELD_DEPTH), d
+            assert writes["gate"][d] == (int(new_g[d]) & 0xFFFF, d // E + FIELD_DEPTH), d
     if not gated:
         assert writes["gate"] == {}
-    assert writes["end"][0] == D - 1 + FINAL_DEPTH
-    assert OutputStage.chunk_cycles(p) == p.mac_lanes
+    assert writes["end"][0] == D // E - 1 + FINAL_DEPTH
+    assert OutputStage.chunk_cycles(p) == p.mac_lanes // E
     return out
 
 
