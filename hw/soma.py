@@ -15,15 +15,14 @@ nothing else. One step, per head (docs/numerics.md, section Soma, is the contrac
 2. WRITE (first when ``include_self``, else after step 5): k and v into the next sink slot or the ring.
 3. SCORES: ``q . K[n]`` for every one of the ``sinks + ring`` slots, ``mac_lanes`` int8 MACs per cycle, then
    ``x = sat(rshift_round(score * score_mult, score_shift) - recency_int * distance)`` to int8 (wide: int16;
-   0 where invalid).
+   0 where invalid); beside it, one element a cycle, the query gate ``sat(64 + rshift_round((q . G) *
+   gate_mult, gate_shift), 0, 128)`` (128 when ungated).
 4. NORMALISE: paper: integer HCCS (div/clb) through the streaming HCCS unit of ``hw/hccs.py`` (``hccs_lanes``
    per beat), or the integer exp through an exp-only :class:`RowNormaliser`, uint8 probabilities; wide: the head's
-   normaliser (exp, hccs or pwl2) through the wide normaliser of ``hw/wide.py``, Q15 probabilities; and, in
-   parallel, the query gate ``sat(64 + rshift_round((q . G) * gate_mult, gate_shift), 0, 128)`` (128 when
-   ungated).
-5. WEIGHTED SUM: ``P . V`` per output lane, ``mac_lanes`` MACs per cycle; per element
-   ``out = sat(sat16(rshift_round(acc * out_mult, out_shift)) + sat16(rshift_round(F * alpha_mult *
-   gate, alpha_shift + 7)))`` to int8 (wide: int16) and the field updates
+   normaliser (exp, hccs or pwl2) through the wide normaliser of ``hw/wide.py``, Q15 probabilities.
+5. WEIGHTED SUM: ``P . V`` per output lane, ``mac_lanes`` MACs per cycle; then (FINAL) per element, in groups
+   of :func:`final_elements` a cycle, ``out = sat(sat16(rshift_round(acc * out_mult, out_shift)) +
+   sat16(rshift_round(F * alpha_mult * gate, alpha_shift + 7)))`` to int8 (wide: int16) and the field updates
    ``F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15)``.
 6. STORE: field, gate field, counters and the output.
 
