@@ -21,7 +21,7 @@ nothing else. One step, per head (docs/numerics.md, section Soma, is the contrac
    per beat), or the integer exp through an exp-only :class:`RowNormaliser`, uint8 probabilities; wide: the head's
    normaliser (exp, hccs or pwl2) through the wide normaliser of ``hw/wide.py``, Q15 probabilities.
 5. WEIGHTED SUM: ``P . V`` per output lane, ``mac_lanes`` MACs per cycle; then (FINAL) per element, in groups
-   of :func:`final_elements` a cycle, ``out = sat(sat16(rshift_round(acc * out_mult, out_shift)) +
+   of :func:`element_lanes` a cycle, ``out = sat(sat16(rshift_round(acc * out_mult, out_shift)) +
    sat16(rshift_round(F * alpha_mult * gate, alpha_shift + 7)))`` to int8 (wide: int16) and the field updates
    ``F <- rshift_round(gamma F + (2^15 - gamma)(x << 7), 15)``.
 6. STORE: field, gate field, counters and the output.
@@ -74,20 +74,26 @@ def quotient_bits(exp_only: bool = False) -> int:
     return intexp.UINT8_NUMERATOR.bit_length() if exp_only else DIVIDER_BITS
 
 
-def normaliser_cycles(n: int, exp_only: bool = False) -> int:
+def sum_depth(sum_lanes: int = 1) -> int:
+    """Cycles from a SUM issue to its scores reaching the running total: :data:`NORM_SUM_DEPTH`, and with
+    several lanes one more for the lanes' sum."""
+    return NORM_SUM_DEPTH + (sum_lanes > 1)
+
+
+def normaliser_cycles(n: int, exp_only: bool = False, sum_lanes: int = 1) -> int:
     """Cycles of :class:`RowNormaliser` for a row of ``n`` entries, from the cycle after ``start`` through
-    the ``done`` pulse: start register 1, sum ``n + NORM_SUM_DEPTH``, reciprocal
+    the ``done`` pulse: start register 1, sum ``ceil(n / sum_lanes) + sum_depth(sum_lanes)``, reciprocal
     ``NORM_RECIPROCAL_PREP + quotient_bits(exp_only) + 1``, output ``n + NORM_OUT_DEPTH``, done 1 (the row's
     maximum is taken as the row is written, before ``start``)."""
     reciprocal = NORM_RECIPROCAL_PREP + quotient_bits(exp_only) + 1
-    return 1 + (n + NORM_SUM_DEPTH) + reciprocal + (n + NORM_OUT_DEPTH) + 1
+    return 1 + (-(-n // sum_lanes) + sum_depth(sum_lanes)) + reciprocal + (n + NORM_OUT_DEPTH) + 1
 
 
-def normaliser_lead_cycles(n: int, exp_only: bool = False) -> int:
+def normaliser_lead_cycles(n: int, exp_only: bool = False, sum_lanes: int = 1) -> int:
     """Cycles of :class:`RowNormaliser` from the cycle after ``start`` through its ``first_out`` pulse, for a
     row of ``n`` entries: :func:`normaliser_cycles` less the ``n - 1`` cycles in which the OUT pass writes the
     row's other probabilities."""
-    return normaliser_cycles(n, exp_only) - (n - 1)
+    return normaliser_cycles(n, exp_only, sum_lanes) - (n - 1)
 
 
 class NormaliserSignature(wiring.Signature):
@@ -121,6 +127,31 @@ def element_bits(params: TileParams) -> int:
     return 8 * regmap.element_bytes(params)
 
 
+def _lane_scores(m, distance, exp_mult, suffix: str, hccs_operands=None):
+    """The integer exp's score of a ``distance`` (s3) to the row's maximum, in a register at s10: ``u =
+    distance * exp_mult``, the polynomial of its fraction, shifted right by its integer part and rounded (0 past
+    ``EXP_ZERO_SHIFT``); bit-exact with ``intexp``. With ``hccs_operands`` (capped distance at s4, S, B) also
+    HCCS's ``B - S * capped`` at s10 (else None), built between the exp's steps."""
+    u = reg(m, distance * exp_mult, "u" + suffix, unsigned(25))                               # s4
+    if hccs_operands is not None:
+        capped, S, B = hccs_operands
+        hccs_product = lut_mul_pipelined(m, capped, S, "hccs_product", unsigned(16))         # s5-s6
+    w = reg(m, (intexp.POLY_B - u[:intexp.EXP_FRAC_BITS]) >> 1, "w" + suffix, unsigned(17))   # s5
+    z = delay(m, u >> intexp.EXP_FRAC_BITS, 3)                                   # s5-s7, used in s8
+    hccs_score = None
+    if hccs_operands is not None:
+        hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s7
+        hccs_score = delay(m, hccs_score, 3)                                         # s8-s10, used in s10
+    square = reg(m, w * w, "square" + suffix, unsigned(34))                                   # s6
+    poly = reg(m, intexp.POLY_A * (square >> 13), "poly" + suffix, unsigned(36))              # s7
+    e = reg(m, (poly >> 15) + intexp.POLY_C, "e" + suffix, unsigned(22))                      # s8
+    rounding = reg(m, (Const(1, 17) << z[:5]) >> 1, "rounding" + suffix, unsigned(17))
+    underflow = delay(m, reg(m, z >= intexp.EXP_ZERO_SHIFT, "underflow" + suffix), 1)
+    z_shift = delay(m, reg(m, z[:5], "z_shift" + suffix), 1)
+    e_rounded = reg(m, e + rounding, "e_rounded" + suffix, unsigned(23))                      # s9
+    return reg(m, Mux(underflow, 0, e_rounded >> z_shift), "exp_score" + suffix, unsigned(17)), hccs_score  # s10
+
+
 class RowNormaliser(wiring.Component):
     """Integer HCCS (div/clb) or integer-exp softmax over one row of up to ``n_max`` int8 logits; with
     ``exp_only`` the integer exp alone (uint8 probabilities: the decode unit's fallback heads, whose HCCS
@@ -136,30 +167,56 @@ class RowNormaliser(wiring.Component):
     ``i`` cycles after that pulse on probability ``i`` is (:func:`normaliser_lead_cycles`; a reader that
     starts after the pulse and reads the row in index order at most one a cycle never overtakes the writes,
     which come one a cycle). Passes: sum, reciprocal, output, each streaming one element per cycle through a
-    pipeline whose depth it adds once (:func:`normaliser_cycles`). No register-to-register path holds more than
-    one multiplier, one carry chain or one barrel shifter.
+    pipeline whose depth it adds once (:func:`normaliser_cycles`); with ``sum_lanes`` (exp-only) the SUM pass
+    takes that many elements a cycle (the row in as many memory banks, element i in bank ``i % sum_lanes``, and
+    an exp pipeline per lane). No register-to-register path holds more than one multiplier, one carry chain or
+    one barrel shifter.
     """
 
-    def __init__(self, n_max: int, exp_only: bool = False):
-        self.n_max, self.exp_only = n_max, exp_only
+    def __init__(self, n_max: int, exp_only: bool = False, sum_lanes: int = 1):
+        if sum_lanes != 1 and not (exp_only and sum_lanes & (sum_lanes - 1) == 0):
+            raise ValueError(f"RowNormaliser: sum_lanes {sum_lanes}: expected 1, or a power of two when exp_only")
+        self.n_max, self.exp_only, self.sum_lanes = n_max, exp_only, sum_lanes
         super().__init__(NormaliserSignature(n_max, exp_only))
 
     def elaborate(self, platform):
         m = Module()
-        n_max = self.n_max
-        m.submodules.row = row = Memory(shape=unsigned(9), depth=n_max, init=[])
+        n_max, lanes = self.n_max, self.sum_lanes
+        lane_bits = (lanes - 1).bit_length()
+        # The row's memory banks (one but for a multi-lane SUM pass): element i in bank i % lanes, word i // lanes.
+        banks = []
+        for bank in range(lanes):
+            m.submodules["row" if lanes == 1 else f"row{bank}"] = row = Memory(
+                shape=unsigned(9), depth=-(-n_max // lanes), init=[])
+            banks.append(row)
         probs, prob_r = block_ram(m, "probs", unsigned(16), n_max)
-        row_w = row.write_port()
-        row_r = row.read_port()
+        ports = []
+        for row in banks:
+            row_w = row.write_port()
+            row_r = row.read_port()
+            ports.append((row_w, row_r))
+        row_reads = [read for _, read in ports]
         prob_w = probs.write_port()
-        m.d.comb += [row_w.addr.eq(self.row_index), row_w.data.eq(Cat(self.row_x, self.row_valid)),
-                     row_w.en.eq(self.row_we), prob_r.addr.eq(self.prob_index), self.prob.eq(prob_r.data)]
+        for bank, (row_w, _) in enumerate(ports):
+            if lanes == 1:
+                address, enable = self.row_index, self.row_we
+            else:
+                address = self.row_index >> lane_bits
+                enable = self.row_we & (self.row_index[:lane_bits] == bank)
+            reads = [prob_r.addr.eq(self.prob_index), self.prob.eq(prob_r.data)] if bank == 0 else []
+            m.d.comb += [row_w.addr.eq(address), row_w.data.eq(Cat(self.row_x, self.row_valid)), row_w.en.eq(enable),
+                         *reads]
 
         # Parameters, sampled at start.
         last_index = Signal(signed(len(self.count) + 1))
         exp_mult = Signal(16)
         with m.If(self.start):
             m.d.sync += [last_index.eq(self.count - 1), exp_mult.eq(self.exp_mult)]
+        # The SUM pass's last group of lanes (a pass of groups when lanes > 1).
+        last_group = Signal.like(last_index)
+        if lanes > 1:
+            with m.If(self.start):
+                m.d.sync += last_group.eq((self.count - 1) >> lane_bits)
         if self.exp_only:
             # Constants: the HCCS datapath below then drives nothing and is not built.
             use_exp, clb, out16, B, S, dmax = Const(1), Const(0), Const(0), Const(0, 16), Const(0, 8), Const(0, 8)
@@ -175,8 +232,21 @@ class RowNormaliser(wiring.Component):
         index = Signal(range(n_max + 1))
         issuing = Signal()
         pass_code = Signal(2)
-        m.d.comb += row_r.addr.eq(index)
-        tags = TagLine(m, issuing, index == last_index, pass_code, [index], NORM_OUT_DEPTH, "norm_tag")
+        if lanes == 1:
+            is_last = index == last_index
+            m.d.comb += row_reads[0].addr.eq(index)
+            selected = row_reads[0].data
+        else:
+            # SUM issues groups (every bank at word `index`), OUT elements (word index // lanes of each bank, the
+            # element's bank selected a cycle later, as its word arrives).
+            out_pass = pass_code == PASS_OUT
+            is_last = Mux(out_pass, index == last_index, index == last_group)
+            m.d.comb += [read.addr.eq(Mux(out_pass, index >> lane_bits, index)) for read in row_reads]
+            bank = reg(m, Mux(out_pass, index[:lane_bits], 0), "row_bank")
+            selected = Array(read.data for read in row_reads)[bank]
+            # Lane l's element of a SUM group is in the row (index * lanes + l <= last_index), with its word.
+            in_row = [reg(m, Cat(Const(l, lane_bits), index) <= last_index, f"in_row{l}") for l in range(lanes)]
+        tags = TagLine(m, issuing, is_last, pass_code, [index], NORM_OUT_DEPTH, "norm_tag")
         at = tags.at  # (valid, last, index) of the element of a pass issued some cycles ago
 
         # The row's maximum over its valid elements, kept as the row is written (see the docstring); -256 when
@@ -192,28 +262,27 @@ class RowNormaliser(wiring.Component):
 
         # s1: the element from the row memory (a block RAM, whose clock-to-output alone is over half a cycle
         # on the ECP5); s2: in a register, before any arithmetic.
-        x = reg(m, row_r.data[:8].as_signed(), "x")
-        valid2 = reg(m, row_r.data[8], "x_valid")
+        x = reg(m, selected[:8].as_signed(), "x")
+        valid2 = reg(m, selected[8], "x_valid")
         distance = reg(m, row_max - x, "distance", unsigned(9))                       # s3
         valid = delay(m, valid2, 1)
         capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s4
-        u = reg(m, distance * exp_mult, "u", unsigned(25))
-        hccs_product = lut_mul_pipelined(m, capped, S, "hccs_product", unsigned(16))         # s5-s6
-        w = reg(m, (intexp.POLY_B - u[:intexp.EXP_FRAC_BITS]) >> 1, "w", unsigned(17))
-        z = delay(m, u >> intexp.EXP_FRAC_BITS, 3)                                   # s5-s7, used in s8
-        hccs_score = reg(m, (B - hccs_product)[:16], "hccs_score", unsigned(16))      # s7
-        hccs_score = delay(m, hccs_score, 3)                                         # s8-s10, used in s10
-        square = reg(m, w * w, "square", unsigned(34))
-        poly = reg(m, intexp.POLY_A * (square >> 13), "poly", unsigned(36))          # s7
-        e = reg(m, (poly >> 15) + intexp.POLY_C, "e", unsigned(22))                  # s8
-        rounding = reg(m, (Const(1, 17) << z[:5]) >> 1, "rounding", unsigned(17))
-        underflow = delay(m, reg(m, z >= intexp.EXP_ZERO_SHIFT, "underflow"), 1)
-        z_shift = delay(m, reg(m, z[:5], "z_shift"), 1)
-        e_rounded = reg(m, e + rounding, "e_rounded", unsigned(23))                  # s9
-        exp_score = reg(m, Mux(underflow, 0, e_rounded >> z_shift), "exp_score", unsigned(17))  # s10 (below)
+        exp_score, hccs_score = _lane_scores(m, distance, exp_mult, "", (capped, S, B))
         valid = delay(m, valid, NORM_SUM_DEPTH - 3)
         score = Signal(17)
         m.d.comb += score.eq(Mux(valid, Mux(use_exp, exp_score, hccs_score), 0))
+        if lanes > 1:
+            # The other lanes of a SUM group (exp only): the same steps on their banks' words; then the
+            # group's sum, a stage of its own (sum_depth).
+            scores = [score]
+            for lane in range(1, lanes):
+                word = row_reads[lane].data
+                lane_valid = reg(m, word[8] & in_row[lane], f"x_valid{lane}")
+                lane_distance = reg(m, row_max - reg(m, word[:8].as_signed(), f"x{lane}"), f"distance{lane}",
+                                    unsigned(9))
+                lane_score, _ = _lane_scores(m, lane_distance, exp_mult, str(lane))
+                scores.append(Mux(delay(m, lane_valid, NORM_SUM_DEPTH - 2), lane_score, 0))
+            group_score = reg(m, sum(scores), "group_score", unsigned(17 + lane_bits))
 
         # Reciprocal operands: HCCS divides the numerator by the total (div) or shifts it (clb); the integer
         # exp first brings the total into [2**14, 2**15) with a pre-shift.
@@ -256,7 +325,7 @@ class RowNormaliser(wiring.Component):
 
         with m.If(issuing):
             m.d.sync += index.eq(index + 1)
-            with m.If(index == last_index):
+            with m.If(is_last):
                 m.d.sync += issuing.eq(0)
 
         # The passes begin a cycle after `start`, from a register: in the tile `start` comes through the
@@ -269,9 +338,9 @@ class RowNormaliser(wiring.Component):
                     m.d.sync += total.eq(0)
                     next_pass("SUM", PASS_SUM)
             with m.State("SUM"):
-                v, last, _ = at(NORM_SUM_DEPTH, PASS_SUM)
+                v, last, _ = at(sum_depth(lanes), PASS_SUM)
                 with m.If(v):
-                    m.d.sync += total.eq(total + score)
+                    m.d.sync += total.eq(total + (score if lanes == 1 else group_score))
                 with m.If(v & last):
                     m.d.sync += step.eq(0)
                     m.next = "RECIPROCAL"
@@ -978,7 +1047,7 @@ class OutputStage(wiring.Component):
     items at ``FINAL_DEPTH - 1`` (``write_item``) and ``FINAL_DEPTH`` (``element_item``) steer the write;
     ``end`` is high from the cycle the last chunk's last element is written.
 
-    One element per cycle: element ``offset`` of each group of :func:`final_elements` issued together (the
+    One element per cycle: element ``offset`` of each group of :func:`element_lanes` issued together (the
     decode unit has one stage per element of the group; the tags' n counts groups).
     """
 
@@ -998,9 +1067,9 @@ class OutputStage(wiring.Component):
 
     @staticmethod
     def chunk_cycles(params: TileParams) -> int:
-        """FINAL's issue of one chunk's elements, :func:`final_elements` a cycle (their pipeline drains during the
+        """FINAL's issue of one chunk's elements, :func:`element_lanes` a cycle (their pipeline drains during the
         next chunk's weighted sum)."""
-        return params.mac_lanes // final_elements(params)
+        return params.mac_lanes // element_lanes(params)
 
     def elaborate(self, platform):
         m = Module()
@@ -1011,7 +1080,7 @@ class OutputStage(wiring.Component):
         # copies carry nothing but the LUT RAM's address loads), and
         # the lane issued as a counter of its own: each addresses a few hundred LUT RAM cells
         # or a 32-bit multiplexer.
-        group = final_elements(p)
+        group = element_lanes(p)
         d_issue = Replicated(range(D + group), 8, "d_issue")
         fin_lane = Signal(max(1, (L - 1).bit_length()))
         with m.If(self.d_restart):
@@ -1076,9 +1145,9 @@ class OutputStage(wiring.Component):
 
 
 def element_index(item, params: TileParams, offset: int = 0):
-    """The element d = c * L + n * E + offset of a FINAL item's tags, E = :func:`final_elements` (the group n
+    """The element d = c * L + n * E + offset of a FINAL item's tags, E = :func:`element_lanes` (the group n
     of chunk c; L and E powers of two: TileParams checks L)."""
-    group = final_elements(params)
+    group = element_lanes(params)
     lane_bits = (params.mac_lanes // group - 1).bit_length()
     parts = [Const(offset, (group - 1).bit_length())] if group > 1 else []
     return Cat(*parts, item.n[:lane_bits], item.c)
@@ -1367,16 +1436,17 @@ class StateMover(wiring.Component):
         return list(zip(store_sel, store_groups))
 
 
-FINAL_LANES_PER_ELEMENT = 8
-"""FINAL issues one element a cycle per this many MAC lanes (:func:`final_elements`)."""
+MAC_LANES_PER_ELEMENT = 8
+"""The decode unit's per-element work runs one element a cycle per this many MAC lanes (:func:`element_lanes`)."""
 
 
-def final_elements(params: TileParams) -> int:
-    """Elements FINAL issues a cycle: one per :data:`FINAL_LANES_PER_ELEMENT` MAC lanes, so that a chunk's FINAL
-    (``mac_lanes`` elements, each about five multiplications) takes at most 8 cycles however wide the MAC array:
-    one :class:`OutputStage` and :class:`FieldUpdate` per element, side by side (one at 8 lanes or fewer; eight,
-    64 multipliers or so, at the Versal boards' 64)."""
-    return max(1, params.mac_lanes // FINAL_LANES_PER_ELEMENT)
+def element_lanes(params: TileParams) -> int:
+    """Elements a cycle of the decode unit's per-element work, one per :data:`MAC_LANES_PER_ELEMENT` MAC lanes
+    (one at 8 lanes or fewer, eight at the Versal boards' 64): FINAL (``mac_lanes`` elements a chunk, each about
+    five multiplications: one :class:`OutputStage` and :class:`FieldUpdate` per element, side by side) and the
+    exp-only :class:`RowNormaliser`'s SUM pass (``sinks + ring`` elements, three multiplications each), so that
+    neither grows with the MAC array's width into a per-head overhead beside SCORES and WEIGHTED SUM."""
+    return max(1, params.mac_lanes // MAC_LANES_PER_ELEMENT)
 
 
 def final_overlaps(params: TileParams) -> bool:
@@ -1412,7 +1482,7 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
     if params.profile == "wide" or normaliser == "hccs_int":
         row = NearFieldFeed.row_cycles(params, hccs_mode)
     else:
-        row = normaliser_lead_cycles(params.slots, exp_only=True)
+        row = normaliser_lead_cycles(params.slots, exp_only=True, sum_lanes=element_lanes(params))
     final_issue = OutputStage.chunk_cycles(params)
     if final_overlaps(params):
         weighted = (chunks - 1) * params.slots + WeightedStage.cycles(params)
@@ -1502,7 +1572,7 @@ class SomaDecode(wiring.Component):
         use_exp = head_choice(par, "normaliser", "exp_int")
         norm = None
         if paper:
-            m.submodules.norm = norm = RowNormaliser(p.slots, exp_only=True)
+            m.submodules.norm = norm = RowNormaliser(p.slots, exp_only=True, sum_lanes=element_lanes(p))
             m.d.comb += [norm.count.eq(p.slots), norm.exp_mult.eq(par["exp_mult"])]
 
         # Memory ports from registers: the phases set the *_next values. The word read is registered as it
@@ -1584,9 +1654,9 @@ class SomaDecode(wiring.Component):
                      weighted.probs.eq(near_field.probs), weighted.v_word.eq(rd_word)]
         if paper:
             m.d.comb += [norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(norm.prob)]
-        # FINAL: one OutputStage and FieldUpdate per element of a group issued together (final_elements); the
+        # FINAL: one OutputStage and FieldUpdate per element of a group issued together (element_lanes); the
         # sequencer drives the first's restarts, the others follow them.
-        group = final_elements(p)
+        group = element_lanes(p)
         outputs, updates = [], []
         for e in range(group):
             suffix = str(e) if group > 1 else ""

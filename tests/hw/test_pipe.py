@@ -127,17 +127,20 @@ def test_lut_mul_pipelined_is_exact_two_cycles_after_its_operands(rng):
     assert got[:len(cases)] == [x * y for x, y in cases]
 
 
-@pytest.mark.parametrize("mode", ["exp", "div", "clb", "exp_only"])
-def test_row_normaliser_is_bit_exact_in_normaliser_cycles(mode, rng):
-    """Every mode of the full normaliser, and the exp-only one the decode unit builds (without HCCS ports)."""
+@pytest.mark.parametrize("mode, sum_lanes", [("exp", 1), ("div", 1), ("clb", 1), ("exp_only", 1), ("exp_only", 4)])
+def test_row_normaliser_is_bit_exact_in_normaliser_cycles(mode, sum_lanes, rng):
+    """Every mode of the full normaliser, and the exp-only one the decode unit builds (without HCCS ports),
+    also with a SUM pass of 4 elements a cycle (the longest row first, so that the shorter rows' last groups
+    hold the earlier row's elements past their ends, which must not count)."""
     n_max = 24
     exp_only = mode == "exp_only"
-    dut = RowNormaliser(n_max, exp_only=exp_only)
+    dut = RowNormaliser(n_max, exp_only=exp_only, sum_lanes=sum_lanes)
     if exp_only:
         mode = "exp"
         assert not {"use_exp", "clb", "out16", "B", "S", "dmax"} & set(dut.signature.members)
-    rows = [rng.integers(-128, 128, n).astype(np.int8) for n in (1, 7, n_max)]
-    masks = [np.ones(1, bool), rng.random(7) < 0.7, rng.random(n_max) < 0.9]
+    sizes = (1, 7, n_max) if sum_lanes == 1 else (n_max, 7, 1, 6)
+    rows = [rng.integers(-128, 128, n).astype(np.int8) for n in sizes]
+    masks = [rng.random(n) < 0.85 if n > 1 else np.ones(1, bool) for n in sizes]
     B, S, dmax, mult = 40, 1, 12, 2900
     results = []
 
@@ -190,7 +193,8 @@ def test_row_normaliser_is_bit_exact_in_normaliser_cycles(mode, rng):
         else:
             hccs.hccs_row(x, valid, B, S, dmax, hccs.MODE_CODES[mode], hccs.OUT_UINT8, want)
         assert probs == want.tolist()
-        assert cycles == normaliser_cycles(len(x), exp_only) and lead == normaliser_lead_cycles(len(x), exp_only)
+        assert cycles == normaliser_cycles(len(x), exp_only, sum_lanes)
+        assert lead == normaliser_lead_cycles(len(x), exp_only, sum_lanes)
 
 
 def test_skid_buffer_passes_every_beat_once_in_order_under_random_stalls(rng):
@@ -244,3 +248,10 @@ def test_skid_buffer_runs_at_one_beat_per_cycle_with_one_cycle_latency():
     assert all(r for r, _, _ in seen)                                   # never stalls the producer
     assert [p for _, v, p in seen if v] == list(range(10))               # beat c leaves in cycle c + 1
     assert [v for _, v, _ in seen] == [0] + [1] * 10 + [0]
+
+
+def test_row_normaliser_refuses_a_multi_lane_sum_without_exp_only():
+    with pytest.raises(ValueError, match="sum_lanes 4: expected 1, or a power of two when exp_only"):
+        RowNormaliser(24, sum_lanes=4)
+    with pytest.raises(ValueError, match="sum_lanes 3"):
+        RowNormaliser(24, exp_only=True, sum_lanes=3)

@@ -15,7 +15,7 @@ from somatile.hw.pipe import TagLine
 from somatile.hw.soma import (FIELD_DEPTH, FINAL_DEPTH, GATE_DEPTH, HEAD_PARAMS_LAYOUT, PHASE_FINAL, PHASE_GATE,
                               PHASE_SCORES, PHASE_WEIGHTED, READ_LATENCY, WEIGHTED_DEPTH, FieldUpdate, GateStage,
                               NearFieldFeed, OutputStage, ScoreStage, StateMover, WeightedStage, element_bits,
-                              final_elements, head_params_layout, issue_shape, output_words)
+                              element_lanes, head_params_layout, issue_shape, output_words)
 from somatile.hw import regmap
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, PROFILE_HEAD_PARAMS
 from somatile.model import hccs, soma_int, wide
@@ -385,8 +385,8 @@ def test_wide_weighted_stage_sums_q15_p_times_v(params, case, rng):
 
 def run_final(p, F, G, k, v, acc, gate, head):
     """OutputStage and FieldUpdate over every element, one pair per element of a group issued together
-    (final_elements, as the decode unit builds them): their writes {element: (value, cycle)} and FINAL's end."""
-    L, D, chunks, E = p.mac_lanes, p.head_dim, p.head_dim // p.mac_lanes, final_elements(p)
+    (element_lanes, as the decode unit builds them): their writes {element: (value, cycle)} and FINAL's end."""
+    L, D, chunks, E = p.mac_lanes, p.head_dim, p.head_dim // p.mac_lanes, element_lanes(p)
     m = Module()
     issuer = Issuer(m, p, FINAL_DEPTH + 1)
     k_words, v_words = ram_words(k, np.int8, p), ram_words(v, np.int8, p)
@@ -448,7 +448,7 @@ def check_final(p, F, G, k, v, acc, gate, head, field_of_keys, gated):
     out = soma.saturate(near + far, *soma_int.LIMITS[p.profile]["out"])
     new_f = soma.field_update(F, k if field_of_keys else v, head["gamma_q15"])
     new_g = soma.field_update(G, k, head["gamma_q15"])
-    E = final_elements(p)  # element d is issued in cycle d // E, with its group
+    E = element_lanes(p)  # element d is issued in cycle d // E, with its group
     for d in range(D):
         assert writes["out"][d] == (int(out[d]), d // E + FINAL_DEPTH), d
         assert writes["field"][d] == (int(new_f[d]) & 0xFFFF, d // E + FIELD_DEPTH), d
