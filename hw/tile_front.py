@@ -65,7 +65,6 @@ CHECK_SETTLE = PARAMS_DELAY + RULES_LATENCY + 1
 (RULES_LATENCY), the check result's register."""
 
 
-
 class CommandFront(wiring.Component):
     """The front end of a tile with :class:`~somatile.hw.regmap.TileParams` ``params``; the ports are listed
     in the module docstring (the sizes: ``head_end``, ``n_pad`` (arg1 rounded up to

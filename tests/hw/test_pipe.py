@@ -3,11 +3,11 @@ exact results against Python integers and the integer models, and the latencies 
 
 import numpy as np
 import pytest
-from amaranth.hdl import Module, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
-from somatile.hw.pipe import (OffsetCounter, floor_log2, lut_mul, lut_mul_pipelined, round_shift, skid_buffer,
-                              split_mul)
+from somatile.hw.pipe import (OffsetCounter, floor_log2, lut_mul, lut_mul_pipelined, minus_aligned, round_shift,
+                              skid_buffer, split_mul)
 from somatile.hw.soma import RowNormaliser, normaliser_cycles, normaliser_lead_cycles
 from somatile.model import hccs, intexp, soma_int
 
@@ -125,6 +125,35 @@ def test_lut_mul_pipelined_is_exact_two_cycles_after_its_operands(rng):
     # Pair i is set before tick i; its partial sums are registered at tick i and its product at tick i + 1,
     # which is what got[i] (read after tick i + 1) holds.
     assert got[:len(cases)] == [x * y for x, y in cases]
+
+
+def test_minus_aligned_is_value_minus_k_wrapped_a_cycle_later(rng):
+    """value - k with the value's low bits constant (0, or the first result's, fed to a second step), wrapped
+    to an unsigned and a signed shape, as a register would hold it, one cycle after the value."""
+    m = Module()
+    value = Signal(unsigned(12))  # multiples of 16: its low 4 bits are 0
+    first, rest = minus_aligned(m, Cat(Const(0, 4), value[4:]), 4, 4, "first", signed(14))
+    second, _ = minus_aligned(m, first, 4, 4, "second", signed(15), rest)
+    wrapped, _ = minus_aligned(m, Cat(Const(0, 4), value[4:]), 1, 4, "wrapped", unsigned(12))
+    cases = [0, 16, 4080] + [int(v) << 4 for v in rng.integers(0, 256, 40)]
+    got = []
+
+    async def bench(ctx):
+        for v in cases:
+            ctx.set(value, v)
+            await ctx.tick()
+            got.append((ctx.get(first), ctx.get(wrapped)))
+            await ctx.tick()
+            got.append(ctx.get(second))
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert rest == 12
+    for i, v in enumerate(cases):
+        assert got[2 * i] == (v - 4, (v - 1) % 4096), v
+        assert got[2 * i + 1] == v - 8, v
 
 
 @pytest.mark.parametrize("mode, sum_lanes", [("exp", 1), ("div", 1), ("clb", 1), ("exp_only", 1), ("exp_only", 4)])
