@@ -1467,11 +1467,11 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
     ``max(16, mac_lanes)`` bytes), hccs_lanes, the profile and (paper) the normaliser only; not on the sequence
     position or the fill level. Each phase is the latency its stage states: LOAD ``5 w + 5``
     (w = head_dim / word) and WRITE ``2 w`` (:meth:`StateMover.load_cycles`, :meth:`StateMover.write_cycles`),
-    SCORES (:meth:`ScoreStage.cycles`, S), NORMALISE ``max(N, G - S) + 1`` with
+    SCORES (:meth:`ScoreStage.cycles`, S), NORMALISE ``max(N, G + 1 - S) + 1`` with
     N the normaliser's row latency (:meth:`NearFieldFeed.row_cycles`: every head of the wide profile, the
     paper's HCCS heads; :func:`normaliser_lead_cycles` for the paper's integer exp, whose probabilities the
     weighted sum reads behind the normaliser's writes) and G the gate's (:meth:`GateStage.cycles`, issued from
-    SCORES's first cycle on), WEIGHTED SUM (where :func:`final_overlaps`, the chunks' slots issued back to
+    SCORES's second cycle on), WEIGHTED SUM (where :func:`final_overlaps`, the chunks' slots issued back to
     back, then the last one's pipeline: ``chunks * slots + WEIGHTED_DEPTH``; else per chunk
     :meth:`WeightedStage.cycles` and, but for the last, its FINAL issue), then the last
     chunk's FINAL issue (:meth:`OutputStage.chunk_cycles`) and pipeline (:data:`FINAL_DEPTH`), STORE
@@ -1490,7 +1490,7 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
         weighted = chunks * WeightedStage.cycles(params) + (chunks - 1) * final_issue
     return {"load": StateMover.load_cycles(params), "write": StateMover.write_cycles(params),
             "scores": ScoreStage.cycles(params),
-            "normalise": max(row, GateStage.cycles(params) - ScoreStage.cycles(params)) + 1,
+            "normalise": max(row, GateStage.cycles(params) + 1 - ScoreStage.cycles(params)) + 1,
             "weighted": weighted, "final": final_issue + FINAL_DEPTH, "store": StateMover.store_cycles(params),
             "done": 1}
 
@@ -1717,9 +1717,10 @@ class SomaDecode(wiring.Component):
             issue.begin_rows("k")
             issue.begin(PHASE_SCORES, rows=False)
             # The gate's elements beside SCORES's items (q and the gate field are loaded; the gate has its own
-            # issue counter and reads q through a read port of its own).
-            gate_issue.begin()
-            m.d.comb += gate.restart.eq(1)
+            # issue counter and reads q through a read port of its own), from SCORES's second cycle, through a
+            # register: from LOAD's end (mover.counter) the restart of the gate's index copies was the ULX3S
+            # tile's late path at c4742e5 (seed 1).
+            m.d.sync += gate_go.eq(1)
             m.next = "SCORES"
             m.d.sync += self.writes.eq(0)
 
@@ -1735,6 +1736,11 @@ class SomaDecode(wiring.Component):
             m.d.sync += self.writes.eq(state in ("WRITE", "STORE"))
 
         wrote = Signal()  # WRITE has run in this step (first when include_self, else after FINAL)
+        gate_go = Signal()  # a pulse in SCORES's first cycle: the gate's first element issues in the next
+        m.d.sync += gate_go.eq(0)
+        with m.If(gate_go):
+            gate_issue.begin()
+            m.d.comb += gate.restart.eq(1)
         chunk_wrap = Signal()
         m.d.sync += chunk_wrap.eq(0)
         m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
