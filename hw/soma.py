@@ -442,7 +442,7 @@ class ElementRam:
     the LUT RAM), so that no read address is a multiplexer steered by the state machine. ``word_of(d)`` is the
     word holding element ``d``; a reader's ``element(d)`` selects it from the word read.
 
-    Writes (``write_word``, ``write_element``) pass through a register (address, data, enables) in front of
+    Writes (``write_word``, ``write_elements``) pass through a register (address, data, enables) in front of
     the write port and land at the second clock edge: a read in the next cycle still returns the old word.
     The register keeps the writers' multiplexer and the enable decoding off the paths to the LUT RAM cells,
     every copy of which the write port reaches (too far for one cycle with the multiplexer). Every word
@@ -477,10 +477,6 @@ class ElementRam:
 
     def write_word(self, address, value):
         self.m.d.comb += [self.wr.addr.eq(address), self.wr.data.eq(value), self.wr.en.eq(-1)]
-
-    def write_element(self, d, value):
-        self.m.d.comb += [self.wr.addr.eq(self.word_of(d)), self.wr.data.eq(value.replicate(self.per_word)),
-                          self.wr.en.eq(Const(1, self.per_word) << d[:self._shift])]
 
     def write_elements(self, d, values):
         """Elements ``d`` .. ``d + len(values) - 1`` in one write (``d`` a multiple of ``len(values)``, which
@@ -522,7 +518,7 @@ COUNTERS_LAYOUT = data.StructLayout({"write_pos": 32, "fill": 32, "step": 32})
 
 
 def element_write_layout(params: TileParams, value_shape) -> data.StructLayout:
-    """One element written into a register file (:meth:`ElementRam.write_element`): enable, element, value."""
+    """One element written into a register file (:meth:`ElementRam.write_elements`): enable, element, value."""
     element_bits = (params.mac_lanes - 1).bit_length() + len(Signal(range(params.head_dim // params.mac_lanes + 1)))
     return data.StructLayout({"en": 1, "element": element_bits, "value": value_shape})
 
@@ -1689,10 +1685,7 @@ class SomaDecode(wiring.Component):
                             (rams.gate_fld, [u.gate_write for u in updates]),
                             (rams.out, [o.out_write for o in outputs])):
             with m.If(writes[0].en):
-                if group == 1:
-                    ram.write_element(writes[0].element, writes[0].value)
-                else:
-                    ram.write_elements(writes[0].element, [w.value for w in writes])
+                ram.write_elements(writes[0].element, [w.value for w in writes])
         return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=outputs[0],
                                norm_done=norm_done)
 
