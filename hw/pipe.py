@@ -225,15 +225,28 @@ def reduce_tree(values, op):
     return reduce_levels(values, op, ceil_log2(len(values)))[0]
 
 
-def round_shift(m, x, shift, max_shift: int, name: str):
+ROUND_SHIFT_FINE_BITS = 3
+"""Low bits of a two-step :func:`round_shift`'s amount, shifted in its second step (the first shifts by the
+amount's multiple of 8)."""
+
+
+def round_shift(m, x, shift, max_shift: int, name: str, *, steps: int = 1):
     """Round-half-up arithmetic right shift of signed ``x`` by the variable ``shift`` (0..max_shift), as
-    ``soma_int.rshift_round``: ``(x + ((1 << shift) >> 1)) >> shift``. Latency 2 (the add, then the shift)
-    from ``x``; ``shift`` must hold its value from the cycle before ``x`` on (a parameter does): the rounding
-    term is decoded from it into a register, not in front of the adder."""
+    ``soma_int.rshift_round``: ``(x + ((1 << shift) >> 1)) >> shift``. Latency ``1 + steps`` from ``x`` (the
+    add, then the shift in ``steps`` registered steps: with 2, by the amount's multiple of 8, then by its low
+    :data:`ROUND_SHIFT_FINE_BITS` bits, each half a barrel shifter's multiplexer levels); ``shift`` must hold
+    its value from the cycle before ``x`` on (a parameter does): the rounding term is decoded from it into a
+    register, not in front of the adder."""
+    if steps not in (1, 2):
+        raise ValueError(f"round_shift {name}: steps {steps}: expected 1 or 2")
     width = max(Shape.cast(x.shape()).width, max_shift) + 2
     half = reg(m, (Const(1, max_shift + 1) << shift) >> 1, f"{name}_half", unsigned(max_shift + 1))
     total = reg(m, x.as_signed() + half, f"{name}_sum", signed(width))
     amount = reg(m, shift, f"{name}_amount")
+    if steps == 2:
+        fine = ROUND_SHIFT_FINE_BITS
+        total = reg(m, total >> Cat(Const(0, fine), amount[fine:]), f"{name}_coarse", signed(width))
+        amount = amount[:fine]
     return reg(m, total >> amount, name, signed(width))
 
 

@@ -1105,9 +1105,11 @@ class OutputStage(wiring.Component):
         src = reg(m, Mux(head_choice(par, "field_source", "keys"), k_d, v_d), "src")
         m.d.comb += [self.f_old.eq(f_old), self.g_old.eq(g_old), self.k_d.eq(k_d), self.src.eq(src)]
         s += 2
+        # near has two cycles to spare beside far: one takes the shift in two steps (its 6-bit amount in one
+        # barrel shifter was the ULX3S tile's late path at 90b7896, seed 2: near_scaled_amount -> near_scaled).
         near = round_shift(m, split_mul(m, acc_sel, parameter_operand(m, par, "out_mult"), "near_product"),
-                           par["out_shift"], soma.INT_SHIFT_MAX, "near_scaled")
-        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 2)
+                           par["out_shift"], soma.INT_SHIFT_MAX, "near_scaled", steps=2)
+        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
         s += 3 + 2 + 1 + 1
         far_f = reg(m, reg(m, f_old, "far_f_a") * parameter_operand(m, par, "alpha_mult"), "far_f", signed(32))
         # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
@@ -1706,7 +1708,7 @@ class SomaDecode(wiring.Component):
         def enter_scores():
             # sink_last was set for slot 0 at the step's start (IDLE): here, behind the choice between WRITE
             # and SCORES, it was the end of a path from the head's include_self longer than the ULX3S clock.
-            m.d.sync += c_issue.eq(0)
+            issue.first_chunk()
             issue.begin_rows("k")
             issue.begin(PHASE_SCORES, rows=False)
             # The gate's elements beside SCORES's items (q and the gate field are loaded; the gate has its own
@@ -1717,8 +1719,9 @@ class SomaDecode(wiring.Component):
             m.next = "SCORES"
             m.d.sync += self.writes.eq(0)
 
-        def enter_weighted():
-            issue.begin_rows("v")
+        def enter_weighted(rows: bool = True):
+            if rows:
+                issue.begin_rows("v")
             issue.begin(PHASE_WEIGHTED)
             m.next = "WEIGHTED"
 
@@ -1759,13 +1762,18 @@ class SomaDecode(wiring.Component):
             with m.State("SCORES"):
                 with m.If(issue.issuing):
                     m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
-                    with m.If(c_issue == chunks - 1):
-                        m.d.sync += [c_issue.eq(0), issue.sink_last.eq(n_issue + 2 == sinks)]
+                    with m.If(issue.c_last):
+                        m.d.sync += issue.sink_last.eq(n_issue + 2 == sinks)
+                        issue.first_chunk()
                         issue.next_row("k")
                     with m.Else():
-                        m.d.sync += c_issue.eq(c_issue + 1)
+                        issue.next_chunk()
                 with m.If(row.end):
                     m.d.sync += norm_busy.eq(1)
+                    # WEIGHTED's first row address already here (NORMALISE issues nothing): at NORMALISE's end,
+                    # behind the gate's and the normaliser's busy flags, it was the ULX3S tile's late path at
+                    # 57ce153 (seed 2: gate.busy -> row_addr).
+                    issue.begin_rows("v")
                     m.d.comb += mover.begin_field.eq(1)
                     if p.profile == "paper":
                         m.d.comb += norm.start.eq(use_exp)
@@ -1774,9 +1782,9 @@ class SomaDecode(wiring.Component):
                 with m.If(stages.norm_done):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
-                    m.d.sync += c_issue.eq(0)
+                    issue.first_chunk()
                     m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1)]
-                    enter_weighted()
+                    enter_weighted(rows=False)
             with m.State("WEIGHTED"):
                 with m.If(issue.issuing):
                     m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
@@ -1789,12 +1797,12 @@ class SomaDecode(wiring.Component):
                         # cycles); from the issue counter's comparisons in this cycle, the row address's and
                         # the phase's inputs were the ULX3S tile's longest paths.
                         if slots >= 2:
-                            m.d.sync += chunk_wrap.eq((n_issue == slots - 2) & (c_issue != chunks - 1))
+                            m.d.sync += chunk_wrap.eq((n_issue == slots - 2) & ~issue.c_last)
                             wrap = chunk_wrap
                         else:
-                            wrap = issue.last & (c_issue != chunks - 1)
+                            wrap = issue.last & ~issue.c_last
                         with m.If(wrap):
-                            m.d.sync += c_issue.eq(c_issue + 1)
+                            issue.next_chunk()
                             enter_weighted()
                 with m.If(weighted.chunk_done):
                     # The chunk whose sums are complete: from its tags (the issue may be a chunk further on).
@@ -1811,10 +1819,10 @@ class SomaDecode(wiring.Component):
                 # issue, and after the last chunk the unit waits for the elements.
                 # With final_overlaps only the last chunk's FINAL is waited for here (no path from FINAL's
                 # issue counter to the weighted sum's issue).
-                not_last = Const(0) if final_overlaps(p) else c_issue != chunks - 1
+                not_last = Const(0) if final_overlaps(p) else ~issue.c_last
                 with m.If(not_last):
                     with m.If(fin.issuing & fin.last):
-                        m.d.sync += c_issue.eq(c_issue + 1)
+                        issue.next_chunk()
                         enter_weighted()
                 with m.Elif(output.end):  # the last element leaves FINAL
                     with m.If(par["include_self"]):
@@ -1872,7 +1880,12 @@ class _Issue:
         self.row_addr = Signal(range(mem_words), name="row_addr")
         self.n = Signal(issue_shape(params), name="n_issue")
         self.sink_last = Signal(name="sink_last")  # n == sinks - 1, set with n (it steers the row address)
-        self.c = Signal(range(params.head_dim // params.mac_lanes + 1), name="c_issue")
+        self.chunks = params.head_dim // params.mac_lanes
+        self.c = Signal(range(self.chunks + 1), name="c_issue")
+        # c == chunks - 1, a register set with c (first_chunk, next_chunk): compared in the cycle, c steered
+        # the slot counter n and the sequencer's branches (the ULX3S tile's late path at 57ce153, seed 2:
+        # c_issue -> n_issue).
+        self.c_last = Signal(name="c_last", init=self.chunks == 1)
         self.issuing, self.last, self.phase = Signal(name="issuing"), Signal(name="last_issue"), Signal(2, name="phase")
         max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH) + 1  # FINAL's and the gate's: _CountIssue
         self.tags = TagLine(m, self.issuing, self.last, self.phase, [self.n, self.c], max_depth, "tag")
@@ -1880,7 +1893,7 @@ class _Issue:
         # steps c) and its last item is slot slots - 1's last chunk; WEIGHTED SUM's is slot slots - 1. n is 0
         # whenever nothing issues, so begin need not clear it: with the sequencer's begin conditions in its
         # input, the fsm_state -> n path was the ULX3S tile's longest.
-        slot_end = (self.phase != PHASE_SCORES) | (self.c == params.head_dim // params.mac_lanes - 1)
+        slot_end = (self.phase != PHASE_SCORES) | self.c_last
         m.d.comb += self.last.eq((self.n == params.slots - 1) & slot_end)
         with m.If(~self.issuing | self.last):
             m.d.sync += self.n.eq(0)
@@ -1903,6 +1916,14 @@ class _Issue:
     def first_rows(self):
         """``sink_last`` at slot 0's value (n = 0 is the last sink when there is one sink)."""
         self.m.d.sync += self.sink_last.eq(self.params.sinks == 1)
+
+    def first_chunk(self):
+        """c to chunk 0."""
+        self.m.d.sync += [self.c.eq(0), self.c_last.eq(self.chunks == 1)]
+
+    def next_chunk(self):
+        """c to the next chunk (c is not the last)."""
+        self.m.d.sync += [self.c.eq(self.c + 1), self.c_last.eq(self.c == self.chunks - 2)]
 
     def begin_rows(self, region: str):
         """The row address at the first slot's K (``region`` "k") or V ("v") row."""

@@ -13,10 +13,12 @@ from somatile.model import hccs, intexp, soma_int
 
 
 def test_split_mul_round_shift_and_floor_log2_are_exact_at_their_latencies(rng):
+    # round_shift in one step and in two (by the amount's multiple of 8, then its low bits)
     m = Module()
     a, b, shift, u = Signal(signed(32)), Signal(unsigned(15)), Signal(range(48)), Signal(32)
     product = split_mul(m, a, b, "p")                    # latency 3 (operands registered)
     rounded = round_shift(m, a, shift, 47, "r")          # latency 2
+    two_step = round_shift(m, a, shift, 47, "r2", steps=2)  # latency 3
     log2 = floor_log2(m, u, "lg")                        # latency 2
     cases = list(zip(rng.integers(-2**31, 2**31, 200), rng.integers(0, 2**15, 200), rng.integers(0, 48, 200),
                      rng.integers(0, 2**32, 200) >> rng.integers(0, 33, 200)))
@@ -31,16 +33,16 @@ def test_split_mul_round_shift_and_floor_log2_are_exact_at_their_latencies(rng):
             await ctx.tick().repeat(2)
             at_two = (ctx.get(rounded), ctx.get(log2))
             await ctx.tick()
-            got.append((ctx.get(product), *at_two))
+            got.append((ctx.get(product), *at_two, ctx.get(two_step)))
 
     sim = Simulator(m)
     sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
-    for (av, bv, sv, uv), (p, r, lg) in zip(cases, got):
+    for (av, bv, sv, uv), (p, r, lg, r2) in zip(cases, got):
         av, bv, sv, uv = int(av), int(bv), int(sv), int(uv)
         assert p == av * bv
-        assert r == int(soma_int.rshift_round(np.int64(av), np.int64(sv)))
+        assert r == r2 == int(soma_int.rshift_round(np.int64(av), np.int64(sv)))
         assert lg == max(uv.bit_length() - 1, 0)
 
 
@@ -284,3 +286,8 @@ def test_row_normaliser_refuses_a_multi_lane_sum_without_exp_only():
         RowNormaliser(24, sum_lanes=4)
     with pytest.raises(ValueError, match="sum_lanes 3"):
         RowNormaliser(24, exp_only=True, sum_lanes=3)
+
+
+def test_round_shift_refuses_three_steps():
+    with pytest.raises(ValueError, match="round_shift r: steps 3"):
+        round_shift(Module(), Signal(signed(8)), Signal(3), 7, "r", steps=3)
