@@ -39,6 +39,8 @@ from somatile.hw.soma import head_params_layout
 
 PARAM_INDEX_COPIES = 4
 """Copies of a head index that selects the head parameters."""
+HEAD_WE_COPIES = 4
+"""Copies of the one-hot register that writes a head's parameters, each enabling a share of them."""
 CAPTURE_LATENCY = 1
 """Cycles a block beat waits before it is written into the block register: the beat and its one-hot enable
 in registers (decoded from the tile's state, the opcode and the byte counter in the same cycle, the enables
@@ -120,15 +122,21 @@ class HeadRegisters(wiring.Component):
         config_ok = self.block_checks(m, config_values)
         m.d.comb += self.config_ok.eq(config_ok)
         # One-hot: head h's parameters are written in this cycle (CONFIGURE_HEAD's EXECUTE cycle); set by
-        # commit (the last CONFIG_SETTLE cycle), so that the enable of the head's registers comes from one
-        # flip-flop.
-        head_we = Signal(p.heads)
+        # commit (the last CONFIG_SETTLE cycle), so that the enables of the head's registers come from
+        # flip-flops, in copies each enabling a share of them: one flip-flop's net to all of a head's registers
+        # (they sit beside their readers across the die) was the ULX3S tile's late path at 39717f3 (seed 2,
+        # head_we -> regs__1.hccs_S: 10.3 ns of routing).
+        head_we = Replicated(p.heads, HEAD_WE_COPIES, "head_we")
         m.d.sync += head_we.eq(0)
         with m.If(self.commit):
             m.d.sync += head_we.eq(Mux(config_ok, Cat(self.head == h for h in range(p.heads)), 0))
+        share = -(-len(self.table) // HEAD_WE_COPIES)
         for h in range(p.heads):
-            with m.If(head_we[h]):
-                m.d.sync += [r.eq(value) for r, value in zip(head_regs[h], config_values)] + [configured[h].eq(1)]
+            for i, (r, value) in enumerate(zip(head_regs[h], config_values)):
+                with m.If(head_we.copy(i // share)[h]):
+                    m.d.sync += r.eq(value)
+            with m.If(head_we.copy(0)[h]):
+                m.d.sync += configured[h].eq(1)
         return m
 
     def block(self, m) -> list:
