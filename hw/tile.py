@@ -382,9 +382,10 @@ class _Sequencer:
         self.row = Signal(32)
         self.row_index = Signal(range(regmap.padded(p.n_max) + 1))
         self.row_start = Signal(32)
-        # The next row's first element is taken into row_start the cycle after the row changes, from this flag
-        # (set by the change, clear a cycle later): as an enable decoded from the state and the response's beat,
-        # the state register's route to row_start's 32 flip-flops was the two-tile ULX3S array's latest.
+        # The next row's first element is taken into row_start (and row counts) the cycle after the row changes,
+        # from this flag (set by the change, clear a cycle later): as an enable decoded from the state and the
+        # response's beat, the state register's route to row_start's 32 flip-flops was the two-tile ULX3S
+        # array's latest.
         self.row_advance = Signal()
         self.fetch_valid = Signal()
         self.fetch_elem = Signal(32)
@@ -398,8 +399,10 @@ class _Sequencer:
         self.next_row_start = reg(m, self.row_start + front.n_pad, "next_row_start", 32)
         self.next_row_addr = reg(m, self.stage_word + (self.next_row_start >> log2(self.word_elems)),
                                  "next_row_addr", range(mem_words + 1))
+        # row (read only through last_row, a row's fetch later) counts from the flag too: behind the response's
+        # beat, its 32 enables were the lone ULX3S tile's late path at 39717f3 (seed 4: send_row -> row).
         with m.If(self.row_advance):
-            m.d.sync += [self.row_start.eq(self.next_row_start), self.row_advance.eq(0)]
+            m.d.sync += [self.row_start.eq(self.next_row_start), self.row_advance.eq(0), self.row.eq(self.row + 1)]
         self.fetched_lane = reg(m, self.fetch_elem[:log2(self.word_elems)], "fetched_lane")
         self.hccs_row_we = Signal()
         self.hccs_configure = Signal()
@@ -789,7 +792,7 @@ class _Sequencer:
                     m.d.sync += self.hccs_active.eq(0)
                     self.finish()
                 with m.Elif(self.row_done):
-                    m.d.sync += [self.row.eq(self.row + 1), self.row_advance.eq(1), self.fetching.eq(1)]
+                    m.d.sync += [self.row_advance.eq(1), self.fetching.eq(1)]
                     self.goto("HCCS_LOAD")
                 with m.Else():
                     self.goto("HCCS_PACK")
