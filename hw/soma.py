@@ -419,10 +419,10 @@ PROB_GROUP_COPIES = 4  # copies of the weighted sum's probability group index, e
 WEIGHTED_DEPTH = READ_LATENCY + 3
 """WEIGHTED SUM: read, then the probability and value operands registered, then their products (2: partial
 products in pairs, then their sum)."""
-FINAL_DEPTH = 11
-"""FINAL: the near term (its sum selected 1, split product 3, round-shift 2, saturate 1, aligned 3) beside the
+FINAL_DEPTH = 12
+"""FINAL: the near term (its sum selected 1, split product 3, round-shift 3, saturate 1, aligned 3) beside the
 far term (the register files' words read 1, elements selected 1, operand 1, a product 1, split product 3,
-round-shift 2, saturate 1), their sum saturated (1)."""
+round-shift 3, saturate 1), their sum saturated (1). Both round-shifts shift in two steps (``round_shift``)."""
 FIELD_DEPTH = 7
 """FINAL's field updates: operands read (1) and selected (1), registered twice (2), products (2: a register on
 each side of the multiplier's), sum and rounding (1)."""
@@ -1105,18 +1105,18 @@ class OutputStage(wiring.Component):
         src = reg(m, Mux(head_choice(par, "field_source", "keys"), k_d, v_d), "src")
         m.d.comb += [self.f_old.eq(f_old), self.g_old.eq(g_old), self.k_d.eq(k_d), self.src.eq(src)]
         s += 2
-        # near has two cycles to spare beside far: one takes the shift in two steps (its 6-bit amount in one
-        # barrel shifter was the ULX3S tile's late path at 90b7896, seed 2: near_scaled_amount -> near_scaled).
+        # Both round-shifts in two steps: a 6-bit amount in one barrel shifter was the ULX3S tile's late path
+        # (near_scaled_amount -> near_scaled at 90b7896, far_scaled_amount -> far_scaled at d85ab8a; seed 2).
         near = round_shift(m, split_mul(m, acc_sel, parameter_operand(m, par, "out_mult"), "near_product"),
                            par["out_shift"], soma.INT_SHIFT_MAX, "near_scaled", steps=2)
-        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 1)
-        s += 3 + 2 + 1 + 1
+        near = delay(m, reg(m, saturate(near, -32768, 32767), "near", signed(17)), 2)
+        s += 3 + 3 + 1 + 1
         far_f = reg(m, reg(m, f_old, "far_f_a") * parameter_operand(m, par, "alpha_mult"), "far_f", signed(32))
         # Sums of parameters are registered (the parameters are constant from start on): an adder in front of
         # a shifter or a multiplier would be two slow steps in one cycle.
         alpha_shift = reg(m, par["alpha_shift"] + 7, "alpha_shift_7")
         far = round_shift(m, split_mul(m, far_f, self.gate, "far_product"), alpha_shift,
-                          soma.INT_SHIFT_MAX + 7, "far_scaled")
+                          soma.INT_SHIFT_MAX + 7, "far_scaled", steps=2)
         far = reg(m, saturate(far, -32768, 32767), "far", signed(17))
         # sat(near + far) with its bounds moved onto near a stage early: near + far > hi is far > hi - near
         # (registered beside far), so the comparisons run beside the output-wide sum rather than after an
