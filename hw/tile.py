@@ -59,11 +59,11 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2 as log2
 
 from somatile.hw import regmap
-from somatile.hw.pipe import block_ram, delay, minus_aligned, reg
+from somatile.hw.pipe import Replicated, block_ram, delay, minus_aligned, reg
 from somatile.hw.regmap import PROFILE_HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.soma import SomaDecode, expected_cycles, output_words
 from somatile.hw.tile_front import CHECK_SETTLE, PARAMS_DELAY, CommandFront
-from somatile.hw.tile_heads import CONFIG_SETTLE, SELECT_LATENCY, HeadRegisters
+from somatile.hw.tile_heads import CONFIG_SETTLE, DECODING_COPIES, SELECT_LATENCY, HeadRegisters
 from somatile.hw.tile_payload import PayloadWriter
 from somatile.hw.tile_response import ResponseStreamer, header_wait
 from somatile.hw.tile_rows import CommandRows
@@ -236,8 +236,12 @@ class Tile(wiring.Component):
         # The DECODE job (its heads) and its response run beside the frame state machine, which meanwhile takes
         # the next frame; the response's end restarts the counts through counts_restart, a cycle later.
         with m.FSM(name="job") as job:
-            m.d.comb += heads.decoding.eq(job.ongoing("DECODE") | job.ongoing("DECODE_NEXT"))
             seq.job_states()
+        # The job is in DECODE_NEXT or DECODE: flags set and cleared with the job's transitions into and out of
+        # them, in copies (each selects a share of the decode unit's parameter sources): decoded from the job's
+        # state, one net reached 150 multiplexers across the die (the lone ULX3S tile's late path at f71c059,
+        # seed 1: job_state -> decode.head.score_mult).
+        m.d.comb += heads.decoding.eq(Cat(*(seq.decoding.copy(i) for i in range(DECODING_COPIES))))
         with m.FSM(name="job_response"):
             seq.job_response_states()
         return m
@@ -306,6 +310,7 @@ class _Sequencer:
         # command through resp_finished as finish() does through finished.
         self.job_busy = Signal()    # the job's heads (EXECUTE through the hand-off to its response)
         self.job_kick = Signal()
+        self.decoding = Replicated(1, DECODING_COPIES, "decoding")  # the job state is DECODE_NEXT or DECODE
         self.job_cycles = Signal(32)
         self.out_words = Signal(range(mem_words + 1))  # the job's response words (the header's, at EXECUTE)
         # Its response: resp_busy from the hand-off through the last beat, resp_in_header while its header
@@ -671,6 +676,7 @@ class _Sequencer:
         dw = p.head_dim // p.word_bytes
         with m.State("IDLE"):
             with m.If(self.job_kick):
+                m.d.sync += self.decoding.eq(1)
                 m.next = "DECODE_NEXT"
         with m.State("DECODE_NEXT"):
             m.d.comb += self.dec_start.eq(1)
@@ -679,6 +685,7 @@ class _Sequencer:
             with m.If(dec.done):
                 m.d.sync += self.tokens.eq(self.tokens + 1)
                 with m.If(self.cur_is_last):
+                    m.d.sync += self.decoding.eq(0)
                     with m.If(self.resp_busy):
                         m.next = "HAND_OFF"
                     with m.Else():

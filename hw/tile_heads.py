@@ -17,7 +17,8 @@ Contract:
   written (registered; they follow the registers' writes as late). ``hccs_mode`` is the ``hccs_mode`` of head
   ``head`` (combinational).
 - ``cur_params`` load every cycle: while ``decoding``, the parameters of head ``cur`` + 1 of
-  :data:`NEXT_LATENCY` cycles before, else ``header_params``.
+  :data:`NEXT_LATENCY` cycles before, else ``header_params``. ``decoding`` is :data:`DECODING_COPIES` copies of
+  one flag (every bit equal, each from a flip-flop of its own: each selects a share of the parameters).
 
 Why copies: one head index steering all the parameter multiplexers would span the die; each of
 ``PARAM_INDEX_COPIES`` copies of the index steers a share. The decode unit's parameters come from registers
@@ -39,6 +40,8 @@ from somatile.hw.soma import head_params_layout
 
 PARAM_INDEX_COPIES = 4
 """Copies of a head index that selects the head parameters."""
+DECODING_COPIES = 4
+"""Copies of the decoding flag (``decoding``), each selecting a share of ``cur_params``' sources."""
 HEAD_WE_COPIES = 4
 """Copies of the one-hot register that writes a head's parameters, each enabling a share of them."""
 CAPTURE_LATENCY = 1
@@ -74,7 +77,7 @@ class HeadRegisters(wiring.Component):
             "regs": Out(layout).array(p.heads),
             "select_we": In(1), "select": In(self.index_bits), "header_params": Out(layout),
             "hccs_mode": Out(layout["hccs_mode"].shape),
-            "cur": In(8), "decoding": In(1), "cur_params": Out(layout),
+            "cur": In(8), "decoding": In(DECODING_COPIES), "cur_params": Out(layout),
         })
 
     def elaborate(self, platform):
@@ -115,7 +118,9 @@ class HeadRegisters(wiring.Component):
         m.d.sync += cur_next_index.eq(self.cur + 1)
         next_params = copied_fields(cur_next_index, "next_p")
         cur_params = {hp.name: Signal(range(hp.hi + 1), name=f"cur_{hp.name}") for hp in self.table}
-        m.d.sync += [cur_params[n].eq(Mux(self.decoding, next_params[n], head_params[n])) for n in cur_params]
+        share = -(-len(cur_params) // DECODING_COPIES)
+        m.d.sync += [cur_params[n].eq(Mux(self.decoding[i // share], next_params[n], head_params[n]))
+                     for i, n in enumerate(cur_params)]
         m.d.comb += [self.cur_params[n].eq(v) for n, v in cur_params.items()]
 
         config_values = self.block(m)

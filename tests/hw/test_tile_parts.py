@@ -13,7 +13,8 @@ from amaranth.sim import Simulator
 from somatile.hw import regmap, tile_model
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, ErrorCode, Opcode, TileParams
 from somatile.hw.tile_front import CHECK_SETTLE, PARAMS_DELAY, CommandFront
-from somatile.hw.tile_heads import BLOCK_BYTES, CONFIG_SETTLE, NEXT_LATENCY, SELECT_LATENCY, HeadRegisters
+from somatile.hw.tile_heads import (BLOCK_BYTES, CONFIG_SETTLE, DECODING_COPIES, NEXT_LATENCY, SELECT_LATENCY,
+                                     HeadRegisters)
 from somatile.hw.tile_payload import WRITE_LATENCY, PayloadWriter
 from somatile.hw.tile_response import ResponseStreamer, header_wait
 from somatile.sim import run_soma
@@ -247,7 +248,7 @@ def check_head_registers(p, blocks, verdicts_wanted):
             mode = ctx.get(dut.hccs_mode)
             await ctx.tick()  # cur_params load header_params while not decoding
             results.append((head, selected, mode, [ctx.get(dut.cur_params[hp.name]) for hp in HEAD_PARAMS]))
-        ctx.set(dut.decoding, 1)
+        ctx.set(dut.decoding, (1 << DECODING_COPIES) - 1)  # every copy of the flag
         for cur in range(p.heads - 1):
             ctx.set(dut.cur, cur)
             await ctx.tick().repeat(NEXT_LATENCY + 1)
