@@ -93,7 +93,7 @@ def test_a_section_key_is_overridden_validated_and_recorded():
                                                                                    "soc.cpu_mhz": 70.0})
     board = boards.load("ulx3s_85f")
     # the rest kept
-    assert board.fpga["seed"] == {"tile": 2, "array": 2, "soc": 3} and cfg.fpga["tile_placer"] == "static"
+    assert board.fpga["seed"] == {"tile": 1, "array": 2, "soc": 3} and cfg.fpga["tile_placer"] == "static"
     assert board.fpga["timing_margin_pct"] == {"tile": 5, "array": 5, "soc": 3}
     assert build.build_dir_name(cfg, "array") == "array-fpga.seed7-soc.cpu_mhz70.0"
     for top in ("hccs", "array", "soc"):
