@@ -98,7 +98,7 @@ def test_a_section_key_is_overridden_validated_and_recorded():
     assert build.build_dir_name(cfg, "array") == "array-fpga.seed7-soc.cpu_mhz70.0"
     for top in ("hccs", "array", "soc"):
         assert "seed 7" in build.toolchain_options(cfg, top)["nextpnr_opts"].split(" --"), top
-    assert "seed 2" in build.toolchain_options(board, "tile")["nextpnr_opts"].split(" --")  # the board's tile seed
+    assert "seed 1" in build.toolchain_options(board, "tile")["nextpnr_opts"].split(" --")  # the board's tile seed
     assert "--seed" not in build.toolchain_options(board, "hccs")["nextpnr_opts"]  # and none for the HCCS unit
     for item, message in (("fpga.seed=-1", "key 'fpga.seed': got -1, expected an integer from 0"),
                           ("fpga.sed=1", "unknown key 'sed' of section 'fpga'; expected one of: platform"),
