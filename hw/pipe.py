@@ -79,6 +79,12 @@ class Replicated:
         return self._copies[i]
 
 
+def share_of(i: int, count: int, copies: int) -> int:
+    """The copy of a :class:`Replicated` register (of ``copies``) that steers item ``i`` of ``count`` items
+    split into equal shares in order (the last share may be shorter)."""
+    return i // -(-count // copies)
+
+
 class OffsetCounter:
     """A counter kept as one register per reader: copy i holds the count minus ``offsets[i]`` (modulo its
     width), so that a reader addressing a memory at count - offset has no subtractor in front of its address

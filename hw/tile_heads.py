@@ -34,7 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from somatile.hw import regmap
 from somatile.hw.hccs_rules import LATENCY as RULES_LATENCY, rules_ok, wide_rules_ok
-from somatile.hw.pipe import Replicated, delay, reg
+from somatile.hw.pipe import Replicated, delay, reg, share_of
 from somatile.hw.regmap import HEAD_INDEX, HEAD_PARAMS, PROFILE_HEAD_PARAMS, TileParams
 from somatile.hw.soma import head_params_layout
 
@@ -99,8 +99,8 @@ class HeadRegisters(wiring.Component):
         def copied_fields(copies: Replicated, prefix: str) -> dict:
             """Every head parameter of the head ``copies`` hold, registered: each copy of the index steers a
             share of the parameters."""
-            share = -(-len(self.table) // PARAM_INDEX_COPIES)
-            return {hp.name: reg(m, head_field(copies.copy(i // share), hp.name), f"{prefix}_{hp.name}")
+            return {hp.name: reg(m, head_field(copies.copy(share_of(i, len(self.table), PARAM_INDEX_COPIES)),
+                                               hp.name), f"{prefix}_{hp.name}")
                     for i, hp in enumerate(self.table)}
 
         header_head = Replicated(self.index_bits, PARAM_INDEX_COPIES, "header_head")
@@ -118,8 +118,8 @@ class HeadRegisters(wiring.Component):
         m.d.sync += cur_next_index.eq(self.cur + 1)
         next_params = copied_fields(cur_next_index, "next_p")
         cur_params = {hp.name: Signal(range(hp.hi + 1), name=f"cur_{hp.name}") for hp in self.table}
-        share = -(-len(cur_params) // DECODING_COPIES)
-        m.d.sync += [cur_params[n].eq(Mux(self.decoding[i // share], next_params[n], head_params[n]))
+        m.d.sync += [cur_params[n].eq(Mux(self.decoding[share_of(i, len(cur_params), DECODING_COPIES)],
+                                          next_params[n], head_params[n]))
                      for i, n in enumerate(cur_params)]
         m.d.comb += [self.cur_params[n].eq(v) for n, v in cur_params.items()]
 
@@ -135,10 +135,9 @@ class HeadRegisters(wiring.Component):
         m.d.sync += head_we.eq(0)
         with m.If(self.commit):
             m.d.sync += head_we.eq(Mux(config_ok, Cat(self.head == h for h in range(p.heads)), 0))
-        share = -(-len(self.table) // HEAD_WE_COPIES)
         for h in range(p.heads):
             for i, (r, value) in enumerate(zip(head_regs[h], config_values)):
-                with m.If(head_we.copy(i // share)[h]):
+                with m.If(head_we.copy(share_of(i, len(self.table), HEAD_WE_COPIES))[h]):
                     m.d.sync += r.eq(value)
             with m.If(head_we.copy(0)[h]):
                 m.d.sync += configured[h].eq(1)
