@@ -1594,7 +1594,8 @@ class SomaDecode(wiring.Component):
                           (rams.gate_fld, mover.gate_field), (rams.out, mover.out)):
             ram.serve(port)
 
-        issue = _Issue(m, p, self.mem_words, mover.rows)
+        issue = SimpleNamespace(k=_Issue(m, p, self.mem_words, mover.rows, "k"),
+                                v=_Issue(m, p, self.mem_words, mover.rows, "v"))
         fin = _CountIssue(m, p, OutputStage.chunk_cycles(p), PHASE_FINAL, max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin")
         gate_issue = _CountIssue(m, p, p.head_dim, PHASE_GATE, GATE_DEPTH + 1, "gate")
         stages = self._stages(m, par, rams, mover, issue, fin, gate_issue, rd_word, use_exp, norm)
@@ -1608,15 +1609,16 @@ class SomaDecode(wiring.Component):
         return m
 
     def _stages(self, m, par, rams, mover, issue, fin, gate_issue, rd_word, use_exp, norm) -> SimpleNamespace:
-        """The datapath stages, each fed the tags of the item it holds (``issue.item``; FINAL's and the gate's
-        from their own issues, ``fin.item`` and ``gate_issue.item``) and served by the register files; their
+        """The datapath stages, each fed the tags of the item it holds (SCORES's and WEIGHTED SUM's from their
+        issue counters, ``issue.k.item`` and ``issue.v.item``; FINAL's and the gate's from theirs, ``fin.item``
+        and ``gate_issue.item``) and served by the register files; their
         FINAL element writes and LOAD's word writes into the register files."""
-        p, item = self.params, issue.item
+        p = self.params
         paper = p.profile == "paper"
         m.submodules.scores = scores = ScoreStage(p)
         m.d.comb += [scores.head.eq(par), scores.counters.eq(mover.counters), scores.k_word.eq(rd_word),
-                     scores.read_item.eq(item(READ_LATENCY, PHASE_SCORES)),
-                     scores.accumulate_item.eq(item(ScoreStage.accumulate_stage(p) - 1, PHASE_SCORES))]
+                     scores.read_item.eq(issue.k.item(READ_LATENCY)),
+                     scores.accumulate_item.eq(issue.k.item(ScoreStage.accumulate_stage(p) - 1))]
         rams.q.serve(scores.q)
         row = scores.row
         if paper:
@@ -1642,13 +1644,13 @@ class SomaDecode(wiring.Component):
         # (RowNormaliser.first_out).
         norm_done = Mux(use_exp, norm.first_out, near_field.done) if paper else near_field.done
 
-        # WEIGHTED SUM over slots for chunk c (issue.c holds the chunk); then FINAL over its L elements.
+        # WEIGHTED SUM over slots for chunk c (issue.v.c holds the chunk); then FINAL over its L elements.
         m.submodules.weighted = weighted = WeightedStage(p)
-        m.d.comb += [weighted.head.eq(par), weighted.n_issue.eq(issue.n),
-                     weighted.prob_address_item.eq(item(READ_LATENCY - 2, PHASE_WEIGHTED)),
-                     weighted.prob_item.eq(item(READ_LATENCY - 1, PHASE_WEIGHTED)),
-                     weighted.accumulate_item.eq(item(WEIGHTED_DEPTH - 1, PHASE_WEIGHTED)),
-                     weighted.done_item.eq(item(WEIGHTED_DEPTH, PHASE_WEIGHTED)),
+        m.d.comb += [weighted.head.eq(par), weighted.n_issue.eq(issue.v.n),
+                     weighted.prob_address_item.eq(issue.v.item(READ_LATENCY - 2)),
+                     weighted.prob_item.eq(issue.v.item(READ_LATENCY - 1)),
+                     weighted.accumulate_item.eq(issue.v.item(WEIGHTED_DEPTH - 1)),
+                     weighted.done_item.eq(issue.v.item(WEIGHTED_DEPTH)),
                      weighted.probs.eq(near_field.probs), weighted.v_word.eq(rd_word)]
         if paper:
             m.d.comb += [norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(norm.prob)]
@@ -1699,18 +1701,18 @@ class SomaDecode(wiring.Component):
         from a register."""
         p = self.params
         D, L = p.head_dim, p.mac_lanes
-        chunks, slots, sinks = D // L, p.slots, p.sinks
+        chunks, slots = D // L, p.slots
         row, near_field, gate, weighted, output = (stages.row, stages.near_field, stages.gate, stages.weighted,
                                                    stages.output)
-        n_issue, c_issue = issue.n, issue.c
+        keys, values = issue.k, issue.v
         norm_busy = Signal()
 
         def enter_scores():
             # sink_last was set for slot 0 at the step's start (IDLE): here, behind the choice between WRITE
             # and SCORES, it was the end of a path from the head's include_self longer than the ULX3S clock.
-            issue.first_chunk()
-            issue.begin_rows("k")
-            issue.begin(PHASE_SCORES, rows=False)
+            keys.first_chunk()
+            keys.begin_rows()
+            keys.begin(rows=False)
             # The gate's elements beside SCORES's items (q and the gate field are loaded; the gate has its own
             # issue counter and reads q through a read port of its own), from SCORES's second cycle, through a
             # register: from LOAD's end (mover.counter) the restart of the gate's index copies was the ULX3S
@@ -1721,8 +1723,8 @@ class SomaDecode(wiring.Component):
 
         def enter_weighted(rows: bool = True):
             if rows:
-                issue.begin_rows("v")
-            issue.begin(PHASE_WEIGHTED)
+                values.begin_rows()
+            values.begin()
             m.next = "WEIGHTED"
 
         def enter_move(begin, state: str):
@@ -1744,7 +1746,7 @@ class SomaDecode(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += wrote.eq(0)
-                    issue.first_rows()
+                    keys.first_rows()
                     enter_move(mover.begin_load, "LOAD")
             with m.State("LOAD"):
                 with m.If(mover.load_done):
@@ -1760,20 +1762,19 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         enter_scores()
             with m.State("SCORES"):
-                with m.If(issue.issuing):
-                    m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
-                    with m.If(issue.c_last):
-                        m.d.sync += issue.sink_last.eq(n_issue + 2 == sinks)
-                        issue.first_chunk()
-                        issue.next_row("k")
+                with m.If(keys.issuing):
+                    m.d.comb += rd_addr_next.eq(keys.read_address())
+                    with m.If(keys.c_last):
+                        keys.first_chunk()
+                        keys.next_row()
                     with m.Else():
-                        issue.next_chunk()
+                        keys.next_chunk()
                 with m.If(row.end):
                     m.d.sync += norm_busy.eq(1)
                     # WEIGHTED's first row address already here (NORMALISE issues nothing): at NORMALISE's end,
                     # behind the gate's and the normaliser's busy flags, it was the ULX3S tile's late path at
                     # 57ce153 (seed 2: gate.busy -> row_addr).
-                    issue.begin_rows("v")
+                    values.begin_rows()
                     m.d.comb += mover.begin_field.eq(1)
                     if p.profile == "paper":
                         m.d.comb += norm.start.eq(use_exp)
@@ -1782,14 +1783,13 @@ class SomaDecode(wiring.Component):
                 with m.If(stages.norm_done):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
-                    issue.first_chunk()
+                    values.first_chunk()
                     m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1)]
                     enter_weighted(rows=False)
             with m.State("WEIGHTED"):
-                with m.If(issue.issuing):
-                    m.d.comb += rd_addr_next.eq(issue.row_addr + chunk_word(c_issue, p))
-                    m.d.sync += issue.sink_last.eq(n_issue + 2 == sinks)
-                    issue.next_row("v")
+                with m.If(values.issuing):
+                    m.d.comb += rd_addr_next.eq(values.read_address())
+                    values.next_row()
                     if final_overlaps(p):
                         # The next chunk's first slot follows this chunk's last (its rows and sink_last set
                         # after next_row's, so that they win). chunk_wrap: this issue is a chunk's last slot
@@ -1797,12 +1797,12 @@ class SomaDecode(wiring.Component):
                         # cycles); from the issue counter's comparisons in this cycle, the row address's and
                         # the phase's inputs were the ULX3S tile's longest paths.
                         if slots >= 2:
-                            m.d.sync += chunk_wrap.eq((n_issue == slots - 2) & ~issue.c_last)
+                            m.d.sync += chunk_wrap.eq((values.n == slots - 2) & ~values.c_last)
                             wrap = chunk_wrap
                         else:
-                            wrap = issue.last & ~issue.c_last
+                            wrap = values.last & ~values.c_last
                         with m.If(wrap):
-                            issue.next_chunk()
+                            values.next_chunk()
                             enter_weighted()
                 with m.If(weighted.chunk_done):
                     # The chunk whose sums are complete: from its tags (the issue may be a chunk further on).
@@ -1819,10 +1819,10 @@ class SomaDecode(wiring.Component):
                 # issue, and after the last chunk the unit waits for the elements.
                 # With final_overlaps only the last chunk's FINAL is waited for here (no path from FINAL's
                 # issue counter to the weighted sum's issue).
-                not_last = Const(0) if final_overlaps(p) else ~issue.c_last
+                not_last = Const(0) if final_overlaps(p) else ~values.c_last
                 with m.If(not_last):
                     with m.If(fin.issuing & fin.last):
-                        issue.next_chunk()
+                        values.next_chunk()
                         enter_weighted()
                 with m.Elif(output.end):  # the last element leaves FINAL
                     with m.If(par["include_self"]):
@@ -1868,32 +1868,40 @@ class _CountIssue:
 
 
 class _Issue:
-    """The decode step's issue counter over (slot n, chunk c), one item per cycle while
-    ``issuing``; the tags (valid, last, phase, n, c) travel down a delay line (:class:`TagLine`) so that every
-    pipeline stage knows which item it holds (:meth:`item`). Beside it the row address of slot n's K or V:
-    slots are issued in order (sinks, then the ring), so it advances in a register (by a row's words, or to
+    """The issue counter of one MAC phase over (slot n, chunk c), one item per cycle while ``issuing``: SCORES's
+    over the K rows (``region`` "k", phase :data:`PHASE_SCORES`: each slot's chunks in turn) and WEIGHTED SUM's
+    over the V rows ("v", :data:`PHASE_WEIGHTED`: a chunk's slots in turn). Each phase has its own, so that the
+    two never share a register (the step towards running one head's WEIGHTED SUM beside the next head's
+    SCORES). The tags (valid, last, n, c) travel down a delay line of the phase's depth (:class:`TagLine`) so
+    that every pipeline stage knows which item it holds (:meth:`item`). Beside it the row address of slot n's
+    row: slots are issued in order (sinks, then the ring), so it advances in a register (by a row's words, or to
     the ring's first row after the last sink) instead of being computed from n. Slot n's chunk c is word
     ``row_addr + (c * L) // W``, lane group ``(c * L % W) // L``; W / L is a power of two."""
 
-    def __init__(self, m, params: TileParams, mem_words: int, rows):
-        self.m, self.params, self.rows = m, params, rows
-        self.row_addr = Signal(range(mem_words), name="row_addr")
-        self.n = Signal(issue_shape(params), name="n_issue")
-        self.sink_last = Signal(name="sink_last")  # n == sinks - 1, set with n (it steers the row address)
+    def __init__(self, m, params: TileParams, mem_words: int, rows, region: str):
+        self.m, self.params, self.rows, self.region = m, params, rows, region
+        self.code = PHASE_SCORES if region == "k" else PHASE_WEIGHTED
+        prefix = "" if region == "k" else "v_"  # SCORES's keep the names the build reports knew
+        self.row_addr = Signal(range(mem_words), name=f"{prefix}row_addr")
+        self.n = Signal(issue_shape(params), name=f"{prefix}n_issue")
+        # n == sinks - 1, set with n (it steers the row address)
+        self.sink_last = Signal(name=f"{prefix}sink_last")
         self.chunks = params.head_dim // params.mac_lanes
-        self.c = Signal(range(self.chunks + 1), name="c_issue")
+        self.c = Signal(range(self.chunks + 1), name=f"{prefix}c_issue")
         # c == chunks - 1, a register set with c (first_chunk, next_chunk): compared in the cycle, c steered
         # the slot counter n and the sequencer's branches (the ULX3S tile's late path at 57ce153, seed 2:
         # c_issue -> n_issue).
-        self.c_last = Signal(name="c_last", init=self.chunks == 1)
-        self.issuing, self.last, self.phase = Signal(name="issuing"), Signal(name="last_issue"), Signal(2, name="phase")
-        max_depth = max(ScoreStage.depth(params), WEIGHTED_DEPTH) + 1  # FINAL's and the gate's: _CountIssue
-        self.tags = TagLine(m, self.issuing, self.last, self.phase, [self.n, self.c], max_depth, "tag")
-        # n counts by itself from the phase register: SCORES issues each slot's chunks in turn (the sequencer
-        # steps c) and its last item is slot slots - 1's last chunk; WEIGHTED SUM's is slot slots - 1. n is 0
-        # whenever nothing issues, so begin need not clear it: with the sequencer's begin conditions in its
-        # input, the fsm_state -> n path was the ULX3S tile's longest.
-        slot_end = (self.phase != PHASE_SCORES) | self.c_last
+        self.c_last = Signal(name=f"{prefix}c_last", init=self.chunks == 1)
+        self.issuing = Signal(name=f"{prefix}issuing")
+        self.last = Signal(name=f"{prefix}last_issue")
+        depth = (ScoreStage.depth(params) if region == "k" else WEIGHTED_DEPTH) + 1
+        self.tags = TagLine(m, self.issuing, self.last, Const(self.code, 2), [self.n, self.c], depth,
+                            f"{prefix}tag")
+        # n counts by itself: SCORES issues each slot's chunks in turn (the sequencer steps c) and its last item
+        # is slot slots - 1's last chunk; WEIGHTED SUM's is slot slots - 1. n is 0 whenever nothing issues, so
+        # begin need not clear it: with the sequencer's begin conditions in its input, the fsm_state -> n path
+        # was the ULX3S tile's longest.
+        slot_end = self.c_last if region == "k" else Const(1)
         m.d.comb += self.last.eq((self.n == params.slots - 1) & slot_end)
         with m.If(~self.issuing | self.last):
             m.d.sync += self.n.eq(0)
@@ -1902,14 +1910,14 @@ class _Issue:
         with m.If(self.last):
             m.d.sync += self.issuing.eq(0)
 
-    def item(self, stage: int, code: int):
-        """The tags (item_layout) of the item of phase ``code`` issued ``stage`` cycles ago."""
-        return Cat(*self.tags.at(stage, code))
+    def item(self, stage: int):
+        """The tags (item_layout) of the item issued ``stage`` cycles ago."""
+        return Cat(*self.tags.at(stage, self.code))
 
-    def begin(self, code, *, rows: bool = True):
-        """Issuing starts at item 0 of phase ``code`` (n is 0 between phases); ``rows``: ``sink_last`` back to
-        slot 0's value too (SCORES passes False: :meth:`first_rows` did it at the step's start)."""
-        self.m.d.sync += [self.issuing.eq(1), self.phase.eq(code)]
+    def begin(self, *, rows: bool = True):
+        """Issuing starts at item 0 (n is 0 between phases); ``rows``: ``sink_last`` back to slot 0's value too
+        (SCORES passes False: :meth:`first_rows` did it at the step's start)."""
+        self.m.d.sync += self.issuing.eq(1)
         if rows:
             self.first_rows()
 
@@ -1925,12 +1933,16 @@ class _Issue:
         """c to the next chunk (c is not the last)."""
         self.m.d.sync += [self.c.eq(self.c + 1), self.c_last.eq(self.c == self.chunks - 2)]
 
-    def begin_rows(self, region: str):
-        """The row address at the first slot's K (``region`` "k") or V ("v") row."""
-        self.m.d.sync += self.row_addr.eq(self.rows[("sink_" if self.params.sinks else "ring_") + region])
+    def begin_rows(self):
+        """The row address at the first slot's row."""
+        self.m.d.sync += self.row_addr.eq(self.rows[("sink_" if self.params.sinks else "ring_") + self.region])
 
-    def next_row(self, region: str):
-        """The row address to the next slot's row."""
+    def next_row(self):
+        """The row address to the next slot's row and ``sink_last`` to the next slot's value."""
         step = self.row_addr + self.params.head_dim // self.params.word_bytes
-        following = Mux(self.sink_last, self.rows["ring_" + region], step) if self.params.sinks else step
-        self.m.d.sync += self.row_addr.eq(following)
+        following = Mux(self.sink_last, self.rows["ring_" + self.region], step) if self.params.sinks else step
+        self.m.d.sync += [self.row_addr.eq(following), self.sink_last.eq(self.n + 2 == self.params.sinks)]
+
+    def read_address(self):
+        """The memory word of the item issued in this cycle."""
+        return self.row_addr + chunk_word(self.c, self.params)
