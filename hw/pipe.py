@@ -20,22 +20,28 @@ MUL_SPLIT = 17
 """Low part of a split product: an unsigned 17-bit slice times a <= 18-bit signed operand fits one 18x18."""
 
 
-def block_ram(m, name: str, shape, depth: int):
-    """A Memory for a block RAM with one write port and a synchronous read port, the read port given as
-    ``SimpleNamespace(addr, data)``: ``data`` is the word at the ``addr`` of the previous cycle (latency 1),
-    the old word when that cycle also wrote it, exactly like ``Memory.read_port()``.
+def block_ram(m, name: str, shape, depth: int, reads: int = 1):
+    """A Memory for a block RAM with one write port and ``reads`` synchronous read ports, each given as
+    ``SimpleNamespace(addr, data)`` (one, or a list of ``reads``): ``data`` is the word at the ``addr`` of the
+    previous cycle (latency 1), the old word when that cycle also wrote it, exactly like
+    ``Memory.read_port()``.
 
-    It is built as an asynchronous read port plus a register, on a memory with the ``no_rw_check``
+    Each is built as an asynchronous read port plus a register, on a memory with the ``no_rw_check``
     attribute: Yosys' memory_dff merges the register into the port and, for such a port, takes the word
     read in a cycle that writes the same address as undefined. The ECP5's block RAM cannot return the old
     word across its two ports, so a plain ``read_port()`` gets some 300 flip-flops and a multiplexer after
     the block RAM per 128 bits to emulate it. The units using this never consume a word read in a cycle
-    that wrote its address (the exact simulations, where the old word is returned, would show it)."""
+    that wrote its address (the exact simulations, where the old word is returned, would show it). With two
+    read ports Yosys keeps one copy of the memory per read port, each written alike (a block RAM has one
+    write port beside each read port)."""
     m.submodules[name] = memory = Memory(shape=shape, depth=depth, init=[], attrs={"no_rw_check": 1})
-    port = memory.read_port(domain="comb")
-    data = Signal.like(port.data, name=f"{name}_rdata")
-    m.d.sync += data.eq(port.data)
-    return memory, SimpleNamespace(addr=port.addr, data=data)
+    ports = []
+    for i in range(reads):
+        port = memory.read_port(domain="comb")
+        data = Signal.like(port.data, name=f"{name}_rdata" + (str(i) if i else ""))
+        m.d.sync += data.eq(port.data)
+        ports.append(SimpleNamespace(addr=port.addr, data=data))
+    return memory, (ports[0] if reads == 1 else ports)
 
 
 def reg(m, value, name: str | None = None, shape=None, *, reset_less: bool = True):

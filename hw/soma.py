@@ -1509,9 +1509,10 @@ class SomaDecode(wiring.Component):
     Ports: ``start`` (pulse; the head's parameters on ``head`` (:func:`head_params_layout` of the profile) and
     the three base addresses are sampled in that cycle), ``state_base`` (word address of the head's state),
     ``stage_base`` (word address of q, k, v: three vectors of head_dim bytes), ``out_base`` (word address of the
-    output, :func:`output_words` words); memory ports ``rd_addr -> rd_data`` (synchronous read: the word
-    arrives the cycle after ``rd_addr``) and ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit per byte); all four
-    outputs come from registers. ``busy`` is high from the cycle after ``start`` through the ``done`` cycle
+    output, :func:`output_words` words); memory ports ``rd_addr -> rd_data`` and ``v_rd_addr -> v_rd_data``
+    (two synchronous read ports: the word arrives the cycle after the address; WEIGHTED SUM reads the V rows
+    through the second, every other phase through the first) and ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit
+    per byte); all five outputs come from registers. ``busy`` is high from the cycle after ``start`` through the ``done`` cycle
     (the last store is written in the done cycle); while it is high the unit owns the read port, and the write
     port in the cycles after those with ``writes`` high (a register: the step is in WRITE or STORE, the only
     phases whose next cycle may write; the tile holds its payload's beats then); ``wr_out`` (beside ``wr_en``)
@@ -1536,6 +1537,7 @@ class SomaDecode(wiring.Component):
             "state_base": In(range(mem_words)), "stage_base": In(range(mem_words)),
             "out_base": In(range(mem_words)),
             "rd_addr": Out(range(mem_words)), "rd_data": In(8 * word),
+            "v_rd_addr": Out(range(mem_words)), "v_rd_data": In(8 * word),
             "wr_addr": Out(range(mem_words)), "wr_data": Out(8 * word), "wr_en": Out(word), "writes": Out(1),
             "wr_out": Out(1),
         }
@@ -1575,7 +1577,7 @@ class SomaDecode(wiring.Component):
 
         # Memory ports from registers: the phases set the *_next values. The word read is registered as it
         # leaves the block RAM (whose clock-to-output alone is over half a cycle on the ECP5).
-        rd_word = reg(m, self.rd_data, "rd_word")
+        rd_word, v_word = reg(m, self.rd_data, "rd_word"), reg(m, self.v_rd_data, "v_rd_word")
         rd_addr_next = Signal.like(self.rd_addr)
         m.d.sync += [self.rd_addr.eq(rd_addr_next)]
 
@@ -1598,7 +1600,9 @@ class SomaDecode(wiring.Component):
                                 v=_Issue(m, p, self.mem_words, mover.rows, "v"))
         fin = _CountIssue(m, p, OutputStage.chunk_cycles(p), PHASE_FINAL, max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin")
         gate_issue = _CountIssue(m, p, p.head_dim, PHASE_GATE, GATE_DEPTH + 1, "gate")
-        stages = self._stages(m, par, rams, mover, issue, fin, gate_issue, rd_word, use_exp, norm)
+        stages = self._stages(m, par, rams, mover, issue, fin, gate_issue, rd_word, v_word, use_exp, norm)
+        # WEIGHTED SUM's port: its issue counter's address in every cycle (read only while it issues).
+        m.d.sync += self.v_rd_addr.eq(issue.v.read_address())
 
         # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
         with m.If(self.start):
@@ -1608,7 +1612,8 @@ class SomaDecode(wiring.Component):
         self._sequence(m, par, mover, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm)
         return m
 
-    def _stages(self, m, par, rams, mover, issue, fin, gate_issue, rd_word, use_exp, norm) -> SimpleNamespace:
+    def _stages(self, m, par, rams, mover, issue, fin, gate_issue, rd_word, v_word, use_exp,
+                norm) -> SimpleNamespace:
         """The datapath stages, each fed the tags of the item it holds (SCORES's and WEIGHTED SUM's from their
         issue counters, ``issue.k.item`` and ``issue.v.item``; FINAL's and the gate's from theirs, ``fin.item``
         and ``gate_issue.item``) and served by the register files; their
@@ -1651,7 +1656,7 @@ class SomaDecode(wiring.Component):
                      weighted.prob_item.eq(issue.v.item(READ_LATENCY - 1)),
                      weighted.accumulate_item.eq(issue.v.item(WEIGHTED_DEPTH - 1)),
                      weighted.done_item.eq(issue.v.item(WEIGHTED_DEPTH)),
-                     weighted.probs.eq(near_field.probs), weighted.v_word.eq(rd_word)]
+                     weighted.probs.eq(near_field.probs), weighted.v_word.eq(v_word)]
         if paper:
             m.d.comb += [norm.prob_index.eq(weighted.prob_index), weighted.prob.eq(norm.prob)]
         # FINAL: one OutputStage and FieldUpdate per element of a group issued together (element_lanes); the
@@ -1788,7 +1793,6 @@ class SomaDecode(wiring.Component):
                     enter_weighted(rows=False)
             with m.State("WEIGHTED"):
                 with m.If(values.issuing):
-                    m.d.comb += rd_addr_next.eq(values.read_address())
                     values.next_row()
                     if final_overlaps(p):
                         # The next chunk's first slot follows this chunk's last (its rows and sink_last set

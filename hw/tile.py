@@ -144,7 +144,8 @@ class Tile(wiring.Component):
         mem_words = p.local_memory_bytes // p.word_bytes
         out_bytes = hccs_out_bytes(p)
         info = regmap.info_values(p, self.tile_index)
-        mem, rd = block_ram(m, "mem", unsigned(8 * p.word_bytes), mem_words)
+        # Two read ports: the decode unit's WEIGHTED SUM reads V rows through the second (rd_v).
+        mem, (rd, rd_v) = block_ram(m, "mem", unsigned(8 * p.word_bytes), mem_words, reads=2)
         wr = mem.write_port(granularity=8)
         m.submodules.decode = dec = SomaDecode(p, mem_words)
         # The HCCS command's rows through the decode unit's row unit (lent between steps).
@@ -215,7 +216,8 @@ class Tile(wiring.Component):
         # Decode unit: addresses, memory ports. The current head's addresses advance with cur (no multiplier
         # between cur and the decode unit).
         m.d.comb += [dec.state_base.eq(seq.dec_state_base), dec.stage_base.eq(seq.dec_stage_base),
-                     dec.out_base.eq(seq.dec_out_base), dec.rd_data.eq(rd.data), dec.start.eq(seq.dec_start)]
+                     dec.out_base.eq(seq.dec_out_base), dec.rd_data.eq(rd.data), dec.start.eq(seq.dec_start),
+                     rd_v.addr.eq(dec.v_rd_addr), dec.v_rd_data.eq(rd_v.data)]
         # Memory port defaults: the read address follows the response stream; writes come from the payload,
         # the clear sweep or the decode unit. The read address is selected by flags kept in registers beside
         # the state (the decode unit's busy, fetching HCCS rows, the response's own): decoded from the state and

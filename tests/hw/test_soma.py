@@ -96,9 +96,9 @@ def wide_config(rng, params, normaliser, *, fallback=False, include_self, gating
 
 
 class DecodeMemory:
-    """The tile's local memory as the decode unit sees it, in Python: words of ``word_bytes`` bytes, a
-    synchronous read (the word at the previous cycle's ``rd_addr``, the old word when that cycle wrote it)
-    and a byte-enabled write."""
+    """The tile's local memory as the decode unit sees it, in Python: words of ``word_bytes`` bytes, two
+    synchronous reads (the word at the previous cycle's ``rd_addr``, and at ``v_rd_addr``; the old word when
+    that cycle wrote it) and a byte-enabled write."""
 
     def __init__(self, words: int, word_bytes: int):
         self.word_bytes = word_bytes
@@ -119,13 +119,14 @@ class DecodeMemory:
             rd_addr, wr_addr, wr_en, wr_data = (ctx.get(s) for s in (dut.rd_addr, dut.wr_addr, dut.wr_en, dut.wr_data))
             if ctx.get(dut.done):
                 done_at = cycle
-            read = self.words[rd_addr]
+            read, v_read = self.words[rd_addr], self.words[ctx.get(dut.v_rd_addr)]
             await ctx.tick()
             ctx.set(dut.start, 0)
             if wr_en:
                 mask = sum(0xFF << (8 * b) for b in range(self.word_bytes) if wr_en >> b & 1)
                 self.words[wr_addr] = (self.words[wr_addr] & ~mask) | (wr_data & mask)
             ctx.set(dut.rd_data, read)
+            ctx.set(dut.v_rd_data, v_read)
             cycle += 1
         return done_at
 
