@@ -450,40 +450,50 @@ class ElementRam:
     elements at the next step, its output elements (FINAL_DEPTH) after its last field element
     (FIELD_DEPTH) is four cycles old."""
 
-    def __init__(self, m, name: str, bits: int, elements: int, word_bits: int):
-        self.m, self.bits = m, bits
+    def __init__(self, m, name: str, bits: int, elements: int, word_bits: int, banks: int = 1):
+        self.m, self.bits, self.banks = m, bits, banks
         self.per_word = word_bits // bits
         self._shift = self.per_word.bit_length() - 1
         self.words = elements // self.per_word
-        m.submodules[name] = self.memory = Memory(shape=unsigned(word_bits), depth=self.words, init=[])
+        # banks > 1: copies of the file side by side, the bank the high address bits (a register of the
+        # caller's), so that one head's copy is written while another head's is read.
+        self._addr_bits = (self.words - 1).bit_length()
+        depth = self.words if banks == 1 else banks << self._addr_bits
+        m.submodules[name] = self.memory = Memory(shape=unsigned(word_bits), depth=depth, init=[])
         port = self.memory.write_port(granularity=bits)
         self.wr = SimpleNamespace(addr=Signal.like(port.addr, name=f"{name}_wr_addr"),
                                   data=Signal.like(port.data, name=f"{name}_wr_data"),
                                   en=Signal.like(port.en, name=f"{name}_wr_en"))
         m.d.sync += [port.addr.eq(self.wr.addr), port.data.eq(self.wr.data), port.en.eq(self.wr.en)]
 
+    def _address(self, address, bank):
+        if self.banks == 1:
+            return address
+        return Cat(Cat(address, Const(0, self._addr_bits))[:self._addr_bits], bank)
+
     def word_of(self, d):
         return d >> self._shift
 
-    def reader(self, address):
-        """A read port at word ``address`` (combinational): ``.data`` the word."""
+    def reader(self, address, bank=None):
+        """A read port at word ``address`` (of ``bank``) (combinational): ``.data`` the word."""
         port = self.memory.read_port(domain="comb")
-        self.m.d.comb += port.addr.eq(address)
+        self.m.d.comb += port.addr.eq(self._address(address, bank))
         return SimpleNamespace(data=port.data)
 
-    def serve(self, port):
-        """A read port of its own for a stage's :class:`RegisterFileRead` ``port``."""
-        self.m.d.comb += port.data.eq(self.reader(port.addr).data)
+    def serve(self, port, bank=None):
+        """A read port of its own for a stage's :class:`RegisterFileRead` ``port`` (in ``bank``)."""
+        self.m.d.comb += port.data.eq(self.reader(port.addr, bank).data)
 
-    def write_word(self, address, value):
-        self.m.d.comb += [self.wr.addr.eq(address), self.wr.data.eq(value), self.wr.en.eq(-1)]
+    def write_word(self, address, value, bank=None):
+        self.m.d.comb += [self.wr.addr.eq(self._address(address, bank)), self.wr.data.eq(value),
+                          self.wr.en.eq(-1)]
 
-    def write_elements(self, d, values):
+    def write_elements(self, d, values, bank=None):
         """Elements ``d`` .. ``d + len(values) - 1`` in one write (``d`` a multiple of ``len(values)``, which
         divides the word's elements)."""
         n = len(values)
         assert self.per_word % n == 0
-        self.m.d.comb += [self.wr.addr.eq(self.word_of(d)),
+        self.m.d.comb += [self.wr.addr.eq(self._address(self.word_of(d), bank)),
                           self.wr.data.eq(Cat(*values).replicate(self.per_word // n)),
                           self.wr.en.eq(Const((1 << n) - 1, self.per_word) << d[:self._shift])]
 
@@ -1237,7 +1247,10 @@ class StateMover(wiring.Component):
       ``gate_field``) and the counters to consecutive state words from the field's, then the output (through
       ``out``, :func:`output_words`) from ``out_base``; ``wr_out`` marks the output's words.
 
-    ``state_base`` and ``out_base`` are held from ``begin_load`` through STORE. The memory ports (``rd_addr``,
+    - ``take`` (a pulse) sets the counters to ``counters_in``: a mover that does not LOAD (the decode unit's
+      second, for the WRITE and STORE of the head whose LOAD the first did) takes them from the first.
+
+    ``state_base`` and ``out_base`` are held from ``begin_load`` (or ``take``) through STORE. The memory ports (``rd_addr``,
     ``wr_addr/wr_data/wr_en``) are the next values of the unit's port registers, 0 outside the phases;
     ``rd_word`` is the word read :data:`READ_LATENCY` cycles after its address. ``rows`` (:func:`slot_regions_layout`)
     names the slot regions' first words, ``counters`` the head's counters from LOAD's end on. One word per
@@ -1256,6 +1269,7 @@ class StateMover(wiring.Component):
             "wr_addr": Out(range(mem_words)), "wr_data": Out(word_bits), "wr_en": Out(params.word_bytes),
             "wr_out": Out(1),
             "counters": Out(COUNTERS_LAYOUT), "rows": Out(slot_regions_layout(mem_words)),
+            "take": In(1), "counters_in": In(COUNTERS_LAYOUT),
             "q_load": Out(word_write_layout(params, 8)), "k_load": Out(word_write_layout(params, 8)),
             "v_load": Out(word_write_layout(params, 8)), "field_load": Out(word_write_layout(params, 16)),
             "gate_field_load": Out(word_write_layout(params, 16)),
@@ -1286,6 +1300,9 @@ class StateMover(wiring.Component):
         layout = {name: offset // p.word_bytes for name, offset, _, _ in regmap.state_layout(p)}
         write_pos, fill, step = Signal(32, name="write_pos"), Signal(32, name="fill"), Signal(32, name="step")
         m.d.comb += self.counters.eq(Cat(write_pos, fill, step))
+        with m.If(self.take):
+            m.d.sync += [write_pos.eq(self.counters_in.write_pos), fill.eq(self.counters_in.fill),
+                         step.eq(self.counters_in.step)]
         for region in ("sink_k", "ring_k", "sink_v", "ring_v"):
             m.d.comb += self.rows[region].eq(reg(m, self.state_base + layout[region], f"{region}_row",
                                                  range(self.mem_words)))
@@ -1581,26 +1598,58 @@ class SomaDecode(wiring.Component):
         rd_addr_next = Signal.like(self.rd_addr)
         m.d.sync += [self.rd_addr.eq(rd_addr_next)]
 
-        # q, k, v, the field, the gate field and the output: LUT RAMs of memory-word rows (ElementRam).
-        rams = SimpleNamespace(**{name: ElementRam(m, f"{name}_ram", bits, p.head_dim, 8 * p.word_bytes)
-                                  for name, bits in (("q", 8), ("k", 8), ("v", 8), ("fld", 16), ("gate_fld", 16),
-                                                     ("out", element_bits(p)))})
+        # The step's two halves: the front (LOAD, WRITE before attention, SCORES, NORMALISE) and the back
+        # (WEIGHTED SUM, FINAL, WRITE after attention, STORE). The back works from copies of what it needs,
+        # taken as the front hands the head over (end of NORMALISE): the head's parameters, its bases, its
+        # counters (in a state mover of its own) and the bank of the register files LOAD wrote.
+        front = SimpleNamespace(par=par, bank=Signal(name="front_bank"))
+        back = SimpleNamespace(par=Signal(self.head.shape(), name="back_par"), bank=Signal(name="back_bank"),
+                               state_base=Signal.like(state_base, name="back_state_base"),
+                               out_base=Signal.like(out_base, name="back_out_base"))
+        with m.If(self.start):
+            m.d.sync += front.bank.eq(~front.bank)
 
-        # LOAD, WRITE and STORE: the memory's words into and out of the register files and the counters.
+        # q, k, v, the field, the gate field, its update and the output: LUT RAMs of memory-word rows
+        # (ElementRam). LOAD writes k, v and the gate field in the front's bank; FINAL and the back's WRITE read
+        # the back's. The updated gate field has a file of its own (gate_new, FINAL's writes, STORE's reads), so
+        # that LOAD is the only writer of gate_fld. The field is loaded during NORMALISE, after the previous
+        # head's STORE: one bank.
+        banked = ("k", "v", "gate_fld")
+        rams = SimpleNamespace(**{name: ElementRam(m, f"{name}_ram", bits, p.head_dim, 8 * p.word_bytes,
+                                                   banks=2 if name in banked else 1)
+                                  for name, bits in (("q", 8), ("k", 8), ("v", 8), ("fld", 16), ("gate_fld", 16),
+                                                     ("gate_new", 16), ("out", element_bits(p)))})
+
+        # LOAD, WRITE and STORE: the memory's words into and out of the register files and the counters. The
+        # front's mover LOADs (and WRITEs before attention); the back's WRITEs after attention and STOREs,
+        # from the counters it takes at the hand-over. Each drives the memory's write port only in its phases
+        # (0 outside them), which never overlap.
         m.submodules.mover = mover = StateMover(p, self.mem_words)
+        m.submodules.back_mover = back.mover = StateMover(p, self.mem_words)
+        front.mover = mover
         m.d.comb += [mover.state_base.eq(state_base), mover.stage_base.eq(self.stage_base),
-                     mover.out_base.eq(out_base), mover.rd_word.eq(rd_word), rd_addr_next.eq(mover.rd_addr)]
-        m.d.sync += [self.wr_addr.eq(mover.wr_addr), self.wr_data.eq(mover.wr_data), self.wr_en.eq(mover.wr_en),
-                     self.wr_out.eq(mover.wr_out)]
-        for ram, port in ((rams.k, mover.k), (rams.v, mover.v), (rams.fld, mover.field),
-                          (rams.gate_fld, mover.gate_field), (rams.out, mover.out)):
-            ram.serve(port)
+                     mover.out_base.eq(out_base), mover.rd_word.eq(rd_word), rd_addr_next.eq(mover.rd_addr),
+                     back.mover.state_base.eq(back.state_base), back.mover.out_base.eq(back.out_base),
+                     back.mover.counters_in.eq(mover.counters)]
+        m.d.sync += [self.wr_addr.eq(mover.wr_addr | back.mover.wr_addr),
+                     self.wr_data.eq(mover.wr_data | back.mover.wr_data),
+                     self.wr_en.eq(mover.wr_en | back.mover.wr_en), self.wr_out.eq(back.mover.wr_out)]
+        for ram, port, bank in ((rams.k, mover.k, front.bank), (rams.v, mover.v, front.bank),
+                                (rams.k, back.mover.k, back.bank), (rams.v, back.mover.v, back.bank),
+                                (rams.fld, back.mover.field, None), (rams.out, back.mover.out, None)):
+            ram.serve(port, bank)
+        # STORE's gate field: FINAL's update for a gated head (it writes none for an ungated one), else the one
+        # LOAD read.
+        gated = head_choice(back.par, "gating", "query")
+        m.d.comb += back.mover.gate_field.data.eq(
+            Mux(gated, rams.gate_new.reader(back.mover.gate_field.addr).data,
+                rams.gate_fld.reader(back.mover.gate_field.addr, back.bank).data))
 
         issue = SimpleNamespace(k=_Issue(m, p, self.mem_words, mover.rows, "k"),
                                 v=_Issue(m, p, self.mem_words, mover.rows, "v"))
         fin = _CountIssue(m, p, OutputStage.chunk_cycles(p), PHASE_FINAL, max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin")
         gate_issue = _CountIssue(m, p, p.head_dim, PHASE_GATE, GATE_DEPTH + 1, "gate")
-        stages = self._stages(m, par, rams, mover, issue, fin, gate_issue, rd_word, v_word, use_exp, norm)
+        stages = self._stages(m, front, back, rams, issue, fin, gate_issue, rd_word, v_word, use_exp, norm)
         # WEIGHTED SUM's port: its issue counter's address in every cycle (read only while it issues).
         m.d.sync += self.v_rd_addr.eq(issue.v.read_address())
 
@@ -1609,10 +1658,10 @@ class SomaDecode(wiring.Component):
             m.d.sync += self.busy.eq(1)
         with m.If(self.done):
             m.d.sync += self.busy.eq(0)
-        self._sequence(m, par, mover, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm)
+        self._sequence(m, front, back, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm)
         return m
 
-    def _stages(self, m, par, rams, mover, issue, fin, gate_issue, rd_word, v_word, use_exp,
+    def _stages(self, m, front, back, rams, issue, fin, gate_issue, rd_word, v_word, use_exp,
                 norm) -> SimpleNamespace:
         """The datapath stages, each fed the tags of the item it holds (SCORES's and WEIGHTED SUM's from their
         issue counters, ``issue.k.item`` and ``issue.v.item``; FINAL's and the gate's from theirs, ``fin.item``
@@ -1620,6 +1669,7 @@ class SomaDecode(wiring.Component):
         FINAL element writes and LOAD's word writes into the register files."""
         p = self.params
         paper = p.profile == "paper"
+        par, mover = front.par, front.mover
         m.submodules.scores = scores = ScoreStage(p)
         m.d.comb += [scores.head.eq(par), scores.counters.eq(mover.counters), scores.k_word.eq(rd_word),
                      scores.read_item.eq(issue.k.item(READ_LATENCY)),
@@ -1643,7 +1693,7 @@ class SomaDecode(wiring.Component):
         m.d.comb += [gate.head.eq(par), gate.accumulate_item.eq(gate_issue.item(2)),
                      gate.done_item.eq(gate_issue.item(GATE_DEPTH)), gate.advance.eq(gate_issue.issuing)]
         rams.q.serve(gate.q)
-        rams.gate_fld.serve(gate.gate_field)
+        rams.gate_fld.serve(gate.gate_field, front.bank)
         # An integer-exp row is done for WEIGHTED SUM as its first probability is written: the weighted sum
         # reads the probabilities in slot order, one a cycle at most, behind the OUT pass's writes
         # (RowNormaliser.first_out).
@@ -1651,7 +1701,7 @@ class SomaDecode(wiring.Component):
 
         # WEIGHTED SUM over slots for chunk c (issue.v.c holds the chunk); then FINAL over its L elements.
         m.submodules.weighted = weighted = WeightedStage(p)
-        m.d.comb += [weighted.head.eq(par), weighted.n_issue.eq(issue.v.n),
+        m.d.comb += [weighted.head.eq(back.par), weighted.n_issue.eq(issue.v.n),
                      weighted.prob_address_item.eq(issue.v.item(READ_LATENCY - 2)),
                      weighted.prob_item.eq(issue.v.item(READ_LATENCY - 1)),
                      weighted.accumulate_item.eq(issue.v.item(WEIGHTED_DEPTH - 1)),
@@ -1666,50 +1716,52 @@ class SomaDecode(wiring.Component):
         for e in range(group):
             suffix = str(e) if group > 1 else ""
             m.submodules["output" + suffix] = output = OutputStage(p, e)
-            m.d.comb += [output.head.eq(par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
+            m.d.comb += [output.head.eq(back.par), output.acc.eq(weighted.acc), output.gate.eq(gate.gate),
                          output.write_item.eq(fin.item(FINAL_DEPTH - 1)),
                          output.element_item.eq(fin.item(FINAL_DEPTH)), output.advance.eq(fin.issuing)]
             if e:
                 m.d.comb += [output.d_restart.eq(outputs[0].d_restart),
                              output.lane_restart.eq(outputs[0].lane_restart)]
-            for ram, port in ((rams.fld, output.field), (rams.gate_fld, output.gate_field), (rams.k, output.k),
-                              (rams.v, output.v)):
-                ram.serve(port)
+            for ram, port, bank in ((rams.fld, output.field, None), (rams.gate_fld, output.gate_field, back.bank),
+                                    (rams.k, output.k, back.bank), (rams.v, output.v, back.bank)):
+                ram.serve(port, bank)
             m.submodules["field_update" + suffix] = field_update = FieldUpdate(p, e)
-            m.d.comb += [field_update.head.eq(par), field_update.f_old.eq(output.f_old),
+            m.d.comb += [field_update.head.eq(back.par), field_update.f_old.eq(output.f_old),
                          field_update.g_old.eq(output.g_old), field_update.k_d.eq(output.k_d),
                          field_update.src.eq(output.src),
                          field_update.write_item.eq(fin.item(FIELD_DEPTH - 1)),
                          field_update.element_item.eq(fin.item(FIELD_DEPTH))]
             outputs.append(output)
             updates.append(field_update)
-        # FINAL's element writes follow LOAD's word writes, so they take a register file's write port when both
-        # ask (the phases never overlap).
+        # LOAD's word writes, into the front's bank. FINAL's field writes follow the field's (loaded in
+        # NORMALISE, after the previous head's STORE), so they take the field's write port when both ask (the
+        # phases never overlap).
         for ram, write in ((rams.q, mover.q_load), (rams.k, mover.k_load), (rams.v, mover.v_load),
                            (rams.fld, mover.field_load), (rams.gate_fld, mover.gate_field_load)):
             with m.If(write.en):
-                ram.write_word(write.addr, write.data)
+                ram.write_word(write.addr, write.data, front.bank if ram.banks > 1 else None)
         # A group's elements are written together (their enables are equal): the first's element and enable.
         for ram, writes in ((rams.fld, [u.field_write for u in updates]),
-                            (rams.gate_fld, [u.gate_write for u in updates]),
+                            (rams.gate_new, [u.gate_write for u in updates]),
                             (rams.out, [o.out_write for o in outputs])):
             with m.If(writes[0].en):
                 ram.write_elements(writes[0].element, [w.value for w in writes])
         return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=outputs[0],
                                norm_done=norm_done)
 
-    def _sequence(self, m, par, mover, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm):
-        """The step's state machine: LOAD, WRITE (before SCORES when ``include_self``, else after FINAL),
-        SCORES, NORMALISE, WEIGHTED per chunk (each chunk's FINAL issued by ``fin`` from its end; where
+    def _sequence(self, m, front, back, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm):
+        """The step's state machine: LOAD, WRITE (before SCORES when ``include_self``), SCORES, NORMALISE
+        (whose end hands the head to the back: its copies are taken), WEIGHTED per chunk (each chunk's FINAL issued by ``fin`` from its end; where
         :func:`final_overlaps` the chunks are issued back to back and FINAL runs beside the next chunk's WEIGHTED,
-        else the next chunk waits in FINAL for its issue), the last chunk's FINAL, STORE, DONE; ``done`` a pulse
-        from a register."""
+        else the next chunk waits in FINAL for its issue), the last chunk's FINAL, WRITE_BACK (the back's WRITE,
+        without ``include_self``), STORE, DONE; ``done`` a pulse from a register."""
         p = self.params
         D, L = p.head_dim, p.mac_lanes
         chunks, slots = D // L, p.slots
         row, near_field, gate, weighted, output = (stages.row, stages.near_field, stages.gate, stages.weighted,
                                                    stages.output)
         keys, values = issue.k, issue.v
+        par, mover = front.par, front.mover
         norm_busy = Signal()
 
         def enter_scores():
@@ -1735,10 +1787,10 @@ class SomaDecode(wiring.Component):
         def enter_move(begin, state: str):
             m.d.comb += begin.eq(1)
             m.next = state
-            # writes: the state is WRITE or STORE (a register beside the state; enter_scores and DONE clear it).
-            m.d.sync += self.writes.eq(state in ("WRITE", "STORE"))
+            # writes: the state is WRITE, WRITE_BACK or STORE (a register beside the state; enter_scores and
+            # DONE clear it).
+            m.d.sync += self.writes.eq(state in ("WRITE", "WRITE_BACK", "STORE"))
 
-        wrote = Signal()  # WRITE has run in this step (first when include_self, else after FINAL)
         gate_go = Signal()  # a pulse in SCORES's first cycle: the gate's first element issues in the next
         m.d.sync += gate_go.eq(0)
         with m.If(gate_go):
@@ -1750,7 +1802,6 @@ class SomaDecode(wiring.Component):
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += wrote.eq(0)
                     keys.first_rows()
                     enter_move(mover.begin_load, "LOAD")
             with m.State("LOAD"):
@@ -1761,11 +1812,7 @@ class SomaDecode(wiring.Component):
                         enter_scores()
             with m.State("WRITE"):
                 with m.If(mover.write_last):
-                    m.d.sync += wrote.eq(1)
-                    with m.If(wrote):
-                        enter_move(mover.begin_store, "STORE")
-                    with m.Else():
-                        enter_scores()
+                    enter_scores()
             with m.State("SCORES"):
                 with m.If(keys.issuing):
                     m.d.comb += rd_addr_next.eq(keys.read_address())
@@ -1789,7 +1836,9 @@ class SomaDecode(wiring.Component):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
                     values.first_chunk()
-                    m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1)]
+                    m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1), back.mover.take.eq(1)]
+                    m.d.sync += [back.par.eq(par), back.bank.eq(front.bank), back.state_base.eq(mover.state_base),
+                                 back.out_base.eq(mover.out_base)]
                     enter_weighted(rows=False)
             with m.State("WEIGHTED"):
                 with m.If(values.issuing):
@@ -1829,19 +1878,21 @@ class SomaDecode(wiring.Component):
                         values.next_chunk()
                         enter_weighted()
                 with m.Elif(output.end):  # the last element leaves FINAL
-                    with m.If(par["include_self"]):
-                        enter_move(mover.begin_store, "STORE")
+                    with m.If(back.par["include_self"]):
+                        enter_move(back.mover.begin_store, "STORE")
                     with m.Else():
-                        m.d.sync += wrote.eq(1)
-                        enter_move(mover.begin_write, "WRITE")
+                        enter_move(back.mover.begin_write, "WRITE_BACK")
+            with m.State("WRITE_BACK"):
+                with m.If(back.mover.write_last):
+                    enter_move(back.mover.begin_store, "STORE")
             with m.State("STORE"):
-                with m.If(mover.store_done):
+                with m.If(back.mover.store_done):
                     m.d.sync += [self.done.eq(1), self.writes.eq(0)]
                     m.next = "DONE"
             with m.State("DONE"):
                 m.next = "IDLE"
         m.d.comb += [mover.loading.eq(fsm.ongoing("LOAD")), mover.writing.eq(fsm.ongoing("WRITE")),
-                     mover.storing.eq(fsm.ongoing("STORE"))]
+                     back.mover.writing.eq(fsm.ongoing("WRITE_BACK")), back.mover.storing.eq(fsm.ongoing("STORE"))]
 
 
 class _CountIssue:
