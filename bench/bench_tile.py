@@ -8,7 +8,10 @@ input, no backpressure; heads of random configurations, both normalisers) and, f
 fits, given by ``expected_decode_cycles(behind=True)`` (the formula the measurement is checked against in
 tests/sim/test_regress.py and here), with its parts
 (``decode_frame_phases``, one head's ``decode_phases``) in the notes: where a token's cycles go beside the
-MAC bound. The throughput targets are cycles per token within ``CYCLES_TARGET`` times the ideal.
+MAC bound. The throughput targets are cycles per token within ``CYCLES_TARGET`` times the ideal. The MAC bound
+counts scores and weighted sum on one array of ``lanes`` MACs; the tile has one for each (ScoreStage's and
+WeightedStage's multipliers), and with a head's scores beside the previous head's weighted sum
+(``soma.overlapped_cycles``) a token can take fewer cycles than this bound.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def phases_note(params: TileParams, configs, behind: bool = False) -> str:
     steps = {(c.normaliser, c.hccs_mode) for c in configs}
     heads = "; ".join(f"a {n}/{m} head {step_text(decode_phases(params, n, m))}" for n, m in sorted(steps))
     mac_head = params.slots * params.head_dim / params.lanes
-    return (f"intake {frame['intake']}, execute {frame['execute']}, response {frame['respond']}; {heads}; "
+    return (f"intake {frame['intake']}, execute {frame['execute']}, heads {frame['heads']} (each started as the "
+            f"previous one's weighted sum starts: soma.overlapped_cycles), response {frame['respond']}; {heads}; "
             f"MAC bound per head {2 * mac_head:.0f} ({mac_head:.0f} scores + {mac_head:.0f} weighted)")
 
 
@@ -75,7 +79,7 @@ def run() -> list[dict]:
             continue
         mac, stream = ideal_cycles(params)
         ideal = max(mac, stream)
-        hccs_heads = [SimpleNamespace(normaliser="hccs_int", hccs_mode="div")] * params.heads
+        hccs_heads = [SimpleNamespace(normaliser="hccs_int", hccs_mode="div", include_self=True)] * params.heads
         cycles = expected_decode_cycles(params, hccs_heads, behind=True)
         rows.append({"name": f"{name}: cycles/token (formula, HCCS div heads, back to back), {params.heads} heads",
                      "value": cycles, "unit": "cycles", "baseline": ideal, "ratio": cycles / ideal,

@@ -107,7 +107,7 @@ class NormaliserSignature(wiring.Signature):
         super().__init__({
             "start": In(1), "done": Out(1), "count": In(range(n_max + 1)), **hccs_ports, "exp_mult": In(16),
             "row_we": In(1), "row_index": In(range(n_max)), "row_x": In(signed(8)), "row_valid": In(1),
-            "prob_index": In(range(n_max)), "prob": Out(16), "first_out": Out(1),
+            "row_bank": In(1), "prob_index": In(range(n_max)), "prob": Out(16), "first_out": Out(1),
         })
 
 
@@ -160,7 +160,10 @@ class RowNormaliser(wiring.Component):
     Bit-exact with ``hccs.hccs_row`` and ``intexp.intexp_row`` (masks included). The row is written through
     ``row_we/row_index/row_x/row_valid`` before ``start``, in index order from 0 through ``count - 1`` (the
     write of index 0 starts the row's running maximum, which each valid element's write updates: the row needs
-    no pass of its own for it); the parameters (``count``, ``use_exp``, ``clb``,
+    no pass of its own for it). The row memory holds two rows: the writes go to bank ``row_bank``, the passes
+    read the bank ``row_bank`` named at ``start`` with the maximum as it was then, so that the next row may be
+    written while the OUT pass still reads this one (the decode unit's next head's SCORES beside this head's
+    weighted sum). The parameters (``count``, ``use_exp``, ``clb``,
     ``out16``, ``B``, ``S``, ``dmax``, ``exp_mult``) are sampled in the ``start`` cycle. After ``done`` the
     probabilities are read through ``prob_index -> prob`` with a one-cycle (synchronous) read; or already
     while the OUT pass writes them: ``first_out`` pulses a cycle after probability 0 is written, and from
@@ -185,10 +188,16 @@ class RowNormaliser(wiring.Component):
         lane_bits = (lanes - 1).bit_length()
         # The row's memory banks (one but for a multi-lane SUM pass): element i in bank i % lanes, word i // lanes.
         banks = []
+        row_words = -(-n_max // lanes)
+        word_bits = (row_words - 1).bit_length()
         for bank in range(lanes):
             m.submodules["row" if lanes == 1 else f"row{bank}"] = row = Memory(
-                shape=unsigned(9), depth=-(-n_max // lanes), init=[])
+                shape=unsigned(9), depth=2 << word_bits, init=[])
             banks.append(row)
+        pass_bank = Signal()  # the row the passes read: row_bank at start
+
+        def row_address(word, row):
+            return Cat(Cat(word, Const(0, word_bits))[:word_bits], row)
         probs, prob_r = block_ram(m, "probs", unsigned(16), n_max)
         ports = []
         for row in banks:
@@ -204,7 +213,7 @@ class RowNormaliser(wiring.Component):
                 address = self.row_index >> lane_bits
                 enable = self.row_we & (self.row_index[:lane_bits] == bank)
             reads = [prob_r.addr.eq(self.prob_index), self.prob.eq(prob_r.data)] if bank == 0 else []
-            m.d.comb += [row_w.addr.eq(address), row_w.data.eq(Cat(self.row_x, self.row_valid)), row_w.en.eq(enable),
+            m.d.comb += [row_w.addr.eq(row_address(address, self.row_bank)), row_w.data.eq(Cat(self.row_x, self.row_valid)), row_w.en.eq(enable),
                          *reads]
 
         # Parameters, sampled at start.
@@ -234,14 +243,15 @@ class RowNormaliser(wiring.Component):
         pass_code = Signal(2)
         if lanes == 1:
             is_last = index == last_index
-            m.d.comb += row_reads[0].addr.eq(index)
+            m.d.comb += row_reads[0].addr.eq(row_address(index, pass_bank))
             selected = row_reads[0].data
         else:
             # SUM issues groups (every bank at word `index`), OUT elements (word index // lanes of each bank, the
             # element's bank selected a cycle later, as its word arrives).
             out_pass = pass_code == PASS_OUT
             is_last = Mux(out_pass, index == last_index, index == last_group)
-            m.d.comb += [read.addr.eq(Mux(out_pass, index >> lane_bits, index)) for read in row_reads]
+            m.d.comb += [read.addr.eq(row_address(Mux(out_pass, index >> lane_bits, index), pass_bank))
+                         for read in row_reads]
             bank = reg(m, Mux(out_pass, index[:lane_bits], 0), "row_bank")
             selected = Array(read.data for read in row_reads)[bank]
             # Lane l's element of a SUM group is in the row (index * lanes + l <= last_index), with its word.
@@ -257,6 +267,10 @@ class RowNormaliser(wiring.Component):
                 m.d.sync += row_max.eq(Mux(self.row_valid, self.row_x, -256))
             with m.Elif(self.row_valid & (self.row_x > row_max)):
                 m.d.sync += row_max.eq(self.row_x)
+        # The passes' maximum: the row's at start (the next row's writes may restart row_max meanwhile).
+        pass_max = Signal.like(row_max)
+        with m.If(self.start):
+            m.d.sync += [pass_max.eq(row_max), pass_bank.eq(self.row_bank)]
         total = Signal(32)
         inv = Signal(32)
 
@@ -264,7 +278,7 @@ class RowNormaliser(wiring.Component):
         # on the ECP5); s2: in a register, before any arithmetic.
         x = reg(m, selected[:8].as_signed(), "x")
         valid2 = reg(m, selected[8], "x_valid")
-        distance = reg(m, row_max - x, "distance", unsigned(9))                       # s3
+        distance = reg(m, pass_max - x, "distance", unsigned(9))                       # s3
         valid = delay(m, valid2, 1)
         capped = reg(m, Mux(distance > dmax, dmax, distance), "capped")              # s4
         exp_score, hccs_score = _lane_scores(m, distance, exp_mult, "", (capped, S, B))
@@ -278,7 +292,7 @@ class RowNormaliser(wiring.Component):
             for lane in range(1, lanes):
                 word = row_reads[lane].data
                 lane_valid = reg(m, word[8] & in_row[lane], f"x_valid{lane}")
-                lane_distance = reg(m, row_max - reg(m, word[:8].as_signed(), f"x{lane}"), f"distance{lane}",
+                lane_distance = reg(m, pass_max - reg(m, word[:8].as_signed(), f"x{lane}"), f"distance{lane}",
                                     unsigned(9))
                 lane_score, _ = _lane_scores(m, lane_distance, exp_mult, str(lane))
                 scores.append(Mux(delay(m, lane_valid, NORM_SUM_DEPTH - 2), lane_score, 0))
@@ -1516,6 +1530,50 @@ def expected_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode:
     return sum(decode_phases(params, normaliser, hccs_mode).values())
 
 
+def step_parts(params: TileParams, config) -> tuple[int, int, int]:
+    """(front, normalise, back): the cycles of a head's step in :class:`SomaDecode`'s front before NORMALISE
+    (LOAD, WRITE when ``include_self``, SCORES), in NORMALISE (through the hand-over) and in the back (WEIGHTED
+    SUM, FINAL, WRITE without ``include_self``, STORE, DONE), for ``config`` (anything with ``normaliser``,
+    ``hccs_mode`` and ``include_self``); their sum is :func:`expected_cycles`."""
+    ph = decode_phases(params, config.normaliser, config.hccs_mode)
+    write_front = ph["write"] if config.include_self else 0
+    front = ph["load"] + write_front + ph["scores"]
+    back = ph["weighted"] + ph["final"] + ph["write"] - write_front + ph["store"] + ph["done"]
+    return front, ph["normalise"], back
+
+
+HANDED_TO_START = 2
+"""Cycles from the hand-over (the front's last NORMALISE cycle) to the next head's ``start`` pulse in the tile:
+``handed`` is seen the cycle after, and the tile's job loop pulses ``start`` in its next state."""
+
+
+def overlapped_cycles(params: TileParams, configs) -> int:
+    """Cycles of a run of heads (``configs``, anything :func:`step_parts` takes) through :class:`SomaDecode`,
+    each head after the first started :data:`HANDED_TO_START` cycles after the previous one's hand-over: from
+    the cycle after the first ``start`` through the last head's ``done``. Head h + 1's front (LOAD, SCORES)
+    runs beside head h's back (WEIGHTED SUM ... STORE); its NORMALISE starts as SCORES ends or, if later, once
+    the back is idle (the cycle after head h's ``done``)::
+
+        H[0] = F[0] + N[0]                                  (hand-over, from the first start)
+        D[h] = H[h] + B[h]                                  (done)
+        H[h+1] = max(H[h] + HANDED_TO_START + F[h+1], D[h] + 1) + N[h+1]
+
+    with (F, N, B) of :func:`step_parts`. The front's WRITE never waits here: it ends before the back's
+    weighted sum does (checked)."""
+    ph = decode_phases(params)
+    if ph["weighted"] <= ph["load"] + HANDED_TO_START:
+        raise ValueError(f"overlapped_cycles: a weighted sum of {ph['weighted']} cycles ends before the next "
+                         f"head's LOAD ({ph['load']}): the front's WRITE would wait, which this count leaves out")
+    parts = [step_parts(params, c) for c in configs]
+    front, norm, back = parts[0]
+    handed = front + norm
+    done = handed + back
+    for front, norm, back in parts[1:]:
+        handed = max(handed + HANDED_TO_START + front, done + 1) + norm
+        done = handed + back
+    return done
+
+
 class SomaDecode(wiring.Component):
     """One head's integer decode step over the tile's local memory (see the module docstring).
 
@@ -1529,28 +1587,34 @@ class SomaDecode(wiring.Component):
     output, :func:`output_words` words); memory ports ``rd_addr -> rd_data`` and ``v_rd_addr -> v_rd_data``
     (two synchronous read ports: the word arrives the cycle after the address; WEIGHTED SUM reads the V rows
     through the second, every other phase through the first) and ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit
-    per byte); all five outputs come from registers. ``busy`` is high from the cycle after ``start`` through the ``done`` cycle
-    (the last store is written in the done cycle); while it is high the unit owns the read port, and the write
-    port in the cycles after those with ``writes`` high (a register: the step is in WRITE or STORE, the only
-    phases whose next cycle may write; the tile holds its payload's beats then); ``wr_out`` (beside ``wr_en``)
-    marks the writes of the output's words, :func:`output_words` a head in order from ``out_base``. ``head`` is
-    sampled at ``start`` and may change from the cycle after it on. ``command`` (:func:`near_field_port`)
-    lends the tile's one streaming row unit to the HCCS command while ``command.active`` is high, which the
-    tile keeps low from ``start`` through ``done``.
+    per byte); the memory ports' outputs come from registers. The unit works in two halves (docs/hardware.md):
+    the front (LOAD, WRITE when ``include_self``, SCORES, NORMALISE) hands the head to the back (WEIGHTED SUM,
+    FINAL, WRITE otherwise, STORE) at NORMALISE's end; ``handed`` pulses (from a register) the cycle after, and
+    from then on the front takes the next ``start``, whose head runs beside this one's back. ``done`` pulses
+    (from a register) as the back's STORE ends: the heads are done in the order they started. ``start`` is
+    allowed while the unit is idle or from the cycle after ``handed`` on, for a head other than the one in the
+    back (another ``state_base``); no head is started twice before its ``done``. ``busy`` is high from the cycle
+    after ``start`` through the last ``done``; while it is high the unit owns the first read port, and the
+    write port in the cycles after those with ``writes`` high (the front's WRITE or the back's WRITE or STORE,
+    the only phases whose next cycle may write; the tile holds its payload's beats then); ``wr_out`` (beside
+    ``wr_en``) marks the writes of the output's words, :func:`output_words` a head in order from the head's
+    ``out_base``. ``head`` and the bases are sampled at ``start`` and may change from the cycle after it on.
+    ``command`` (:func:`near_field_port`) lends the tile's one streaming row unit to the HCCS command while
+    ``command.active`` is high, which the tile keeps low while ``busy``.
 
     The unit itself sequences the step (LOAD, WRITE, STORE, the issue counter and the tag line every stage
     reads its items from) and composes the datapath stages: :class:`ScoreStage` (SCORES), :class:`NearFieldFeed`
     (the row through the streaming row unit), in the paper profile an exp-only :class:`RowNormaliser` (the
     integer-exp heads) and :class:`GateStage` (NORMALISE), :class:`WeightedStage`
     (WEIGHTED SUM), :class:`OutputStage` and :class:`FieldUpdate` (FINAL). :func:`expected_cycles` is the sum of
-    their latencies.
+    their latencies (one head on its own), :func:`overlapped_cycles` the count of heads started at ``handed``.
     """
 
     def __init__(self, params: TileParams, mem_words: int):
         self.params = params
         word = params.word_bytes
         ports = {
-            "start": In(1), "done": Out(1), "busy": Out(1),
+            "start": In(1), "done": Out(1), "handed": Out(1), "busy": Out(1),
             "state_base": In(range(mem_words)), "stage_base": In(range(mem_words)),
             "out_base": In(range(mem_words)),
             "rd_addr": Out(range(mem_words)), "rd_data": In(8 * word),
@@ -1571,11 +1635,12 @@ class SomaDecode(wiring.Component):
         paper = p.profile == "paper"
         par = Signal(self.head.shape())
         state_base, out_base = (Signal(range(self.mem_words), name=n) for n in ("state_base", "out_base"))
-        # They load in every cycle while the unit is idle, so that the last load is the start cycle's: their
-        # enables come from copies of an idle flag, each beside a group of them, instead of from start (one net
-        # from the tile's state machine to all 180 flip-flops, the ULX3S tile's critical path without rip-up).
+        # They load in every cycle while the front is idle (from the cycle after ``handed``: the back has its
+        # copies), so that the last load is the start cycle's: their enables come from copies of an idle flag,
+        # each beside a group of them, instead of from start (one net from the tile's state machine to all 180
+        # flip-flops, the ULX3S tile's critical path without rip-up).
         idle = Replicated(1, SAMPLE_COPIES, "idle", init=1)
-        with m.If(self.done):
+        with m.If(self.handed):
             m.d.sync += idle.eq(1)
         with m.If(self.start):
             m.d.sync += idle.eq(0)
@@ -1612,8 +1677,8 @@ class SomaDecode(wiring.Component):
         # q, k, v, the field, the gate field, its update and the output: LUT RAMs of memory-word rows
         # (ElementRam). LOAD writes k, v and the gate field in the front's bank; FINAL and the back's WRITE read
         # the back's. The updated gate field has a file of its own (gate_new, FINAL's writes, STORE's reads), so
-        # that LOAD is the only writer of gate_fld. The field is loaded during NORMALISE, after the previous
-        # head's STORE: one bank.
+        # that LOAD is the only writer of gate_fld. The field is loaded during NORMALISE, which starts once the
+        # back is idle: one bank.
         banked = ("k", "v", "gate_fld")
         rams = SimpleNamespace(**{name: ElementRam(m, f"{name}_ram", bits, p.head_dim, 8 * p.word_bytes,
                                                    banks=2 if name in banked else 1)
@@ -1645,19 +1710,17 @@ class SomaDecode(wiring.Component):
             Mux(gated, rams.gate_new.reader(back.mover.gate_field.addr).data,
                 rams.gate_fld.reader(back.mover.gate_field.addr, back.bank).data))
 
+        # WEIGHTED SUM's issue counter steps through the back's head's rows: a copy of the front's, taken at
+        # the hand-over (the front's mover moves on to the next head).
+        back.rows = Signal(slot_regions_layout(self.mem_words), name="back_rows")
         issue = SimpleNamespace(k=_Issue(m, p, self.mem_words, mover.rows, "k"),
-                                v=_Issue(m, p, self.mem_words, mover.rows, "v"))
+                                v=_Issue(m, p, self.mem_words, back.rows, "v"))
         fin = _CountIssue(m, p, OutputStage.chunk_cycles(p), PHASE_FINAL, max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin")
         gate_issue = _CountIssue(m, p, p.head_dim, PHASE_GATE, GATE_DEPTH + 1, "gate")
         stages = self._stages(m, front, back, rams, issue, fin, gate_issue, rd_word, v_word, use_exp, norm)
         # WEIGHTED SUM's port: its issue counter's address in every cycle (read only while it issues).
         m.d.sync += self.v_rd_addr.eq(issue.v.read_address())
 
-        # busy from a register: set by start, cleared after the done cycle (it selects the tile's memory ports).
-        with m.If(self.start):
-            m.d.sync += self.busy.eq(1)
-        with m.If(self.done):
-            m.d.sync += self.busy.eq(0)
         self._sequence(m, front, back, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm)
         return m
 
@@ -1678,7 +1741,7 @@ class SomaDecode(wiring.Component):
         row = scores.row
         if paper:
             m.d.comb += [norm.row_index.eq(row.index), norm.row_valid.eq(row.valid), norm.row_x.eq(row.x),
-                         norm.row_we.eq(row.we)]
+                         norm.row_we.eq(row.we), norm.row_bank.eq(front.bank)]
 
         # Paper: HCCS heads normalise through the streaming HCCS unit (hw/hccs.py), exp heads through the
         # RowNormaliser (norm); wide: every head through the wide normaliser (hw/wide.py). The query gate runs
@@ -1687,7 +1750,7 @@ class SomaDecode(wiring.Component):
         m.submodules.near_field = near_field = NearFieldFeed(p)
         # NORMALISE's counters start from the row's end register alone (only SCORES writes the row): decoded
         # with the state, the state register's routes to their copies were the ULX3S array's latest.
-        m.d.comb += [near_field.head.eq(par), near_field.row.eq(row), near_field.start.eq(row.end)]
+        m.d.comb += [near_field.head.eq(par), near_field.row.eq(row)]
         wiring.connect(m, wiring.flipped(self.command), near_field.command)
         m.submodules.gate = gate = GateStage(p)
         m.d.comb += [gate.head.eq(par), gate.accumulate_item.eq(gate_issue.item(2)),
@@ -1734,8 +1797,8 @@ class SomaDecode(wiring.Component):
             outputs.append(output)
             updates.append(field_update)
         # LOAD's word writes, into the front's bank. FINAL's field writes follow the field's (loaded in
-        # NORMALISE, after the previous head's STORE), so they take the field's write port when both ask (the
-        # phases never overlap).
+        # NORMALISE, once the back is idle), so they take the field's write port when both ask (the phases never
+        # overlap).
         for ram, write in ((rams.q, mover.q_load), (rams.k, mover.k_load), (rams.v, mover.v_load),
                            (rams.fld, mover.field_load), (rams.gate_fld, mover.gate_field_load)):
             with m.If(write.en):
@@ -1776,20 +1839,6 @@ class SomaDecode(wiring.Component):
             # tile's late path at c4742e5 (seed 1).
             m.d.sync += gate_go.eq(1)
             m.next = "SCORES"
-            m.d.sync += self.writes.eq(0)
-
-        def enter_weighted(rows: bool = True):
-            if rows:
-                values.begin_rows()
-            values.begin()
-            m.next = "WEIGHTED"
-
-        def enter_move(begin, state: str):
-            m.d.comb += begin.eq(1)
-            m.next = state
-            # writes: the state is WRITE, WRITE_BACK or STORE (a register beside the state; enter_scores and
-            # DONE clear it).
-            m.d.sync += self.writes.eq(state in ("WRITE", "WRITE_BACK", "STORE"))
 
         gate_go = Signal()  # a pulse in SCORES's first cycle: the gate's first element issues in the next
         m.d.sync += gate_go.eq(0)
@@ -1798,20 +1847,58 @@ class SomaDecode(wiring.Component):
             m.d.comb += gate.restart.eq(1)
         chunk_wrap = Signal()
         m.d.sync += chunk_wrap.eq(0)
-        m.d.sync += self.done.eq(0)  # a one-cycle pulse from a register, set as the FSM enters DONE
-        with m.FSM() as fsm:
+        m.d.sync += [self.done.eq(0), self.handed.eq(0)]  # one-cycle pulses from registers
+        # back_idle: the back holds no head (a register: set as the back leaves DONE, cleared at the hand-over).
+        # back_late: the back is past its last weighted sum (the last chunk's FINAL through DONE), where it may
+        # write the memory within FINAL_DEPTH cycles: the front's WRITE starts only before that.
+        back_idle, back_late = Signal(init=1), Signal()
+        front_writes, back_writes = Signal(), Signal()
+        m.d.comb += self.writes.eq(front_writes | back_writes)
+        # busy: the front holds a head (from start through the hand-over) or the back does.
+        front_busy = Signal()
+        with m.If(self.start):
+            m.d.sync += front_busy.eq(1)
+        m.d.comb += self.busy.eq(front_busy | ~back_idle)
+        hand_over = Signal()  # the front's last NORMALISE cycle: the back takes the head
+        write_fits = StateMover.write_cycles(p) <= FINAL_DEPTH
+        front_may_write = ~back_late if write_fits else back_idle
+
+        def begin_normalise():
+            # NORMALISE overwrites what the back reads (the probabilities, the field, the gate's value), so it
+            # starts only once the back is idle. WEIGHTED's first row address is set here (NORMALISE issues
+            # nothing): at NORMALISE's end, behind the gate's and the normaliser's busy flags, it was the
+            # ULX3S tile's late path at 57ce153 (seed 2: gate.busy -> row_addr).
+            m.d.sync += norm_busy.eq(1)
+            values.begin_rows(mover.rows)
+            m.d.comb += [mover.begin_field.eq(1), near_field.start.eq(1)]
+            if p.profile == "paper":
+                m.d.comb += norm.start.eq(use_exp)
+            m.next = "NORMALISE"
+
+        with m.FSM(name="front") as front_fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
                     keys.first_rows()
-                    enter_move(mover.begin_load, "LOAD")
+                    m.d.comb += mover.begin_load.eq(1)
+                    m.next = "LOAD"
             with m.State("LOAD"):
                 with m.If(mover.load_done):
                     with m.If(par["include_self"]):
-                        enter_move(mover.begin_write, "WRITE")
+                        m.next = "WRITE_WAIT"
+                        with m.If(front_may_write):
+                            m.d.comb += mover.begin_write.eq(1)
+                            m.d.sync += front_writes.eq(1)
+                            m.next = "WRITE"
                     with m.Else():
                         enter_scores()
+            with m.State("WRITE_WAIT"):
+                with m.If(front_may_write):
+                    m.d.comb += mover.begin_write.eq(1)
+                    m.d.sync += front_writes.eq(1)
+                    m.next = "WRITE"
             with m.State("WRITE"):
                 with m.If(mover.write_last):
+                    m.d.sync += front_writes.eq(0)
                     enter_scores()
             with m.State("SCORES"):
                 with m.If(keys.issuing):
@@ -1822,24 +1909,41 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         keys.next_chunk()
                 with m.If(row.end):
-                    m.d.sync += norm_busy.eq(1)
-                    # WEIGHTED's first row address already here (NORMALISE issues nothing): at NORMALISE's end,
-                    # behind the gate's and the normaliser's busy flags, it was the ULX3S tile's late path at
-                    # 57ce153 (seed 2: gate.busy -> row_addr).
-                    values.begin_rows()
-                    m.d.comb += mover.begin_field.eq(1)
-                    if p.profile == "paper":
-                        m.d.comb += norm.start.eq(use_exp)
-                    m.next = "NORMALISE"
+                    with m.If(back_idle):
+                        begin_normalise()
+                    with m.Else():
+                        m.next = "ROW_WAIT"
+            with m.State("ROW_WAIT"):
+                with m.If(back_idle):
+                    begin_normalise()
             with m.State("NORMALISE"):
                 with m.If(stages.norm_done):
                     m.d.sync += norm_busy.eq(0)
                 with m.If(~gate.busy & ~norm_busy):
+                    # The hand-over: the back takes the head (its copies) and starts its weighted sum; the front
+                    # is free for the next head from the next cycle on (handed).
                     values.first_chunk()
-                    m.d.comb += [gate.latch.eq(1), output.d_restart.eq(1), back.mover.take.eq(1)]
+                    values.begin()
+                    m.d.comb += [hand_over.eq(1), gate.latch.eq(1), output.d_restart.eq(1), back.mover.take.eq(1)]
                     m.d.sync += [back.par.eq(par), back.bank.eq(front.bank), back.state_base.eq(mover.state_base),
-                                 back.out_base.eq(mover.out_base)]
-                    enter_weighted(rows=False)
+                                 back.out_base.eq(mover.out_base), back.rows.eq(mover.rows), back_idle.eq(0),
+                                 self.handed.eq(1), front_busy.eq(0)]
+                    m.next = "IDLE"
+
+        def enter_weighted():
+            values.begin_rows()
+            values.begin()
+            m.next = "WEIGHTED"
+
+        def enter_move(begin, state: str):
+            m.d.comb += begin.eq(1)
+            m.next = state
+            m.d.sync += back_writes.eq(1)
+
+        with m.FSM(name="back") as back_fsm:
+            with m.State("IDLE"):
+                with m.If(hand_over):
+                    m.next = "WEIGHTED"
             with m.State("WEIGHTED"):
                 with m.If(values.issuing):
                     values.next_row()
@@ -1863,8 +1967,10 @@ class SomaDecode(wiring.Component):
                     fin.begin(weighted.done_item.c)
                     if final_overlaps(p):
                         with m.If(weighted.done_item.c == chunks - 1):
+                            m.d.sync += back_late.eq(1)
                             m.next = "FINAL"
                     else:
+                        m.d.sync += back_late.eq(values.c_last)
                         m.next = "FINAL"
             with m.State("FINAL"):
                 # A chunk's elements drain through the FINAL pipeline while the next chunk's weighted sum runs
@@ -1881,18 +1987,20 @@ class SomaDecode(wiring.Component):
                     with m.If(back.par["include_self"]):
                         enter_move(back.mover.begin_store, "STORE")
                     with m.Else():
-                        enter_move(back.mover.begin_write, "WRITE_BACK")
-            with m.State("WRITE_BACK"):
+                        enter_move(back.mover.begin_write, "WRITE")
+            with m.State("WRITE"):
                 with m.If(back.mover.write_last):
                     enter_move(back.mover.begin_store, "STORE")
             with m.State("STORE"):
                 with m.If(back.mover.store_done):
-                    m.d.sync += [self.done.eq(1), self.writes.eq(0)]
+                    m.d.sync += [self.done.eq(1), back_writes.eq(0)]
                     m.next = "DONE"
             with m.State("DONE"):
+                m.d.sync += [back_idle.eq(1), back_late.eq(0)]
                 m.next = "IDLE"
-        m.d.comb += [mover.loading.eq(fsm.ongoing("LOAD")), mover.writing.eq(fsm.ongoing("WRITE")),
-                     back.mover.writing.eq(fsm.ongoing("WRITE_BACK")), back.mover.storing.eq(fsm.ongoing("STORE"))]
+        m.d.comb += [mover.loading.eq(front_fsm.ongoing("LOAD")), mover.writing.eq(front_fsm.ongoing("WRITE")),
+                     back.mover.writing.eq(back_fsm.ongoing("WRITE")),
+                     back.mover.storing.eq(back_fsm.ongoing("STORE"))]
 
 
 class _CountIssue:
@@ -1988,9 +2096,10 @@ class _Issue:
         """c to the next chunk (c is not the last)."""
         self.m.d.sync += [self.c.eq(self.c + 1), self.c_last.eq(self.c == self.chunks - 2)]
 
-    def begin_rows(self):
-        """The row address at the first slot's row."""
-        self.m.d.sync += self.row_addr.eq(self.rows[("sink_" if self.params.sinks else "ring_") + self.region])
+    def begin_rows(self, rows=None):
+        """The row address at the first slot's row (of ``rows``, by default the counter's own)."""
+        rows = self.rows if rows is None else rows
+        self.m.d.sync += self.row_addr.eq(rows[("sink_" if self.params.sinks else "ring_") + self.region])
 
     def next_row(self):
         """The row address to the next slot's row and ``sink_last`` to the next slot's value."""

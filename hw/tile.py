@@ -31,7 +31,7 @@ Contract:
   beat if that is later, through its own last response beat. :func:`expected_decode_cycles` gives that count
   for a DECODE frame of ``count`` heads without stalls, on its own or behind another DECODE frame (the
   period of DECODE frames sent back to back); it depends on the tile parameters and the heads' normalisers
-  only (not on the sequence position).
+  and write orders only (not on the sequence position).
 - Backpressure: ``m_axis_tready`` low holds the response beat; ``s_axis_tvalid`` low pauses the intake; both
   only add cycles. The response leaves through a register slice (every ``m_axis_*`` output is a register,
   one cycle of latency, full throughput).
@@ -61,7 +61,7 @@ from amaranth.utils import exact_log2 as log2
 from somatile.hw import regmap
 from somatile.hw.pipe import Replicated, block_ram, delay, minus_aligned, reg
 from somatile.hw.regmap import PROFILE_HEAD_PARAMS, ErrorCode, Opcode, TileParams
-from somatile.hw.soma import SomaDecode, expected_cycles, output_words
+from somatile.hw.soma import SomaDecode, output_words, overlapped_cycles
 from somatile.hw.tile_front import CHECK_SETTLE, PARAMS_DELAY, CommandFront
 from somatile.hw.tile_heads import CONFIG_SETTLE, DECODING_COPIES, SELECT_LATENCY, HeadRegisters
 from somatile.hw.tile_payload import PayloadWriter
@@ -79,9 +79,10 @@ def stream_ports(stream_width: int) -> dict:
 
 def decode_frame_phases(params: TileParams, configs, *, behind: bool = False) -> dict[str, int]:
     """The parts of :func:`expected_decode_cycles`: ``intake`` (header beats, ``CHECK_SETTLE`` settle cycles
-    and a check cycle, payload beats), ``execute`` (one cycle and, per head, a start cycle), one entry per head
-    (``head0``, ...: :func:`somatile.hw.soma.expected_cycles` of its config) and ``respond`` (header and
-    payload beats, and the streamer's ``header_wait``).
+    and a check cycle, payload beats), ``execute`` (one cycle and the first head's start cycle), ``heads``
+    (:func:`somatile.hw.soma.overlapped_cycles` of the configs: each head after the first starts as the
+    previous one is handed to the decode unit's back) and ``respond`` (header and payload beats, and the
+    streamer's ``header_wait``).
 
     ``behind`` a DECODE frame, from the end of that frame's response: the frame executes once that frame's
     heads are done and its response's header has left (the payload streams while this frame computes). With
@@ -97,20 +98,18 @@ def decode_frame_phases(params: TileParams, configs, *, behind: bool = False) ->
     else:
         intake = 0 if regmap.ahead_bytes(params) else 1 + payload
         respond = max(respond - intake, 0)
-    return {"intake": intake, "execute": 1 + count,
-            **{f"head{h}": expected_cycles(params, c.normaliser, c.hccs_mode) for h, c in enumerate(configs)},
-            "respond": respond}
+    return {"intake": intake, "execute": 2, "heads": overlapped_cycles(params, configs), "respond": respond}
 
 
 def expected_decode_cycles(params: TileParams, configs, *, behind: bool = False) -> int:
-    """CYCLES_LAST of a DECODE frame for heads with these configs (anything with ``normaliser`` and
-    ``hccs_mode``, e.g. the heads' SomaConfig), with no idle input and no output backpressure: the sum of
+    """CYCLES_LAST of a DECODE frame for heads with these configs (anything with ``normaliser``, ``hccs_mode``
+    and ``include_self``, e.g. the heads' SomaConfig), with no idle input and no output backpressure: the sum of
     :func:`decode_frame_phases`. Independent of the sequence position.
 
     A frame on its own (``behind`` False) counts from the cycle its first header beat is accepted through the
     cycle its last response beat is accepted: header beats, ``CHECK_SETTLE`` settle cycles (the front end's)
-    and a check cycle, payload beats, one execute cycle, per head one start cycle and its decode step
-    (``soma.expected_cycles`` of the profile), response header and payload beats (``regmap.decode_out_bytes``
+    and a check cycle, payload beats, one execute cycle, the first head's start cycle and the heads' steps,
+    each head's front beside the previous head's back (``soma.overlapped_cycles``), response header and payload beats (``regmap.decode_out_bytes``
     a head: int8, or int16 in the wide profile; up to the last beat entering the output register slice, which
     presents it one cycle later; a one-beat header waits for the first word's read, the streamer's
     ``header_wait``).
@@ -239,7 +238,10 @@ class Tile(wiring.Component):
         # the next frame; the response's end restarts the counts through counts_restart, a cycle later.
         with m.FSM(name="job") as job:
             seq.job_states()
-        # The job is in DECODE_NEXT or DECODE: flags set and cleared with the job's transitions into and out of
+        # A token's head is done (the back finishes the heads in order).
+        with m.If(dec.done):
+            m.d.sync += seq.tokens.eq(seq.tokens + 1)
+        # The job is in DECODE_NEXT, DECODE or DRAIN: flags set and cleared with the job's transitions into and out of
         # them, in copies (each selects a share of the decode unit's parameter sources): decoded from the job's
         # state, one net reached 150 multiplexers across the die (the lone ULX3S tile's late path at f71c059,
         # seed 1: job_state -> decode.head.score_mult).
@@ -312,7 +314,7 @@ class _Sequencer:
         # command through resp_finished as finish() does through finished.
         self.job_busy = Signal()    # the job's heads (EXECUTE through the hand-off to its response)
         self.job_kick = Signal()
-        self.decoding = Replicated(1, DECODING_COPIES, "decoding")  # the job state is DECODE_NEXT or DECODE
+        self.decoding = Replicated(1, DECODING_COPIES, "decoding")  # the job is in DECODE_NEXT, DECODE or DRAIN
         self.job_cycles = Signal(32)
         self.out_words = Signal(range(mem_words + 1))  # the job's response words (the header's, at EXECUTE)
         # Its response: resp_busy from the hand-off through the last beat, resp_in_header while its header
@@ -671,7 +673,9 @@ class _Sequencer:
                 start_response()
 
     def job_states(self):
-        """The DECODE job: its heads one after the other through the decode unit, then the hand-off of its
+        """The DECODE job: its heads through the decode unit (each started as the unit's front hands the
+        previous one to its back, so that a head's scores run beside the previous head's weighted sum; the job
+        waits in DRAIN for the last head's done), then the hand-off of its
         response to :meth:`job_response_states` (at once, or when the previous job's response is done). It
         starts in the frame's EXECUTE cycle (job_kick)."""
         m, dec, p = self.m, self.dec, self.p
@@ -684,20 +688,24 @@ class _Sequencer:
             m.d.comb += self.dec_start.eq(1)
             m.next = "DECODE"
         with m.State("DECODE"):
-            with m.If(dec.done):
-                m.d.sync += self.tokens.eq(self.tokens + 1)
+            # The next head starts as soon as the unit's front has handed this one to its back; the last
+            # head's done ends the job (the back finishes one head at a time, in order).
+            with m.If(dec.handed):
                 with m.If(self.cur_is_last):
-                    m.d.sync += self.decoding.eq(0)
-                    with m.If(self.resp_busy):
-                        m.next = "HAND_OFF"
-                    with m.Else():
-                        self.hand_off()
+                    m.next = "DRAIN"
                 with m.Else():
                     m.d.sync += [self.cur.eq(self.cur_next),
                                  self.dec_state_base.eq(self.dec_state_base + self.state_words),
                                  self.dec_stage_base.eq(self.dec_stage_base + 3 * dw),
                                  self.dec_out_base.eq(self.dec_out_base + output_words(p))]
                     m.next = "DECODE_NEXT"
+        with m.State("DRAIN"):
+            with m.If(dec.done):
+                m.d.sync += self.decoding.eq(0)
+                with m.If(self.resp_busy):
+                    m.next = "HAND_OFF"
+                with m.Else():
+                    self.hand_off()
         with m.State("HAND_OFF"):
             with m.If(~self.resp_busy):
                 self.hand_off()

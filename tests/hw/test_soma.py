@@ -130,22 +130,59 @@ class DecodeMemory:
             cycle += 1
         return done_at
 
+    async def token(self, ctx, dut, heads) -> int:
+        """One token's heads through the unit as the tile runs them: head h + 1 started (its ``head`` and bases
+        set, ``start`` pulsed) the cycle after ``handed`` is seen for head h, so that its front runs beside head
+        h's back; ``heads`` are (head parameters, state_base, stage_base, out_base). From the cycle of the first
+        ``start`` through the last ``done``: the cycles, and the heads' done order."""
+
+        def begin(h):
+            value, state_base, stage_base, out_base = heads[h]
+            ctx.set(dut.head, value), ctx.set(dut.state_base, state_base), ctx.set(dut.stage_base, stage_base)
+            ctx.set(dut.out_base, out_base), ctx.set(dut.start, 1)
+
+        begin(0)
+        started, dones, cycle = 1, 0, 0
+        while True:
+            rd_addr, v_rd_addr, wr_addr, wr_en, wr_data = (ctx.get(s) for s in (
+                dut.rd_addr, dut.v_rd_addr, dut.wr_addr, dut.wr_en, dut.wr_data))
+            dones += ctx.get(dut.done)
+            handed = ctx.get(dut.handed)
+            read, v_read = self.words[rd_addr], self.words[v_rd_addr]
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            if handed and started < len(heads):
+                begin(started)
+                started += 1
+            if wr_en:
+                mask = sum(0xFF << (8 * b) for b in range(self.word_bytes) if wr_en >> b & 1)
+                self.words[wr_addr] = (self.words[wr_addr] & ~mask) | (wr_data & mask)
+            ctx.set(dut.rd_data, read)
+            ctx.set(dut.v_rd_data, v_read)
+            if dones == len(heads):  # the last store's word is written in the done cycle
+                return cycle
+            cycle += 1
+
 
 # Two chunks of 32 lanes over two slots: a chunk's FINAL issue (32 cycles) outlasts the next chunk's weighted
 # sum, so the unit issues it before that chunk (soma.final_overlaps is false; SMALL's chunks overlap).
 SERIAL_FINAL = dataclasses.replace(SMALL, lanes=32, head_dim=64, ring=2, sinks=0)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["one-head-at-a-time", "heads-overlapped"])
 @pytest.mark.parametrize("geometry", [SMALL, SERIAL_FINAL], ids=["final-beside-weighted", "serial-final"])
-def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(geometry, rng):
+def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(geometry, overlap, rng):
     """SomaDecode of the wide profile on a Python model of the local memory: every head's int16 output and its
     whole state after every step equal soma.decode_step's, over ring wrap-around, for every normaliser (and a
     fallback head's integer exp), both write orders, gated and ungated; one head starts at position 65,536.
-    Every step takes expected_cycles. Both orders of a chunk's FINAL and the next chunk's weighted sum."""
+    Every step takes expected_cycles. Both orders of a chunk's FINAL and the next chunk's weighted sum. With
+    ``overlap`` a token's heads run as the tile runs them (each started as the previous one is handed to the
+    unit's back), and every token takes soma.overlapped_cycles."""
     from amaranth.sim import Simulator
 
     from somatile.hw import regmap
-    from somatile.hw.soma import SomaDecode, expected_cycles, final_overlaps, head_params_layout, output_words
+    from somatile.hw.soma import (SomaDecode, expected_cycles, final_overlaps, head_params_layout, output_words,
+                                  overlapped_cycles)
 
     params = dataclasses.replace(geometry, profile="wide")
     assert final_overlaps(params) == (geometry is SMALL) and params.head_dim > params.mac_lanes
@@ -157,8 +194,8 @@ def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(geometry, rng):
     W, words = params.word_bytes, params.head_dim // params.word_bytes
     state_words = regmap.state_bytes(params) // W
     stage_base = len(configs) * state_words
-    out_base = stage_base + 3 * words
-    memory = DecodeMemory(out_base + output_words(params), W)
+    out_base = stage_base + 3 * words * len(configs)
+    memory = DecodeMemory(out_base + output_words(params) * len(configs), W)
     states = [soma.SomaState.empty(c) for c in configs]
     far = soma.SomaState.from_arrays(configs[2], tile_model.state_to_arrays(
         params, far_state(params, configs[2], rng, 65536), gated=False))
@@ -170,16 +207,29 @@ def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(geometry, rng):
     layout = head_params_layout("wide")
     outputs, cycles = [], []
 
+    def head(h):  # (parameters, state_base, stage_base, out_base) of head h: each head's areas its own
+        return (layout.const(dict(zip(layout.members, tile_model.head_values(configs[h])))), h * state_words,
+                stage_base + 3 * words * h, out_base + output_words(params) * h)
+
+    def collect(h):
+        outputs.append((memory.load(head(h)[3], regmap.decode_out_bytes(params)),
+                        memory.load(h * state_words, regmap.state_bytes(params))))
+
     async def bench(ctx):
         for t in range(tokens):
-            for h, cfg in enumerate(configs):
-                memory.store(stage_base, np.stack([q[t, h], k[t, h], v[t, h]]).tobytes())
-                ctx.set(dut.head, layout.const(dict(zip(layout.members, tile_model.head_values(cfg)))))
-                ctx.set(dut.state_base, h * state_words), ctx.set(dut.stage_base, stage_base)
-                ctx.set(dut.out_base, out_base), ctx.set(dut.start, 1)
-                cycles.append((h, await memory.step(ctx, dut)))
-                outputs.append((memory.load(out_base, regmap.decode_out_bytes(params)),
-                                memory.load(h * state_words, regmap.state_bytes(params))))
+            for h in range(len(configs)):
+                memory.store(head(h)[2], np.stack([q[t, h], k[t, h], v[t, h]]).tobytes())
+            if overlap:
+                cycles.append(await memory.token(ctx, dut, [head(h) for h in range(len(configs))]))
+                for h in range(len(configs)):
+                    collect(h)
+                continue
+            for h in range(len(configs)):
+                value, state_base, stage, out = head(h)
+                ctx.set(dut.head, value), ctx.set(dut.state_base, state_base), ctx.set(dut.stage_base, stage)
+                ctx.set(dut.out_base, out), ctx.set(dut.start, 1)
+                cycles.append(await memory.step(ctx, dut))
+                collect(h)
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)
@@ -194,7 +244,10 @@ def test_wide_decode_unit_is_bit_exact_in_the_amaranth_simulator(geometry, rng):
             assert np.array_equal(np.frombuffer(out_bytes, "<i2"), want[0]), (t, h)
             assert state_bytes == bytes(tile_model.arrays_to_state(params, states[h].to_arrays())), (t, h)
             all_out.append(want[0])
-    assert [c for _, c in cycles] == [expected_cycles(params, configs[h].normaliser) for h, _ in cycles]
+    if overlap:
+        assert cycles == [overlapped_cycles(params, configs)] * tokens
+    else:
+        assert cycles == [expected_cycles(params, c.normaliser) for c in configs] * tokens
     assert len(np.unique(all_out)) > 20
 
 
