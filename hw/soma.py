@@ -213,7 +213,8 @@ class RowNormaliser(wiring.Component):
                 address = self.row_index >> lane_bits
                 enable = self.row_we & (self.row_index[:lane_bits] == bank)
             reads = [prob_r.addr.eq(self.prob_index), self.prob.eq(prob_r.data)] if bank == 0 else []
-            m.d.comb += [row_w.addr.eq(row_address(address, self.row_bank)), row_w.data.eq(Cat(self.row_x, self.row_valid)), row_w.en.eq(enable),
+            m.d.comb += [row_w.addr.eq(row_address(address, self.row_bank)),
+                         row_w.data.eq(Cat(self.row_x, self.row_valid)), row_w.en.eq(enable),
                          *reads]
 
         # Parameters, sampled at start.

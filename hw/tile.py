@@ -109,7 +109,8 @@ def expected_decode_cycles(params: TileParams, configs, *, behind: bool = False)
     A frame on its own (``behind`` False) counts from the cycle its first header beat is accepted through the
     cycle its last response beat is accepted: header beats, ``CHECK_SETTLE`` settle cycles (the front end's)
     and a check cycle, payload beats, one execute cycle, the first head's start cycle and the heads' steps,
-    each head's front beside the previous head's back (``soma.overlapped_cycles``), response header and payload beats (``regmap.decode_out_bytes``
+    each head's front beside the previous head's back (``soma.overlapped_cycles``), response header and payload
+    beats (``regmap.decode_out_bytes``
     a head: int8, or int16 in the wide profile; up to the last beat entering the output register slice, which
     presents it one cycle later; a one-beat header waits for the first word's read, the streamer's
     ``header_wait``).
