@@ -263,15 +263,19 @@ class RowNormaliser(wiring.Component):
         # The row's maximum over its valid elements, kept as the row is written (see the docstring); -256 when
         # none is valid (a fully masked row: every score is then masked to 0).
         row_max = Signal(signed(10), init=-256)
+        row_max_next = Signal.like(row_max)  # row_max after this cycle's write
+        m.d.comb += row_max_next.eq(row_max)
         with m.If(self.row_we):
             with m.If(self.row_index == 0):
-                m.d.sync += row_max.eq(Mux(self.row_valid, self.row_x, -256))
+                m.d.comb += row_max_next.eq(Mux(self.row_valid, self.row_x, -256))
             with m.Elif(self.row_valid & (self.row_x > row_max)):
-                m.d.sync += row_max.eq(self.row_x)
-        # The passes' maximum: the row's at start (the next row's writes may restart row_max meanwhile).
+                m.d.comb += row_max_next.eq(self.row_x)
+        m.d.sync += row_max.eq(row_max_next)
+        # The passes' maximum: the row's at start, with the write of the start cycle (the decode unit's last
+        # write comes beside start), held while the next row's writes restart row_max.
         pass_max = Signal.like(row_max)
         with m.If(self.start):
-            m.d.sync += [pass_max.eq(row_max), pass_bank.eq(self.row_bank)]
+            m.d.sync += [pass_max.eq(row_max_next), pass_bank.eq(self.row_bank)]
         total = Signal(32)
         inv = Signal(32)
 

@@ -162,7 +162,9 @@ def test_minus_aligned_is_value_minus_k_wrapped_a_cycle_later(rng):
 def test_row_normaliser_is_bit_exact_in_normaliser_cycles(mode, sum_lanes, rng):
     """Every mode of the full normaliser, and the exp-only one the decode unit builds (without HCCS ports),
     also with a SUM pass of 4 elements a cycle (the longest row first, so that the shorter rows' last groups
-    hold the earlier row's elements past their ends, which must not count)."""
+    hold the earlier row's elements past their ends, which must not count). As in the decode unit, a row's last
+    element is written in the start cycle, and it is the row's maximum (the passes' maximum must include it);
+    the rows go to alternate banks (``row_bank``)."""
     n_max = 24
     exp_only = mode == "exp_only"
     dut = RowNormaliser(n_max, exp_only=exp_only, sum_lanes=sum_lanes)
@@ -172,23 +174,26 @@ def test_row_normaliser_is_bit_exact_in_normaliser_cycles(mode, sum_lanes, rng):
     sizes = (1, 7, n_max) if sum_lanes == 1 else (n_max, 7, 1, 6)
     rows = [rng.integers(-128, 128, n).astype(np.int8) for n in sizes]
     masks = [rng.random(n) < 0.85 if n > 1 else np.ones(1, bool) for n in sizes]
+    for x, valid in zip(rows, masks):
+        x[-1], valid[-1] = 127, True
     B, S, dmax, mult = 40, 1, 12, 2900
     results = []
 
     async def bench(ctx):
-        for x, valid in zip(rows, masks):
+        for r, (x, valid) in enumerate(zip(rows, masks)):
+            ctx.set(dut.row_bank, r % 2)
             for i, (xi, vi) in enumerate(zip(x, valid)):
                 ctx.set(dut.row_we, 1), ctx.set(dut.row_index, i), ctx.set(dut.row_x, int(xi))
                 ctx.set(dut.row_valid, int(vi))
-                await ctx.tick()
-            ctx.set(dut.row_we, 0)
+                if i < len(x) - 1:
+                    await ctx.tick()
             for port, value in (("count", len(x)), ("use_exp", mode == "exp"), ("clb", mode == "clb"),
                                 ("out16", 0), ("B", B), ("S", S), ("dmax", dmax), ("exp_mult", mult)):
                 if port in dut.signature.members:
                     ctx.set(getattr(dut, port), int(value))
-            ctx.set(dut.start, 1)
+            ctx.set(dut.start, 1)  # beside the last element's write
             await ctx.tick()
-            ctx.set(dut.start, 0)
+            ctx.set(dut.start, 0), ctx.set(dut.row_we, 0)
             cycles, done_at = 1, None
 
             async def tick():
