@@ -1818,11 +1818,13 @@ class SomaDecode(wiring.Component):
                                norm_done=norm_done)
 
     def _sequence(self, m, front, back, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm):
-        """The step's state machine: LOAD, WRITE (before SCORES when ``include_self``), SCORES, NORMALISE
-        (whose end hands the head to the back: its copies are taken), WEIGHTED per chunk (each chunk's FINAL issued by ``fin`` from its end; where
-        :func:`final_overlaps` the chunks are issued back to back and FINAL runs beside the next chunk's WEIGHTED,
-        else the next chunk waits in FINAL for its issue), the last chunk's FINAL, WRITE_BACK (the back's WRITE,
-        without ``include_self``), STORE, DONE; ``done`` a pulse from a register."""
+        """The step's two state machines. The front: LOAD, WRITE (before SCORES when ``include_self``; it waits
+        while the back is past its last weighted sum), SCORES, NORMALISE (it waits for the back to be idle; its
+        end hands the head to the back, which takes its copies, and pulses ``handed``). The back: WEIGHTED per
+        chunk (each chunk's FINAL issued by ``fin`` from its end; where :func:`final_overlaps` the chunks are
+        issued back to back and FINAL runs beside the next chunk's WEIGHTED, else the next chunk waits in FINAL
+        for its issue), the last chunk's FINAL, WRITE (without ``include_self``), STORE, DONE; ``done`` a pulse
+        from a register."""
         p = self.params
         D, L = p.head_dim, p.mac_lanes
         chunks, slots = D // L, p.slots
