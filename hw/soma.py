@@ -1258,7 +1258,8 @@ class StateMover(wiring.Component):
       :data:`READ_LATENCY` cycles after its address, into its register file (``q_load`` ... ``gate_field_load``,
       :func:`word_write_layout`) or into ``counters``. The field's 2 w words follow ``begin_field`` (a pulse,
       one word a cycle into ``field_load``) in a phase of their own: the sequencer sends it as NORMALISE begins,
-      when the read port is idle, and the field is first read in FINAL, after a weighted sum.
+      when the read port is idle, and the field is first read in FINAL, after a weighted sum. ``field_busy``
+      is high from the cycle after ``begin_field`` through the cycle its last word arrives.
     - WRITE (:meth:`write_cycles`, ``write_last`` in the last): k and v (read through ``k``, ``v``) into the next
       sink slot while step < sinks, else the ring's slot ``write_pos``; the counters advance in the last cycle
       (write_pos and fill only past the sinks, every count saturating as ``soma.COUNTER_MAX`` says).
@@ -1288,7 +1289,7 @@ class StateMover(wiring.Component):
             "wr_addr": Out(range(mem_words)), "wr_data": Out(word_bits), "wr_en": Out(params.word_bytes),
             "wr_out": Out(1),
             "counters": Out(COUNTERS_LAYOUT), "rows": Out(slot_regions_layout(mem_words)),
-            "take": In(1), "counters_in": In(COUNTERS_LAYOUT),
+            "take": In(1), "counters_in": In(COUNTERS_LAYOUT), "field_busy": Out(1),
             "q_load": Out(word_write_layout(params, 8)), "k_load": Out(word_write_layout(params, 8)),
             "v_load": Out(word_write_layout(params, 8)), "field_load": Out(word_write_layout(params, 16)),
             "gate_field_load": Out(word_write_layout(params, 16)),
@@ -1378,6 +1379,11 @@ class StateMover(wiring.Component):
         with m.If(field_left != 0):
             m.d.comb += [self.rd_addr.eq(field_addr), load_tag.eq(1 << 3)]
             m.d.sync += [field_left.eq(field_left - 1), field_addr.eq(field_addr + 1)]
+        # field_busy: from begin_field through the cycle the field's last word arrives (a register).
+        with m.If(self.begin_field):
+            m.d.sync += self.field_busy.eq(1)
+        with m.If(arrived[3] & (load_word == 2 * words - 1)):
+            m.d.sync += self.field_busy.eq(0)
 
     def write(self, m, counters):
         """WRITE: the slot's addresses (both candidates and the comparison in registers, valid in WRITE: LOAD
@@ -1492,6 +1498,15 @@ def final_overlaps(params: TileParams) -> bool:
     return OutputStage.chunk_cycles(params) <= params.slots
 
 
+def normalise_row_cycles(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> int:
+    """The normaliser's row latency in NORMALISE (:func:`decode_phases`' N): :meth:`NearFieldFeed.row_cycles`
+    for every head of the wide profile and the paper's HCCS heads, :func:`normaliser_lead_cycles` for the
+    paper's integer exp."""
+    if params.profile == "wide" or normaliser == "hccs_int":
+        return NearFieldFeed.row_cycles(params, hccs_mode)
+    return normaliser_lead_cycles(params.slots, exp_only=True, sum_lanes=element_lanes(params))
+
+
 def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: str = "div") -> dict[str, int]:
     """Cycles of each phase of one head's decode step in :class:`SomaDecode` (load, write, scores, normalise,
     weighted, final, store, done; their sum is :func:`expected_cycles`), for a head with this normaliser (and
@@ -1513,10 +1528,7 @@ def decode_phases(params: TileParams, normaliser: str = "hccs_int", hccs_mode: s
     :func:`output_words`: w paper, 2 w wide; :meth:`StateMover.store_cycles`), DONE 1.
     """
     chunks = params.head_dim // params.mac_lanes
-    if params.profile == "wide" or normaliser == "hccs_int":
-        row = NearFieldFeed.row_cycles(params, hccs_mode)
-    else:
-        row = normaliser_lead_cycles(params.slots, exp_only=True, sum_lanes=element_lanes(params))
+    row = normalise_row_cycles(params, normaliser, hccs_mode)
     final_issue = OutputStage.chunk_cycles(params)
     if final_overlaps(params):
         weighted = (chunks - 1) * params.slots + WeightedStage.cycles(params)
@@ -1547,35 +1559,48 @@ def step_parts(params: TileParams, config) -> tuple[int, int, int]:
     return front, ph["normalise"], back
 
 
-HANDED_TO_START = 2
-"""Cycles from the hand-over (the front's last NORMALISE cycle) to the next head's ``start`` pulse in the tile:
-``handed`` is seen the cycle after, and the tile's job loop pulses ``start`` in its next state."""
+RELEASE_TO_START = 3
+"""Cycles from the release (the front lets a head go during its NORMALISE) to the next head's ``start`` pulse in
+the tile: the copies are taken and ``handed`` set the cycle after, the tile sees it a cycle later and pulses
+``start`` in its next state."""
 
 
 def overlapped_cycles(params: TileParams, configs) -> int:
     """Cycles of a run of heads (``configs``, anything :func:`step_parts` takes) through :class:`SomaDecode`,
-    each head after the first started :data:`HANDED_TO_START` cycles after the previous one's hand-over: from
-    the cycle after the first ``start`` through the last head's ``done``. Head h + 1's front (LOAD, SCORES)
-    runs beside head h's back (WEIGHTED SUM ... STORE); its NORMALISE starts as SCORES ends or, if later, once
-    the back is idle (the cycle after head h's ``done``)::
+    each head after the first started :data:`RELEASE_TO_START` cycles after the previous one's release: from
+    the cycle after the first ``start`` through the last head's ``done``. Per head h (cycles from the first
+    start; ``L`` LOAD, ``Wf`` the front's WRITE, ``S`` SCORES, ``R`` the normaliser's row latency
+    (:func:`normalise_row_cycles`), ``G`` the gate's (:meth:`GateStage.cycles`), ``w`` = head_dim / word,
+    ``B`` the back and ``W`` its weighted sum (:func:`step_parts`, :func:`decode_phases`))::
 
-        H[0] = F[0] + N[0]                                  (hand-over, from the first start)
-        D[h] = H[h] + B[h]                                  (done)
-        H[h+1] = max(H[h] + HANDED_TO_START + F[h+1], D[h] + 1) + N[h+1]
+        SC[h] = max(start[h] + L + Wf, Hn[h-1] + 1) + 1     SCORES's first cycle (after the previous hand-over)
+        N0[h] = max(SC[h] + S - 1, T[h-1] + 1) + 1          NORMALISE's (once the back is past its weighted sum)
+        rel[h] = max(N0[h] + 2 w + 3, SC[h] + G + 1, D[h-1] + 1)   release: field loaded, gate done, back idle
+        Hn[h] = max(N0[h] + R, rel[h] + 2)                  hand-over to the back (the copies taken)
+        T[h] = Hn[h] + W[h], D[h] = Hn[h] + B[h]            the back's last FINAL; done
+        start[h+1] = rel[h] + RELEASE_TO_START
 
-    with (F, N, B) of :func:`step_parts`. The front's WRITE never waits here: it ends before the back's
-    weighted sum does (checked)."""
+    with start[0] = 0 and nothing before head 0. The front's WRITE never waits here (checked: it ends before
+    the back's weighted sum does)."""
     ph = decode_phases(params)
-    if ph["weighted"] <= ph["load"] + HANDED_TO_START:
+    if ph["weighted"] <= ph["load"] + RELEASE_TO_START:
         raise ValueError(f"overlapped_cycles: a weighted sum of {ph['weighted']} cycles ends before the next "
                          f"head's LOAD ({ph['load']}): the front's WRITE would wait, which this count leaves out")
-    parts = [step_parts(params, c) for c in configs]
-    front, norm, back = parts[0]
-    handed = front + norm
-    done = handed + back
-    for front, norm, back in parts[1:]:
-        handed = max(handed + HANDED_TO_START + front, done + 1) + norm
-        done = handed + back
+    words = params.head_dim // params.word_bytes
+    gate = GateStage.cycles(params)
+    start, handed, tail, done = 0, None, None, None
+    for config in configs:
+        phases = decode_phases(params, config.normaliser, config.hccs_mode)
+        row = normalise_row_cycles(params, config.normaliser, config.hccs_mode)
+        front, _, back = step_parts(params, config)
+        ready = start + front - phases["scores"]  # LOAD and the front's WRITE done
+        scores = ready + 1 if handed is None else max(ready, handed + 1) + 1
+        row_end = scores + phases["scores"] - 1
+        norm = row_end + 1 if tail is None else max(row_end, tail + 1) + 1
+        release = max(norm + 2 * words + 3, scores + gate + 1, 0 if done is None else done + 1)
+        handed = max(norm + row, release + 2)
+        tail, done = handed + phases["weighted"], handed + back
+        start = release + RELEASE_TO_START
     return done
 
 
@@ -1593,19 +1618,21 @@ class SomaDecode(wiring.Component):
     (two synchronous read ports: the word arrives the cycle after the address; WEIGHTED SUM reads the V rows
     through the second, every other phase through the first) and ``wr_addr/wr_data/wr_en`` (``wr_en`` one bit
     per byte); the memory ports' outputs come from registers. The unit works in two halves (docs/hardware.md):
-    the front (LOAD, WRITE when ``include_self``, SCORES, NORMALISE) hands the head to the back (WEIGHTED SUM,
-    FINAL, WRITE otherwise, STORE) at NORMALISE's end; ``handed`` pulses (from a register) the cycle after, and
-    from then on the front takes the next ``start``, whose head runs beside this one's back. ``done`` pulses
-    (from a register) as the back's STORE ends: the heads are done in the order they started. ``start`` is
-    allowed while the unit is idle or from the cycle after ``handed`` on, for a head other than the one in the
-    back (another ``state_base``); no head is started twice before its ``done``. ``busy`` is high from the cycle
-    after ``start`` through the last ``done``; while it is high the unit owns the first read port, and the
-    write port in the cycles after those with ``writes`` high (the front's WRITE or the back's WRITE or STORE,
-    the only phases whose next cycle may write; the tile holds its payload's beats then); ``wr_out`` (beside
-    ``wr_en``) marks the writes of the output's words, :func:`output_words` a head in order from the head's
-    ``out_base``. ``head`` and the bases are sampled at ``start`` and may change from the cycle after it on.
-    ``command`` (:func:`near_field_port`) lends the tile's one streaming row unit to the HCCS command while
-    ``command.active`` is high, which the tile keeps low while ``busy``.
+    the front (LOAD, WRITE when ``include_self``, SCORES, NORMALISE) and the back (WEIGHTED SUM, FINAL, WRITE
+    otherwise, STORE). During NORMALISE, once the field is loaded, the gate computed and the back idle, the
+    front releases the head (the back's copies are taken) and ``handed`` pulses (from a register) the cycle
+    after: from then on the front takes the next ``start``, whose LOAD runs beside this head's normaliser and
+    whose SCORES beside its back. ``done`` pulses (from a register) as the back's STORE ends: the heads are done
+    in the order they started. ``start`` is allowed while the unit is idle or from the cycle after ``handed``
+    on, for a head other than the ones it holds (another ``state_base``); no head is started twice before its
+    ``done``. ``busy`` is high from the cycle after ``start`` through the last ``done``; while it is high the
+    unit owns the first read port, and the write port in the cycles after those with ``writes`` high (the
+    front's WRITE or the back's WRITE or STORE, the only phases whose next cycle may write; the tile holds its
+    payload's beats then); ``wr_out`` (beside ``wr_en``) marks the writes of the output's words,
+    :func:`output_words` a head in order from the head's ``out_base``. ``head`` and the bases are sampled at
+    ``start`` and may change from the cycle after it on. ``command`` (:func:`near_field_port`) lends the tile's
+    one streaming row unit to the HCCS command while ``command.active`` is high, which the tile keeps low while
+    ``busy``.
 
     The unit itself sequences the step (LOAD, WRITE, STORE, the issue counter and the tag line every stage
     reads its items from) and composes the datapath stages: :class:`ScoreStage` (SCORES), :class:`NearFieldFeed`
@@ -1679,16 +1706,15 @@ class SomaDecode(wiring.Component):
         with m.If(self.start):
             m.d.sync += front.bank.eq(~front.bank)
 
-        # q, k, v, the field, the gate field, its update and the output: LUT RAMs of memory-word rows
-        # (ElementRam). LOAD writes k, v and the gate field in the front's bank; FINAL and the back's WRITE read
-        # the back's. The updated gate field has a file of its own (gate_new, FINAL's writes, STORE's reads), so
-        # that LOAD is the only writer of gate_fld. The field is loaded during NORMALISE, which starts once the
-        # back is idle: one bank.
-        banked = ("k", "v", "gate_fld")
+        # q, k, v, the field, the gate field, their updates and the output: LUT RAMs of memory-word rows
+        # (ElementRam). LOAD writes k, v and the gate field in the front's bank, and NORMALISE the field; FINAL
+        # and the back's WRITE read the back's. The updated fields have files of their own (fld_new, gate_new:
+        # FINAL's writes, STORE's reads), so that each banked file has one writer.
+        banked = ("k", "v", "fld", "gate_fld")
         rams = SimpleNamespace(**{name: ElementRam(m, f"{name}_ram", bits, p.head_dim, 8 * p.word_bytes,
                                                    banks=2 if name in banked else 1)
                                   for name, bits in (("q", 8), ("k", 8), ("v", 8), ("fld", 16), ("gate_fld", 16),
-                                                     ("gate_new", 16), ("out", element_bits(p)))})
+                                                     ("fld_new", 16), ("gate_new", 16), ("out", element_bits(p)))})
 
         # LOAD, WRITE and STORE: the memory's words into and out of the register files and the counters. The
         # front's mover LOADs (and WRITEs before attention); the back's WRITEs after attention and STOREs,
@@ -1706,7 +1732,7 @@ class SomaDecode(wiring.Component):
                      self.wr_en.eq(mover.wr_en | back.mover.wr_en), self.wr_out.eq(back.mover.wr_out)]
         for ram, port, bank in ((rams.k, mover.k, front.bank), (rams.v, mover.v, front.bank),
                                 (rams.k, back.mover.k, back.bank), (rams.v, back.mover.v, back.bank),
-                                (rams.fld, back.mover.field, None), (rams.out, back.mover.out, None)):
+                                (rams.fld_new, back.mover.field, None), (rams.out, back.mover.out, None)):
             ram.serve(port, bank)
         # STORE's gate field: FINAL's update for a gated head (it writes none for an ungated one), else the one
         # LOAD read.
@@ -1762,11 +1788,6 @@ class SomaDecode(wiring.Component):
                      gate.done_item.eq(gate_issue.item(GATE_DEPTH)), gate.advance.eq(gate_issue.issuing)]
         rams.q.serve(gate.q)
         rams.gate_fld.serve(gate.gate_field, front.bank)
-        # An integer-exp row is done for WEIGHTED SUM as its first probability is written: the weighted sum
-        # reads the probabilities in slot order, one a cycle at most, behind the OUT pass's writes
-        # (RowNormaliser.first_out).
-        norm_done = Mux(use_exp, norm.first_out, near_field.done) if paper else near_field.done
-
         # WEIGHTED SUM over slots for chunk c (issue.v.c holds the chunk); then FINAL over its L elements.
         m.submodules.weighted = weighted = WeightedStage(p)
         m.d.comb += [weighted.head.eq(back.par), weighted.n_issue.eq(issue.v.n),
@@ -1790,7 +1811,7 @@ class SomaDecode(wiring.Component):
             if e:
                 m.d.comb += [output.d_restart.eq(outputs[0].d_restart),
                              output.lane_restart.eq(outputs[0].lane_restart)]
-            for ram, port, bank in ((rams.fld, output.field, None), (rams.gate_fld, output.gate_field, back.bank),
+            for ram, port, bank in ((rams.fld, output.field, back.bank), (rams.gate_fld, output.gate_field, back.bank),
                                     (rams.k, output.k, back.bank), (rams.v, output.v, back.bank)):
                 ram.serve(port, bank)
             m.submodules["field_update" + suffix] = field_update = FieldUpdate(p, e)
@@ -1801,30 +1822,29 @@ class SomaDecode(wiring.Component):
                          field_update.element_item.eq(fin.item(FIELD_DEPTH))]
             outputs.append(output)
             updates.append(field_update)
-        # LOAD's word writes, into the front's bank. FINAL's field writes follow the field's (loaded in
-        # NORMALISE, once the back is idle), so they take the field's write port when both ask (the phases never
-        # overlap).
+        # LOAD's (and NORMALISE's field) word writes, into the front's bank; FINAL's element writes into the
+        # updates' files.
         for ram, write in ((rams.q, mover.q_load), (rams.k, mover.k_load), (rams.v, mover.v_load),
                            (rams.fld, mover.field_load), (rams.gate_fld, mover.gate_field_load)):
             with m.If(write.en):
                 ram.write_word(write.addr, write.data, front.bank if ram.banks > 1 else None)
         # A group's elements are written together (their enables are equal): the first's element and enable.
-        for ram, writes in ((rams.fld, [u.field_write for u in updates]),
+        for ram, writes in ((rams.fld_new, [u.field_write for u in updates]),
                             (rams.gate_new, [u.gate_write for u in updates]),
                             (rams.out, [o.out_write for o in outputs])):
             with m.If(writes[0].en):
                 ram.write_elements(writes[0].element, [w.value for w in writes])
-        return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=outputs[0],
-                               norm_done=norm_done)
+        return SimpleNamespace(row=row, near_field=near_field, gate=gate, weighted=weighted, output=outputs[0])
 
     def _sequence(self, m, front, back, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm):
         """The step's two state machines. The front: LOAD, WRITE (before SCORES when ``include_self``; it waits
-        while the back is past its last weighted sum), SCORES, NORMALISE (it waits for the back to be idle; its
-        end hands the head to the back, which takes its copies, and pulses ``handed``). The back: WEIGHTED per
-        chunk (each chunk's FINAL issued by ``fin`` from its end; where :func:`final_overlaps` the chunks are
-        issued back to back and FINAL runs beside the next chunk's WEIGHTED, else the next chunk waits in FINAL
-        for its issue), the last chunk's FINAL, WRITE (without ``include_self``), STORE, DONE; ``done`` a pulse
-        from a register."""
+        while the back is past its last weighted sum), SCORES (after the previous head's hand-over), NORMALISE
+        (once the back is past its last weighted sum), from which it releases the head (``release``: the back's
+        copies, ``handed``) once the field is loaded, the gate done and the back idle. The hand-over, when the
+        normaliser is done, starts the back: WEIGHTED per chunk (each chunk's FINAL issued by ``fin`` from its
+        end; where :func:`final_overlaps` the chunks are issued back to back and FINAL runs beside the next
+        chunk's WEIGHTED, else the next chunk waits in FINAL for its issue), the last chunk's FINAL, WRITE
+        (without ``include_self``), STORE, DONE; ``done`` a pulse from a register."""
         p = self.params
         D, L = p.head_dim, p.mac_lanes
         chunks, slots = D // L, p.slots
@@ -1856,26 +1876,45 @@ class SomaDecode(wiring.Component):
         m.d.sync += chunk_wrap.eq(0)
         m.d.sync += [self.done.eq(0), self.handed.eq(0)]  # one-cycle pulses from registers
         # back_idle: the back holds no head (a register: set as the back leaves DONE, cleared at the hand-over).
-        # back_late: the back is past its last weighted sum (the last chunk's FINAL through DONE), where it may
-        # write the memory within FINAL_DEPTH cycles: the front's WRITE starts only before that.
+        # back_late: the back is past its last weighted sum (the last chunk's FINAL through DONE): it reads no
+        # more probabilities, so the front's NORMALISE may start; and it may write the memory within FINAL_DEPTH
+        # cycles, so the front's WRITE starts only before that.
         back_idle, back_late = Signal(init=1), Signal()
+        # writes: one register, the next values of the front's and the back's flags (an OR of the two in front of
+        # the intake's hold was the ULX3S tile's late path at a12f589, decode -> payload_addr).
         front_writes, back_writes = Signal(), Signal()
-        m.d.comb += self.writes.eq(front_writes | back_writes)
+        front_writes_next, back_writes_next = Signal(), Signal()
+        m.d.comb += [front_writes_next.eq(front_writes), back_writes_next.eq(back_writes)]
+        m.d.sync += [front_writes.eq(front_writes_next), back_writes.eq(back_writes_next),
+                     self.writes.eq(front_writes_next | back_writes_next)]
         # busy: the front holds a head (from start through the hand-over) or the back does.
         front_busy = Signal()
         with m.If(self.start):
             m.d.sync += front_busy.eq(1)
-        m.d.comb += self.busy.eq(front_busy | ~back_idle)
-        hand_over = Signal()  # the front's last NORMALISE cycle: the back takes the head
+        # nstage_busy: a head is in NORMALISE (from its start through its hand-over to the back), released: its
+        # copies are taken (the front moved on to the next head), norm_use_exp: its normaliser is the exp one.
+        nstage_busy, released, norm_use_exp = Signal(), Signal(), Signal()
+        m.d.comb += self.busy.eq(front_busy | nstage_busy | ~back_idle)
+        hand_over = Signal()  # the back takes the head (NORMALISE done and the head released)
+        release = Signal()  # the front lets the head go: the back's copies are taken, handed pulses
         write_fits = StateMover.write_cycles(p) <= FINAL_DEPTH
         front_may_write = ~back_late if write_fits else back_idle
 
+        def to_scores():
+            # SCORES writes the row the normaliser of the previous head may still read: it waits for that
+            # head's hand-over.
+            with m.If(nstage_busy):
+                m.next = "SCORES_WAIT"
+            with m.Else():
+                enter_scores()
+
         def begin_normalise():
-            # NORMALISE overwrites what the back reads (the probabilities, the field, the gate's value), so it
-            # starts only once the back is idle. WEIGHTED's first row address is set here (NORMALISE issues
-            # nothing): at NORMALISE's end, behind the gate's and the normaliser's busy flags, it was the
-            # ULX3S tile's late path at 57ce153 (seed 2: gate.busy -> row_addr).
-            m.d.sync += norm_busy.eq(1)
+            # NORMALISE overwrites the probabilities the back's weighted sum reads, so it starts only once the
+            # back is past it (back_late) or idle; the field it loads goes to the front's bank. WEIGHTED's first
+            # row address is set here (NORMALISE issues nothing): at NORMALISE's end, behind the gate's and the
+            # normaliser's busy flags, it was the ULX3S tile's late path at 57ce153 (seed 2: gate.busy ->
+            # row_addr).
+            m.d.sync += [norm_busy.eq(1), nstage_busy.eq(1), norm_use_exp.eq(use_exp)]
             values.begin_rows(mover.rows)
             m.d.comb += [mover.begin_field.eq(1), near_field.start.eq(1)]
             if p.profile == "paper":
@@ -1893,19 +1932,20 @@ class SomaDecode(wiring.Component):
                     with m.If(par["include_self"]):
                         m.next = "WRITE_WAIT"
                         with m.If(front_may_write):
-                            m.d.comb += mover.begin_write.eq(1)
-                            m.d.sync += front_writes.eq(1)
+                            m.d.comb += [mover.begin_write.eq(1), front_writes_next.eq(1)]
                             m.next = "WRITE"
                     with m.Else():
-                        enter_scores()
+                        to_scores()
             with m.State("WRITE_WAIT"):
                 with m.If(front_may_write):
-                    m.d.comb += mover.begin_write.eq(1)
-                    m.d.sync += front_writes.eq(1)
+                    m.d.comb += [mover.begin_write.eq(1), front_writes_next.eq(1)]
                     m.next = "WRITE"
             with m.State("WRITE"):
                 with m.If(mover.write_last):
-                    m.d.sync += front_writes.eq(0)
+                    m.d.comb += front_writes_next.eq(0)
+                    to_scores()
+            with m.State("SCORES_WAIT"):
+                with m.If(~nstage_busy):
                     enter_scores()
             with m.State("SCORES"):
                 with m.If(keys.issuing):
@@ -1916,26 +1956,43 @@ class SomaDecode(wiring.Component):
                     with m.Else():
                         keys.next_chunk()
                 with m.If(row.end):
-                    with m.If(back_idle):
+                    with m.If(back_idle | back_late):
                         begin_normalise()
                     with m.Else():
                         m.next = "ROW_WAIT"
             with m.State("ROW_WAIT"):
-                with m.If(back_idle):
+                with m.If(back_idle | back_late):
                     begin_normalise()
             with m.State("NORMALISE"):
-                with m.If(stages.norm_done):
-                    m.d.sync += norm_busy.eq(0)
-                with m.If(~gate.busy & ~norm_busy):
-                    # The hand-over: the back takes the head (its copies) and starts its weighted sum; the front
-                    # is free for the next head from the next cycle on (handed).
-                    values.first_chunk()
-                    values.begin()
-                    m.d.comb += [hand_over.eq(1), gate.latch.eq(1), output.d_restart.eq(1), back.mover.take.eq(1)]
-                    m.d.sync += [back.par.eq(par), back.bank.eq(front.bank), back.state_base.eq(mover.state_base),
-                                 back.out_base.eq(mover.out_base), back.rows.eq(mover.rows), back_idle.eq(0),
-                                 self.handed.eq(1), front_busy.eq(0)]
+                # The release: once the field is loaded, the gate is done and the back is idle, the head's copies
+                # go to the back and the front takes the next head (its LOAD beside this NORMALISE), while the
+                # normaliser finishes (the hand-over, below).
+                with m.If(~mover.field_busy & ~gate.busy & back_idle):
+                    m.d.comb += release.eq(1)
                     m.next = "IDLE"
+        # The copies a cycle after the release, from a register (decoded from the front's state, the release
+        # reached the back's counters and FINAL's element counters late at a12f589): the front's registers
+        # hold the head until the next start, RELEASE_TO_START cycles after the release.
+        release_d = Signal()
+        m.d.sync += release_d.eq(release)
+        with m.If(release_d):
+            m.d.comb += [gate.latch.eq(1), back.mover.take.eq(1)]
+            m.d.sync += [back.par.eq(par), back.bank.eq(front.bank), back.state_base.eq(mover.state_base),
+                         back.out_base.eq(mover.out_base), back.rows.eq(mover.rows), released.eq(1),
+                         self.handed.eq(1), front_busy.eq(0)]
+        # The normaliser's row is done (an exp row as its first probability is written: the weighted sum reads
+        # behind the OUT pass, RowNormaliser.first_out), for the head in NORMALISE (par has moved on).
+        norm_done = near_field.done
+        if p.profile == "paper":
+            norm_done = Mux(norm_use_exp, norm.first_out, near_field.done)
+        with m.If(norm_done):
+            m.d.sync += norm_busy.eq(0)
+        with m.If(nstage_busy & ~norm_busy & released):
+            # The hand-over: the back starts its weighted sum.
+            values.first_chunk()
+            values.begin()
+            m.d.comb += [hand_over.eq(1), output.d_restart.eq(1)]
+            m.d.sync += [back_idle.eq(0), nstage_busy.eq(0), released.eq(0)]
 
         def enter_weighted():
             values.begin_rows()
@@ -1943,9 +2000,8 @@ class SomaDecode(wiring.Component):
             m.next = "WEIGHTED"
 
         def enter_move(begin, state: str):
-            m.d.comb += begin.eq(1)
+            m.d.comb += [begin.eq(1), back_writes_next.eq(1)]
             m.next = state
-            m.d.sync += back_writes.eq(1)
 
         with m.FSM(name="back") as back_fsm:
             with m.State("IDLE"):
@@ -2000,7 +2056,8 @@ class SomaDecode(wiring.Component):
                     enter_move(back.mover.begin_store, "STORE")
             with m.State("STORE"):
                 with m.If(back.mover.store_done):
-                    m.d.sync += [self.done.eq(1), back_writes.eq(0)]
+                    m.d.sync += self.done.eq(1)
+                    m.d.comb += back_writes_next.eq(0)
                     m.next = "DONE"
             with m.State("DONE"):
                 m.d.sync += [back_idle.eq(1), back_late.eq(0)]

@@ -81,7 +81,7 @@ def decode_frame_phases(params: TileParams, configs, *, behind: bool = False) ->
     """The parts of :func:`expected_decode_cycles`: ``intake`` (header beats, ``CHECK_SETTLE`` settle cycles
     and a check cycle, payload beats), ``execute`` (one cycle and the first head's start cycle), ``heads``
     (:func:`somatile.hw.soma.overlapped_cycles` of the configs: each head after the first starts as the
-    previous one is handed to the decode unit's back) and ``respond`` (header and payload beats, and the
+    previous one is released by the decode unit's front) and ``respond`` (header and payload beats, and the
     streamer's ``header_wait``).
 
     ``behind`` a DECODE frame, from the end of that frame's response: the frame executes once that frame's
@@ -674,8 +674,9 @@ class _Sequencer:
                 start_response()
 
     def job_states(self):
-        """The DECODE job: its heads through the decode unit (each started as the unit's front hands the
-        previous one to its back, so that a head's scores run beside the previous head's weighted sum; the job
+        """The DECODE job: its heads through the decode unit (each started as the unit's front releases the
+        previous one, so that a head's LOAD runs beside the previous head's normaliser and its scores beside
+        that head's weighted sum; the job
         waits in DRAIN for the last head's done), then the hand-off of its
         response to :meth:`job_response_states` (at once, or when the previous job's response is done). It
         starts in the frame's EXECUTE cycle (job_kick)."""
@@ -689,7 +690,7 @@ class _Sequencer:
             m.d.comb += self.dec_start.eq(1)
             m.next = "DECODE"
         with m.State("DECODE"):
-            # The next head starts as soon as the unit's front has handed this one to its back; the last
+            # The next head starts as soon as the unit's front has released this one (handed); the last
             # head's done ends the job (the back finishes one head at a time, in order).
             with m.If(dec.handed):
                 with m.If(self.cur_is_last):
