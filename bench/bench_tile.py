@@ -51,7 +51,8 @@ def phases_note(params: TileParams, configs, behind: bool = False) -> str:
     heads = "; ".join(f"a {n}/{m} head {step_text(decode_phases(params, n, m))}" for n, m in sorted(steps))
     mac_head = params.slots * params.head_dim / params.lanes
     return (f"intake {frame['intake']}, execute {frame['execute']}, heads {frame['heads']} (each head's LOAD beside "
-            f"the previous one's normaliser, its scores beside that one's weighted sum: soma.overlapped_cycles), response {frame['respond']}; {heads}; "
+            f"the previous one's normaliser, its scores beside that one's weighted sum: soma.overlapped_cycles), "
+            f"response {frame['respond']}; {heads}; "
             f"MAC bound per head {2 * mac_head:.0f} ({mac_head:.0f} scores + {mac_head:.0f} weighted)")
 
 
