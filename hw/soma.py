@@ -1748,15 +1748,14 @@ class SomaDecode(wiring.Component):
                                 v=_Issue(m, p, self.mem_words, back.rows, "v"))
         fin = _CountIssue(m, p, OutputStage.chunk_cycles(p), PHASE_FINAL, max(FINAL_DEPTH, FIELD_DEPTH) + 1, "fin")
         gate_issue = _CountIssue(m, p, p.head_dim, PHASE_GATE, GATE_DEPTH + 1, "gate")
-        stages = self._stages(m, front, back, rams, issue, fin, gate_issue, rd_word, v_word, use_exp, norm)
+        stages = self._stages(m, front, back, rams, issue, fin, gate_issue, rd_word, v_word, norm)
         # WEIGHTED SUM's port: its issue counter's address in every cycle (read only while it issues).
         m.d.sync += self.v_rd_addr.eq(issue.v.read_address())
 
         self._sequence(m, front, back, issue, fin, gate_issue, stages, rd_addr_next, use_exp, norm)
         return m
 
-    def _stages(self, m, front, back, rams, issue, fin, gate_issue, rd_word, v_word, use_exp,
-                norm) -> SimpleNamespace:
+    def _stages(self, m, front, back, rams, issue, fin, gate_issue, rd_word, v_word, norm) -> SimpleNamespace:
         """The datapath stages, each fed the tags of the item it holds (SCORES's and WEIGHTED SUM's from their
         issue counters, ``issue.k.item`` and ``issue.v.item``; FINAL's and the gate's from theirs, ``fin.item``
         and ``gate_issue.item``) and served by the register files; their
@@ -1900,6 +1899,10 @@ class SomaDecode(wiring.Component):
         write_fits = StateMover.write_cycles(p) <= FINAL_DEPTH
         front_may_write = ~back_late if write_fits else back_idle
 
+        def begin_write():
+            m.d.comb += [mover.begin_write.eq(1), front_writes_next.eq(1)]
+            m.next = "WRITE"
+
         def to_scores():
             # SCORES writes the row the normaliser of the previous head may still read: it waits for that
             # head's hand-over.
@@ -1932,14 +1935,12 @@ class SomaDecode(wiring.Component):
                     with m.If(par["include_self"]):
                         m.next = "WRITE_WAIT"
                         with m.If(front_may_write):
-                            m.d.comb += [mover.begin_write.eq(1), front_writes_next.eq(1)]
-                            m.next = "WRITE"
+                            begin_write()
                     with m.Else():
                         to_scores()
             with m.State("WRITE_WAIT"):
                 with m.If(front_may_write):
-                    m.d.comb += [mover.begin_write.eq(1), front_writes_next.eq(1)]
-                    m.next = "WRITE"
+                    begin_write()
             with m.State("WRITE"):
                 with m.If(mover.write_last):
                     m.d.comb += front_writes_next.eq(0)
